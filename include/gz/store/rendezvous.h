@@ -1,0 +1,54 @@
+// Who am I and where is everyone: init methods (env://, tcp://, file://) and launcher detection
+// (gzrun, torchrun, OpenMPI, MPICH/PMI, SLURM), so one program starts the same under each.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "gz/core/env.h"
+#include "gz/store/store.h"
+#include "gz/store/tcp_store.h"
+
+namespace gz {
+
+/// @brief Position of this process in the job.
+struct WorldInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;
+  int num_nodes = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  /// @brief "gzrun", "torchrun", "env", "openmpi", "pmi", "slurm" or "single" (no launcher).
+  std::string launcher = "single";
+};
+
+/// @brief Read the WorldInfo from launcher variables (torchrun names first, then OpenMPI, PMI,
+/// SLURM). No variables at all = a single process. Inconsistent values throw InvalidArgument.
+WorldInfo detect_world(const Env& env);
+
+/// @brief How to rendezvous.
+struct InitOptions {
+  /// @brief "" or "env://" (launcher variables), "tcp://host:port", "file:///path".
+  std::string init_method;
+  int rank = -1;        ///< required with tcp:// and file:// unless the environment has it
+  int world_size = -1;  ///< likewise
+  Duration timeout = default_timeout();
+  std::string token;  ///< empty = GZ_RDZV_TOKEN
+};
+
+/// @brief Result of rendezvous: the world, a store every rank shares, and the server when this
+/// process hosts it (keep the Rendezvous alive as long as the store is used).
+struct Rendezvous {
+  WorldInfo world;
+  std::shared_ptr<Store> store;
+  std::shared_ptr<TcpStoreServer> server;
+};
+
+/// @brief Connect to (or host) the job's store. Collective: every rank calls it.
+Rendezvous rendezvous(const InitOptions& options, const Env& env);
+inline Rendezvous rendezvous(const InitOptions& options) { return rendezvous(options, Env::from_process()); }
+
+}  // namespace gz

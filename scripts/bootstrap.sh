@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Install what Guozhuang needs on Debian 12 (idempotent; quiet when everything is present).
+#   scripts/bootstrap.sh          build + demo dependencies
+#   scripts/bootstrap.sh test     + test tools (clang for the fuzz target, iproute2 for netns tests)
+#   scripts/bootstrap.sh bench    + python3-torch for the PyTorch DDP comparison
+set -euo pipefail
+pkgs=(g++ cmake make git ca-certificates pkg-config ccache
+      libtorch-dev libopenblas0-openmp libgloo-dev libopenmpi-dev openmpi-bin
+      libyaml-cpp-dev zlib1g-dev libpng-dev libjpeg-dev dataset-fashion-mnist procps)
+for profile in "$@"; do
+  case "$profile" in
+    test) pkgs+=(libgtest-dev clang libclang-rt-14-dev iproute2 python3) ;;
+    bench) pkgs+=(python3-torch python3-matplotlib iproute2) ;;
+    *) echo "bootstrap: unknown profile '$profile' (expected: test, bench)" >&2; exit 2 ;;
+  esac
+done
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "bootstrap: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+    SUDO=sudo
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's libtorch calls whatever BLAS the alternatives point at; the reference BLAS is ~13x slower.
+if [ "$(id -u)" = 0 ]; then
+  for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu; do
+    cand=$(update-alternatives --list "$alt" 2>/dev/null | grep openblas | head -n1 || true)
+    [ -n "$cand" ] && update-alternatives --set "$alt" "$cand" >/dev/null 2>&1 || true
+  done
+fi
+exit 0

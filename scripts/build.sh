@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Configure and build into build/ (or $GZ_BUILD_DIR). Extra arguments go to cmake's configure step.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${GZ_BUILD_DIR:-$root/build}
+jobs=${GZ_JOBS:-$(nproc)}
+# LibTorch translation units need ~1.5 GiB each while compiling; keep parallelism within memory.
+mem_gb=$(awk '/MemAvailable/ {print int($2/1048576)}' /proc/meminfo)
+[ "$jobs" -gt $((mem_gb / 2 + 1)) ] && jobs=$((mem_gb / 2 + 1))
+export CCACHE_DIR=${CCACHE_DIR:-$root/.ccache}
+# Precompiled headers are only cached with these (ccache manual, "Precompiled headers").
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=${GZ_BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
+cmake --build "$build" -j "$jobs" 2>&1 | grep -v -E '^\[ *[0-9]+%\]|^-- ' || true
+test "${PIPESTATUS[0]}" = 0

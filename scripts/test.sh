@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite: bootstrap, build, ctest; then ASan+UBSan and TSan builds of the
+# LibTorch-free layers with their tests; then the store wire-decoder fuzz target for a while.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+scripts/bootstrap.sh test
+echo "== build (release)"
+scripts/build.sh
+echo "== ctest (release)"
+(cd build && ctest --output-on-failure -j "${GZ_TEST_JOBS:-2}" --timeout 600)
+if [ "${GZ_SKIP_SANITIZERS:-0}" != 1 ]; then
+  echo "== ASan+UBSan build of core/store/comm + their tests"
+  GZ_BUILD_DIR=$root/build-asan GZ_BUILD_TYPE=Debug scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_SANITIZE=address,undefined
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L unit --timeout 600)
+  echo "== TSan build of the comm tests"
+  GZ_BUILD_DIR=$root/build-tsan GZ_BUILD_TYPE=RelWithDebInfo scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_SANITIZE=thread
+  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --output-on-failure -j 2 -L tsan --timeout 900)
+fi
+if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
+  echo "== fuzz the store wire decoder (${GZ_FUZZ_SECONDS:-30} s)"
+  CC=clang CXX=clang++ GZ_BUILD_DIR=$root/build-fuzz scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_BUILD_TESTS=OFF -DGZ_BUILD_FUZZ=ON -DGZ_WITH_GLOO=OFF -DGZ_WITH_MPI=OFF
+  build-fuzz/fuzz/fuzz_store_wire -max_total_time="${GZ_FUZZ_SECONDS:-30}" -print_final_stats=0 fuzz/corpus 2>&1 | tail -n 3
+fi
+echo "all test stages passed"

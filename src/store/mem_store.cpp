@@ -1,0 +1,87 @@
+#include "gz/store/mem_store.h"
+
+#include <string>
+
+#include "gz/core/env.h"
+#include "gz/core/error.h"
+
+namespace gz {
+
+void MemStore::set(const std::string& key, const Bytes& value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    data_[key] = value;
+  }
+  cv_.notify_all();
+}
+
+Bytes MemStore::get(const std::string& key, Deadline deadline) {
+  wait({key}, deadline);
+  std::lock_guard<std::mutex> lock(mu_);
+  return data_.at(key);
+}
+
+int64_t MemStore::add(const std::string& key, int64_t delta) {
+  int64_t v = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    if (it != data_.end()) v = parse_int(to_string(it->second), "counter " + key);
+    v += delta;
+    data_[key] = to_bytes(std::to_string(v));
+  }
+  cv_.notify_all();
+  return v;
+}
+
+Bytes MemStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = data_.find(key);
+  if (it == data_.end()) {
+    if (!expected.empty()) return expected;  // c10d semantics: missing key with non-empty expected
+    data_[key] = desired;
+  } else if (it->second == expected) {
+    it->second = desired;
+  } else {
+    return it->second;
+  }
+  lock.unlock();
+  cv_.notify_all();
+  return desired;
+}
+
+void MemStore::wait(const std::vector<std::string>& keys, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] {
+    for (auto& k : keys)
+      if (!data_.count(k)) return false;
+    return true;
+  };
+  Stopwatch sw;
+  if (!cv_.wait_until(lock, deadline.at(), ready)) {
+    std::string missing;
+    for (auto& k : keys)
+      if (!data_.count(k)) missing += (missing.empty() ? "" : ", ") + k;
+    GZ_THROW(TimeoutError, "store wait timed out after ", format_duration(sw.elapsed()),
+             "; missing keys: ", missing);
+  }
+}
+
+bool MemStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& k : keys)
+    if (!data_.count(k)) return false;
+  return true;
+}
+
+bool MemStore::delete_key(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return data_.erase(key) > 0;
+}
+
+int64_t MemStore::num_keys() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(data_.size());
+}
+
+}  // namespace gz
