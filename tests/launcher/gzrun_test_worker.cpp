@@ -1,0 +1,201 @@
+// Worker program the gzrun tests launch. One mode per behaviour under test:
+//   env                      print the launcher variables as KEY=VALUE lines
+//   exit CODE RANK           rank RANK exits with CODE after 100 ms, the others sleep 60 s
+//   sigkill RANK             rank RANK kills itself with SIGKILL, the others sleep 60 s
+//   spam LINES LEN           LINES lines to stdout and stderr, each written in several pieces
+//   sleep DIR SECONDS [ignore-term]
+//                            write DIR/pid_<rank> (own pid and a grandchild's), record signals
+//                            in DIR/sig_<rank>, sleep; with ignore-term SIGTERM is ignored
+//   fail-first CODE          exit CODE on attempt 0 (GZ_RESTART_COUNT), else print "ok" and exit 0
+//   progress                 '\r' progress updates, then a line without '\n'
+//   escape DIR               start a setsid()'d grandchild (pid in DIR/escaped_<rank>), exit 0
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : -1;
+}
+
+void write_str(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t w = ::write(fd, s.data() + off, s.size() - off);
+    if (w <= 0) return;
+    off += static_cast<size_t>(w);
+  }
+}
+
+// Deterministic payload so the test can verify every line byte for byte.
+std::string payload(int rank, int i, int len) {
+  std::string s;
+  for (int k = 0; k < len; ++k) s += static_cast<char>('a' + (rank * 7 + i * 3 + k) % 26);
+  return s;
+}
+
+// Whether something accepts TCP connections on 127.0.0.1:MASTER_PORT (the hosted store).
+bool store_reachable() {
+  int port = env_int("MASTER_PORT");
+  if (port <= 0) return false;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  ::close(fd);
+  return ok;
+}
+
+const char* g_dir = nullptr;
+
+void on_signal(int sig) {
+  // Async-signal-safe: build the path and write with plain syscalls.
+  char path[512];
+  std::snprintf(path, sizeof path, "%s/sig_%d", g_dir, env_int("RANK"));
+  int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd >= 0) {
+    char line[32];
+    int n = std::snprintf(line, sizeof line, "%d\n", sig);
+    ssize_t ignored = ::write(fd, line, static_cast<size_t>(n));
+    (void)ignored;
+    ::close(fd);
+  }
+  _exit(0);
+}
+
+int mode_sleep(const char* dir, double seconds, bool ignore_term) {
+  g_dir = dir;
+  // A grandchild in the worker's process group: gzrun must not leave it behind either.
+  pid_t child = fork();
+  if (child == 0) {
+    for (;;) pause();
+  }
+  if (ignore_term) {
+    signal(SIGTERM, SIG_IGN);
+  } else {
+    signal(SIGTERM, on_signal);
+  }
+  signal(SIGINT, on_signal);
+  signal(SIGHUP, on_signal);
+  std::string path = std::string(dir) + "/pid_" + std::to_string(env_int("RANK"));
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return 3;
+  std::fprintf(f, "%d %d\n", static_cast<int>(getpid()), static_cast<int>(child));
+  std::fclose(f);
+  std::rename(tmp.c_str(), path.c_str());  // the test sees the file complete or not at all
+  std::printf("sleeping\n");
+  std::fflush(stdout);
+  usleep(static_cast<useconds_t>(seconds * 1e6));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: gzrun_test_worker MODE ...\n");
+    return 2;
+  }
+  std::string mode = argv[1];
+  const int rank = env_int("RANK");
+  if (mode == "env") {
+    for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                          "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "GZ_LAUNCHER", "GZ_STORE_HOSTED",
+                          "GZ_NNODES", "GZ_RUN_ID", "GZ_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
+                          "OMP_NUM_THREADS", "GZ_RDZV_TOKEN"}) {
+      const char* v = std::getenv(k);
+      std::printf("%s=%s\n", k, v ? v : "<unset>");
+    }
+    std::printf("PID=%d\n", static_cast<int>(getpid()));
+    std::printf("PGID_IS_PID=%d\n", getpgrp() == getpid() ? 1 : 0);
+    std::printf("STORE_REACHABLE=%d\n", store_reachable() ? 1 : 0);
+    return 0;
+  }
+  if (mode == "exit" && argc >= 4) {
+    if (rank == std::atoi(argv[3])) {
+      usleep(100000);
+      std::fprintf(stderr, "rank %d failing on purpose\n", rank);
+      return std::atoi(argv[2]);
+    }
+    sleep(60);
+    return 0;
+  }
+  if (mode == "sigkill" && argc >= 3) {
+    if (rank == std::atoi(argv[2])) {
+      usleep(100000);
+      raise(SIGKILL);
+    }
+    sleep(60);
+    return 0;
+  }
+  if (mode == "spam" && argc >= 4) {
+    int lines = std::atoi(argv[2]), len = std::atoi(argv[3]);
+    for (int i = 0; i < lines; ++i) {
+      std::string line = "r=" + std::to_string(rank) + " i=" + std::to_string(i) + " " + payload(rank, i, len) + "\n";
+      int fd = (i % 2) ? 2 : 1;
+      // Three pieces per line: the relay must reassemble them and never mix ranks.
+      size_t a = line.size() / 3, b = 2 * line.size() / 3;
+      write_str(fd, line.substr(0, a));
+      write_str(fd, line.substr(a, b - a));
+      write_str(fd, line.substr(b));
+    }
+    return 0;
+  }
+  if (mode == "sleep" && argc >= 4) {
+    bool ignore_term = argc >= 5 && std::string(argv[4]) == "ignore-term";
+    return mode_sleep(argv[2], std::atof(argv[3]), ignore_term);
+  }
+  if (mode == "fail-first" && argc >= 3) {
+    int attempt = env_int("GZ_RESTART_COUNT");
+    if (attempt == 0) {
+      std::fprintf(stderr, "attempt 0 failing\n");
+      return std::atoi(argv[2]);
+    }
+    std::printf("ok attempt=%d run_id=%s\n", attempt, std::getenv("GZ_RUN_ID"));
+    return 0;
+  }
+  if (mode == "escape" && argc >= 3) {
+    std::string path = std::string(argv[2]) + "/escaped_" + std::to_string(rank);
+    pid_t child = fork();
+    if (child == 0) {
+      setsid();  // leaves the worker's process group: only the subreaper can still find it
+      pid_t grandchild = fork();  // and one more generation below it
+      if (grandchild == 0) {
+        for (;;) pause();
+      }
+      std::string tmp = path + ".tmp";
+      if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+        std::fprintf(f, "%d %d\n", static_cast<int>(getpid()), static_cast<int>(grandchild));
+        std::fclose(f);
+        std::rename(tmp.c_str(), path.c_str());
+      }
+      for (;;) pause();
+    }
+    for (int i = 0; i < 500 && ::access(path.c_str(), F_OK) != 0; ++i) usleep(10000);
+    std::printf("escaped\n");
+    return 0;
+  }
+  if (mode == "progress") {
+    write_str(1, "step 1/3\rstep 2/3\rstep 3/3\r\ndone");  // no final newline
+    return 0;
+  }
+  std::fprintf(stderr, "gzrun_test_worker: bad mode or arguments: %s\n", mode.c_str());
+  return 2;
+}

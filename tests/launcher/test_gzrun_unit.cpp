@@ -1,0 +1,198 @@
+// Unit tests of gzrun's pieces: option parsing, line splitting, worker environment, helpers.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "gz/core/error.h"
+#include "options.h"
+#include "output_relay.h"
+#include "process.h"
+#include "worker_env.h"
+
+using namespace gz;
+using namespace gz::launcher;
+
+namespace {
+LaunchOptions parse(std::vector<std::string> args) { return parse_options(args, 6); }
+
+std::vector<std::string> split(const std::vector<std::string>& chunks, size_t max_line = 1 << 16) {
+  LineSplitter s(max_line);
+  std::vector<std::string> out;
+  auto emit = [&](const std::string& l) { out.push_back(l); };
+  for (const auto& c : chunks) s.feed(c.data(), c.size(), emit);
+  s.flush(emit);
+  return out;
+}
+}  // namespace
+
+TEST(GzrunOptions, Defaults) {
+  auto o = parse({"prog"});
+  EXPECT_EQ(o.nproc_per_node, 1);
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.node_rank, 0);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 0);  // free port on one node
+  EXPECT_EQ(o.max_restarts, 0);
+  EXPECT_DOUBLE_EQ(o.grace_period_s, 5.0);
+  EXPECT_EQ(o.program, "prog");
+  EXPECT_TRUE(o.args.empty());
+}
+
+TEST(GzrunOptions, SpellingsAndForms) {
+  auto a = parse({"--nproc-per-node", "3", "--max_restarts=2", "--grace-period=0.5", "--log_dir", "/tmp/x",
+                  "--rdzv-timeout", "30", "prog", "--nproc-per-node", "9"});
+  EXPECT_EQ(a.nproc_per_node, 3);
+  EXPECT_EQ(a.max_restarts, 2);
+  EXPECT_DOUBLE_EQ(a.grace_period_s, 0.5);
+  EXPECT_EQ(a.log_dir, "/tmp/x");
+  EXPECT_DOUBLE_EQ(a.rdzv_timeout_s, 30);
+  EXPECT_EQ(a.program, "prog");
+  EXPECT_EQ(a.args, (std::vector<std::string>{"--nproc-per-node", "9"}));
+
+  auto b = parse({"--nproc_per_node=auto", "--", "--weird-prog", "x"});
+  EXPECT_TRUE(b.nproc_auto);
+  EXPECT_EQ(b.nproc_per_node, 6);
+  EXPECT_EQ(b.program, "--weird-prog");
+  EXPECT_EQ(b.args, std::vector<std::string>{"x"});
+}
+
+TEST(GzrunOptions, MultiNode) {
+  auto o = parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "prog"});
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_port, kDefaultMultiNodePort);
+  EXPECT_EQ(o.master_addr, "10.0.0.1");
+  EXPECT_EQ(o.world_size(), 2);
+  auto e = parse({"--nnodes=3:3", "--rdzv_endpoint=host:1234", "prog"});
+  EXPECT_EQ(e.nnodes, 3);
+  EXPECT_EQ(e.master_addr, "host");
+  EXPECT_EQ(e.master_port, 1234);
+  EXPECT_THROW(parse({"--nnodes", "2", "--master-port", "0", "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--nnodes", "1:4", "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--nnodes", "2", "--node-rank", "2", "prog"}), InvalidArgument);
+}
+
+TEST(GzrunOptions, Standalone) {
+  auto o = parse({"--standalone", "--nproc-per-node", "4", "prog"});
+  EXPECT_TRUE(o.standalone);
+  EXPECT_EQ(o.master_port, 0);
+  EXPECT_THROW(parse({"--standalone", "--nnodes", "2", "prog"}), InvalidArgument);
+}
+
+TEST(GzrunOptions, ErrorsNameTheOption) {
+  auto message = [](std::vector<std::string> args) {
+    try {
+      parse(args);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({"--bogus", "prog"}).find("--bogus"), std::string::npos);
+  EXPECT_NE(message({"--master-port", "x", "prog"}).find("--master-port"), std::string::npos);
+  EXPECT_NE(message({"--master-port", "65536", "prog"}).find("--master-port"), std::string::npos);
+  EXPECT_NE(message({"--grace-period", "-1", "prog"}).find("--grace-period"), std::string::npos);
+  EXPECT_NE(message({"--rdzv-timeout", "0", "prog"}).find("--rdzv-timeout"), std::string::npos);
+  EXPECT_NE(message({"--max-restarts", "-2", "prog"}).find("--max-restarts"), std::string::npos);
+  EXPECT_NE(message({"--log-dir"}).find("needs a value"), std::string::npos);
+  EXPECT_NE(message({"--help=1"}).find("takes no value"), std::string::npos);
+  EXPECT_NE(message({}).find("no program"), std::string::npos);
+  EXPECT_NE(message({"--rdzv-endpoint", "nohostport", "p"}).find("HOST:PORT"), std::string::npos);
+}
+
+TEST(GzrunOptions, HelpAndVersionNeedNoProgram) {
+  EXPECT_TRUE(parse({"-h"}).help);
+  EXPECT_TRUE(parse({"--help"}).help);
+  EXPECT_TRUE(parse({"--version"}).version);
+  EXPECT_NE(usage_text().find("--max-restarts"), std::string::npos);
+}
+
+TEST(GzrunOptions, AutoNprocIsPositive) {
+  EXPECT_GE(detect_auto_nproc(), 1);
+  EXPECT_GE(usable_cores(), 1);
+}
+
+TEST(GzrunLineSplitter, SplitsOnNewlineAndCarriageReturn) {
+  EXPECT_EQ(split({"a\nb\n"}), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(split({"a\r\nb\rc\n\n"}), (std::vector<std::string>{"a", "b", "c", ""}));
+  EXPECT_EQ(split({"a\r", "\nb"}), (std::vector<std::string>{"a", "b"}));  // CRLF across chunks
+  EXPECT_EQ(split({"\r\r"}), (std::vector<std::string>{"", ""}));
+  EXPECT_EQ(split({"par", "tial", " line"}), (std::vector<std::string>{"partial line"}));
+  EXPECT_EQ(split({}), std::vector<std::string>{});
+}
+
+TEST(GzrunLineSplitter, CutsOverlongLines) {
+  EXPECT_EQ(split({"abcdefg\nxy"}, 3), (std::vector<std::string>{"abc", "def", "g", "xy"}));
+  std::string big(10000, 'z');
+  auto pieces = split({big.substr(0, 777), big.substr(777)}, 4096);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[0].size() + pieces[1].size() + pieces[2].size(), big.size());
+}
+
+TEST(GzrunLineSplitter, EveryByteSplitMatchesTheWholeFeed) {
+  const std::string text = "one\r\ntwo\rthree\n\nfour\r\r\nfive";
+  auto reference = split({text});
+  for (size_t cut = 0; cut <= text.size(); ++cut)
+    EXPECT_EQ(split({text.substr(0, cut), text.substr(cut)}), reference) << "cut at " << cut;
+}
+
+TEST(GzrunWorkerEnv, TorchrunNamesAndRanks) {
+  LaunchOptions o = parse({"--nnodes", "3", "--node-rank", "2", "--nproc-per-node", "4", "prog"});
+  AttemptInfo a;
+  a.attempt = 2;
+  a.run_id = "77-2";
+  a.master_addr = "10.1.1.1";
+  a.store_port = 4321;
+  a.cores = 16;
+  Env base({{"PATH", "/bin"}, {"RANK", "stale"}});
+  auto env = worker_env(base, o, a, 3);
+  EXPECT_EQ(env["RANK"], "11");  // 2 * 4 + 3
+  EXPECT_EQ(env["LOCAL_RANK"], "3");
+  EXPECT_EQ(env["WORLD_SIZE"], "12");
+  EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "4");
+  EXPECT_EQ(env["GROUP_RANK"], "2");
+  EXPECT_EQ(env["NODE_RANK"], "2");
+  EXPECT_EQ(env["ROLE_RANK"], "11");
+  EXPECT_EQ(env["MASTER_ADDR"], "10.1.1.1");
+  EXPECT_EQ(env["MASTER_PORT"], "4321");
+  EXPECT_EQ(env["GZ_LAUNCHER"], "gzrun");
+  EXPECT_EQ(env["GZ_STORE_HOSTED"], "1");
+  EXPECT_EQ(env["GZ_NNODES"], "3");
+  EXPECT_EQ(env["GZ_RUN_ID"], "77-2");
+  EXPECT_EQ(env["GZ_RESTART_COUNT"], "2");
+  EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "4");  // 16 cores / 4 workers
+  EXPECT_EQ(env["PATH"], "/bin");
+  base.set("OMP_NUM_THREADS", "7");
+  EXPECT_EQ(worker_env(base, o, a, 0)["OMP_NUM_THREADS"], "7");
+  a.cores = 2;
+  base = Env();
+  EXPECT_EQ(worker_env(base, o, a, 0)["OMP_NUM_THREADS"], "1");  // never 0
+  auto envp = to_envp({{"A", "1"}, {"B", "x=y"}});
+  EXPECT_EQ(envp, (std::vector<std::string>{"A=1", "B=x=y"}));
+}
+
+TEST(GzrunProcess, ResolveProgram) {
+  EXPECT_EQ(resolve_program("sh", "/nonexistent:/bin:/usr/bin"), "/bin/sh");
+  EXPECT_THROW(resolve_program("gzrun-no-such-prog", "/bin:/usr/bin"), InvalidArgument);
+  EXPECT_THROW(resolve_program("/etc/hostname-not-there", ""), InvalidArgument);
+  EXPECT_THROW(resolve_program("/etc/passwd", ""), InvalidArgument);  // not executable
+  EXPECT_THROW(resolve_program("", "/bin"), InvalidArgument);
+  EXPECT_EQ(resolve_program("/bin/sh", ""), "/bin/sh");
+}
+
+TEST(GzrunProcess, DescribeStatus) {
+  pid_t p = fork();
+  if (p == 0) _exit(3);
+  int st = 0;
+  waitpid(p, &st, 0);
+  EXPECT_EQ(describe_status(st), "exited with code 3");
+  p = fork();
+  if (p == 0) {
+    raise(SIGKILL);
+    _exit(0);
+  }
+  waitpid(p, &st, 0);
+  EXPECT_EQ(describe_status(st), "killed by signal 9 (SIGKILL)");
+  EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
+}

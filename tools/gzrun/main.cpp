@@ -1,0 +1,118 @@
+// gzrun: launches one worker per local slot, hosts the rendezvous store, supervises the group.
+// See options.cpp (usage_text) for the command line, environment and exit codes.
+#include <errno.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gz/core/env.h"
+#include "gz/core/error.h"
+#include "options.h"
+#include "output_relay.h"
+#include "process.h"
+#include "store_host.h"
+#include "supervisor.h"
+
+#ifndef GZ_VERSION
+#define GZ_VERSION "unknown"
+#endif
+
+namespace {
+
+using namespace gz::launcher;
+
+// mkdir -p; returns an empty string or the error.
+std::string make_dirs(const std::string& path) {
+  std::string cur;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    cur = path.substr(0, pos);
+    if (cur.empty()) continue;
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return cur + ": " + std::strerror(errno);
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path + ": not a directory";
+  return "";
+}
+
+int run(int argc, char** argv) {
+  ensure_std_fds();
+  const gz::Env env = gz::Env::from_process();
+  LaunchOptions o;
+  try {
+    o = parse_options(std::vector<std::string>(argv + 1, argv + argc), detect_auto_nproc());
+  } catch (const gz::Error& e) {
+    say(std::string("error: ") + e.what());
+    return 2;
+  }
+  if (o.help) {
+    std::string u = usage_text();
+    write_all(1, u.data(), u.size());
+    return 0;
+  }
+  if (o.version) {
+    std::string v = std::string("gzrun (guozhuang) ") + GZ_VERSION + "\n";
+    write_all(1, v.data(), v.size());
+    return 0;
+  }
+
+  SupervisorConfig cfg;
+  try {
+    cfg.program_path = resolve_program(o.program, env.get("PATH", ""));
+  } catch (const gz::Error& e) {
+    say(std::string("error: ") + e.what());
+    return 2;
+  }
+  if (!o.log_dir.empty()) {
+    std::string err = make_dirs(o.log_dir);
+    if (!err.empty()) {
+      say("error: cannot create --log-dir " + err);
+      return 1;
+    }
+  }
+
+  StoreHost store(o, env.get("GZ_RDZV_TOKEN", ""));
+  try {
+    store.start();
+  } catch (const gz::Error& e) {
+    say(std::string("error: ") + e.what());
+    return 1;
+  }
+
+  // Two pipes per worker: make room for large --nproc-per-node within the hard limit.
+  rlimit nofile{};
+  const rlim_t needed = static_cast<rlim_t>(o.nproc_per_node) * 2 + 64;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < needed) {
+    nofile.rlim_cur = std::min(needed, nofile.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  // Descendants that leave their worker's process group (setsid) are re-parented to gzrun
+  // instead of init when their parent dies, so gzrun can still clean them up.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  cfg.base_env = env;
+  cfg.master_addr = o.master_addr;
+  cfg.store_port = store.port();
+  cfg.cores = usable_cores();
+  cfg.before_attempt = [&store](int attempt, const SupervisorConfig::Cancelled& c) { return store.meet(attempt, c); };
+  cfg.after_success = [&store](const SupervisorConfig::Cancelled& c) { return store.finish(c); };
+  Supervisor sup(o, std::move(cfg));
+  return sup.run();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    say(std::string("error: ") + e.what());
+    return 1;
+  }
+}

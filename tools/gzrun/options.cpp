@@ -1,0 +1,247 @@
+#include "options.h"
+
+#include <dirent.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstring>
+
+#include "gz/core/env.h"    // parse_int, parse_double
+#include "gz/core/error.h"  // InvalidArgument
+
+namespace gz::launcher {
+namespace {
+
+enum class Kind { flag, value };
+
+struct Spec {
+  const char* name;  // canonical dash spelling without the leading "--"
+  Kind kind;
+};
+
+constexpr Spec kSpecs[] = {
+    {"nproc-per-node", Kind::value}, {"nnodes", Kind::value},       {"node-rank", Kind::value},
+    {"master-addr", Kind::value},    {"master-port", Kind::value},  {"log-dir", Kind::value},
+    {"rdzv-timeout", Kind::value},   {"max-restarts", Kind::value}, {"grace-period", Kind::value},
+    {"rdzv-endpoint", Kind::value},  {"standalone", Kind::flag},    {"help", Kind::flag},
+    {"version", Kind::flag},
+};
+
+const Spec* find_spec(const std::string& name) {
+  for (const Spec& s : kSpecs)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
+int parse_bounded(const std::string& v, const std::string& opt, long long lo, long long hi) {
+  long long n = parse_int(v, "--" + opt);
+  if (n < lo || n > hi)
+    GZ_THROW(InvalidArgument, "--", opt, " must be in [", lo, ", ", hi, "], got ", v);
+  return static_cast<int>(n);
+}
+
+double parse_seconds(const std::string& v, const std::string& opt, bool allow_zero) {
+  double s = parse_double(v, "--" + opt);
+  if (!std::isfinite(s) || s < 0 || (!allow_zero && s == 0))
+    GZ_THROW(InvalidArgument, "--", opt, " must be a ", allow_zero ? "non-negative" : "positive",
+             " number of seconds, got ", v);
+  return s;
+}
+
+void set_port(LaunchOptions& o, const std::string& v, const std::string& opt) {
+  o.master_port = parse_bounded(v, opt, 0, 65535);
+  o.master_port_given = true;
+}
+
+void apply(LaunchOptions& o, const std::string& name, const std::string& v, int auto_nproc) {
+  if (name == "nproc-per-node") {
+    if (v == "auto") {
+      o.nproc_auto = true;
+      o.nproc_per_node = auto_nproc;
+    } else {
+      o.nproc_auto = false;
+      o.nproc_per_node = parse_bounded(v, name, 1, 65536);
+    }
+  } else if (name == "nnodes") {
+    // torchrun accepts MIN:MAX for elastic jobs; gzrun supports fixed sizes only.
+    auto colon = v.find(':');
+    if (colon == std::string::npos) {
+      o.nnodes = parse_bounded(v, name, 1, 65536);
+    } else {
+      int lo = parse_bounded(v.substr(0, colon), name, 1, 65536);
+      int hi = parse_bounded(v.substr(colon + 1), name, 1, 65536);
+      if (lo != hi)
+        GZ_THROW(InvalidArgument, "--nnodes ", v, ": elastic ranges are not supported, give one number");
+      o.nnodes = lo;
+    }
+  } else if (name == "node-rank") {
+    o.node_rank = parse_bounded(v, name, 0, 65535);
+  } else if (name == "master-addr") {
+    if (v.empty()) GZ_THROW(InvalidArgument, "--master-addr must not be empty");
+    o.master_addr = v;
+    o.master_addr_given = true;
+  } else if (name == "master-port") {
+    set_port(o, v, name);
+  } else if (name == "rdzv-endpoint") {
+    auto colon = v.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      GZ_THROW(InvalidArgument, "--rdzv-endpoint must be HOST:PORT, got '", v, "'");
+    o.master_addr = v.substr(0, colon);
+    o.master_addr_given = true;
+    set_port(o, v.substr(colon + 1), name);
+  } else if (name == "log-dir") {
+    if (v.empty()) GZ_THROW(InvalidArgument, "--log-dir must not be empty");
+    o.log_dir = v;
+  } else if (name == "rdzv-timeout") {
+    o.rdzv_timeout_s = parse_seconds(v, name, false);
+  } else if (name == "max-restarts") {
+    o.max_restarts = parse_bounded(v, name, 0, 1000000);
+  } else if (name == "grace-period") {
+    o.grace_period_s = parse_seconds(v, name, true);
+  }
+}
+
+void validate(LaunchOptions& o) {
+  if (o.help || o.version) return;
+  if (o.program.empty()) GZ_THROW(InvalidArgument, "no program given (usage: gzrun [options] [--] PROGRAM [ARGS...])");
+  if (o.standalone) {
+    // torchrun's --standalone: one node, a free local port, no endpoint to agree on.
+    if (o.nnodes != 1) GZ_THROW(InvalidArgument, "--standalone runs on one node, but --nnodes is ", o.nnodes);
+    if (o.node_rank != 0) GZ_THROW(InvalidArgument, "--standalone runs on one node, but --node-rank is ", o.node_rank);
+    if (!o.master_addr_given) o.master_addr = "127.0.0.1";
+  }
+  if (o.node_rank >= o.nnodes)
+    GZ_THROW(InvalidArgument, "--node-rank ", o.node_rank, " must be smaller than --nnodes ", o.nnodes);
+  if (o.nnodes > 1) {
+    if (!o.master_port_given) o.master_port = kDefaultMultiNodePort;
+    if (o.master_port == 0)
+      GZ_THROW(InvalidArgument, "--master-port 0 (a free port) only works with one node: with --nnodes ",
+               o.nnodes, " every node must know the port in advance");
+  }
+  if (static_cast<long long>(o.nnodes) * o.nproc_per_node > (1 << 24))
+    GZ_THROW(InvalidArgument, "world size ", static_cast<long long>(o.nnodes) * o.nproc_per_node, " is too large");
+}
+
+}  // namespace
+
+LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc) {
+  LaunchOptions o;
+  size_t i = 0;
+  for (; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (a.size() < 2 || a[0] != '-') break;  // PROGRAM: the rest belongs to it
+    if (a[1] != '-')
+      GZ_THROW(InvalidArgument, "unknown option '", a, "' (see gzrun --help)");
+    std::string body = a.substr(2);
+    std::string value;
+    bool has_value = false;
+    auto eq = body.find('=');
+    if (eq != std::string::npos) {
+      value = body.substr(eq + 1);
+      body = body.substr(0, eq);
+      has_value = true;
+    }
+    for (char& c : body)
+      if (c == '_') c = '-';
+    const Spec* spec = find_spec(body);
+    if (!spec) GZ_THROW(InvalidArgument, "unknown option '", a, "' (see gzrun --help)");
+    if (spec->kind == Kind::flag) {
+      if (has_value) GZ_THROW(InvalidArgument, "option --", body, " takes no value");
+      if (body == "standalone") o.standalone = true;
+      if (body == "help") o.help = true;
+      if (body == "version") o.version = true;
+      continue;
+    }
+    if (!has_value) {
+      if (i + 1 >= argv.size()) GZ_THROW(InvalidArgument, "option --", body, " needs a value");
+      value = argv[++i];
+    }
+    apply(o, body, value, auto_nproc);
+  }
+  if (i < argv.size()) {
+    o.program = argv[i];
+    o.args.assign(argv.begin() + static_cast<long>(i) + 1, argv.end());
+  }
+  validate(o);
+  return o;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+int detect_auto_nproc() {
+  int gpus = 0;
+  if (DIR* d = opendir("/dev")) {
+    while (dirent* e = readdir(d)) {
+      const char* n = e->d_name;
+      if (std::strncmp(n, "nvidia", 6) != 0 || !n[6]) continue;
+      bool digits = true;
+      for (const char* p = n + 6; *p; ++p) digits = digits && std::isdigit(static_cast<unsigned char>(*p));
+      if (digits) ++gpus;
+    }
+    closedir(d);
+  }
+  return gpus > 0 ? gpus : usable_cores();
+}
+
+std::string usage_text() {
+  return R"(usage: gzrun [options] [--] PROGRAM [ARGS...]
+
+Starts PROGRAM once per local worker, hosts the rendezvous store (on node rank 0) and supervises
+the workers: their output is relayed line by line prefixed with "[rank] ", the first failure stops
+the whole group (SIGTERM, then SIGKILL after the grace period).
+
+options (underscores work too: --nproc_per_node; so does --opt=value):
+  --nproc-per-node N|auto  workers on this node (auto: GPUs if /dev/nvidiaN exist, else cores); default 1
+  --nnodes N               number of nodes (default 1)
+  --node-rank R            this node's rank in [0, nnodes) (default 0)
+  --master-addr A          address of node rank 0, where the store runs (default 127.0.0.1)
+  --master-port P          store port; default: a free port on one node, 29500 on several
+  --rdzv-endpoint A:P      same as --master-addr A --master-port P
+  --standalone             single node on a free local port
+  --log-dir DIR            also write each rank's output to DIR/rank_<r>.log
+  --rdzv-timeout SECONDS   how long nodes wait for each other (default 900); exported to
+                           workers as GZ_RDZV_TIMEOUT_S
+  --max-restarts K         restart all local workers up to K times after a failure (default 0)
+  --grace-period SECONDS   SIGTERM -> SIGKILL delay when stopping workers (default 5)
+  -h, --help               this text
+  --version                print the version
+
+worker environment: RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK ROLE_RANK
+  MASTER_ADDR MASTER_PORT GZ_LAUNCHER=gzrun GZ_STORE_HOSTED=1 GZ_NNODES GZ_RUN_ID
+  GZ_RESTART_COUNT TORCHELASTIC_RESTART_COUNT GZ_RDZV_TIMEOUT_S, OMP_NUM_THREADS (unless set)
+  and GZ_RDZV_TOKEN when gzrun has it. Workers read stdin from /dev/null.
+
+exit status:
+  0        every worker exited 0
+  1        a worker failed (non-zero exit or killed by a signal) and no restarts were left,
+           or the launch itself failed (store port busy, nodes did not meet in time, ...)
+  2        bad command line or PROGRAM not found
+  128+N    gzrun received signal N (SIGINT/SIGTERM/SIGHUP), forwarded it to the workers and
+           stopped them
+
+multi-node restarts are per node: they only work when every node's gzrun restarts too (a failure
+on one node normally makes the workers on the others fail, so each gzrun restarts its workers;
+the nodes meet again in the store before each attempt).
+)";
+}
+
+}  // namespace gz::launcher

@@ -1,0 +1,50 @@
+// gzrun command line: torchrun-compatible option names (dash or underscore spellings, --opt=value).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gz::launcher {
+
+/// @brief Everything gzrun was asked to do, validated and with defaults resolved.
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  bool nproc_auto = false;  ///< "--nproc-per-node auto" was given (value already resolved)
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;
+  /// @brief Store port. 0 = a free port (single node only). Default: 0 on one node, 29500 on many.
+  int master_port = 0;
+  bool master_port_given = false;
+  std::string log_dir;          ///< empty = no per-rank log files
+  double rdzv_timeout_s = 900;  ///< how long nodes wait for each other (and workers for the store)
+  int max_restarts = 0;
+  bool standalone = false;
+  double grace_period_s = 5;  ///< SIGTERM -> SIGKILL delay when stopping workers
+  bool help = false;
+  bool version = false;
+  std::string program;            ///< as given (resolved through PATH later)
+  std::vector<std::string> args;  ///< arguments after PROGRAM, untouched
+
+  /// @brief Total number of workers in the job.
+  int world_size() const { return nnodes * nproc_per_node; }
+};
+
+/// @brief Default store port when several nodes meet (torchrun's default).
+constexpr int kDefaultMultiNodePort = 29500;
+
+/// @brief Parse argv (without argv[0]). Throws gz::InvalidArgument with a message naming the
+/// offending option. `auto_nproc` resolves "--nproc-per-node auto".
+LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc);
+
+/// @brief Workers for "--nproc-per-node auto": GPUs (/dev/nvidia[0-9]*) when present, else cores.
+int detect_auto_nproc();
+
+/// @brief CPU cores this process may run on (sched_getaffinity), at least 1.
+int usable_cores();
+
+/// @brief The --help text.
+std::string usage_text();
+
+}  // namespace gz::launcher

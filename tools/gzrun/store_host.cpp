@@ -1,0 +1,190 @@
+#include "store_host.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "gz/core/deadline.h"
+#include "gz/core/error.h"
+#include "output_relay.h"  // say()
+
+#if GZ_HAVE_TCP_STORE
+#include "gz/store/store.h"
+#include "gz/store/tcp_store.h"
+#endif
+
+namespace gz::launcher {
+
+struct StoreHost::Impl {
+#if GZ_HAVE_TCP_STORE
+  std::unique_ptr<TcpStoreServer> server;
+  std::unique_ptr<TcpStore> client;
+#else
+  int placeholder_fd = -1;  // holds the port until the store implementation is linked
+#endif
+};
+
+StoreHost::StoreHost(const LaunchOptions& options, std::string token)
+    : o_(options), token_(std::move(token)), impl_(std::make_unique<Impl>()) {
+  port_ = o_.master_port;
+}
+
+StoreHost::~StoreHost() {
+#if GZ_HAVE_TCP_STORE
+  impl_->client.reset();
+  if (impl_->server) impl_->server->stop();
+#else
+  if (impl_->placeholder_fd >= 0) ::close(impl_->placeholder_fd);
+#endif
+}
+
+bool StoreHost::available() { return GZ_HAVE_TCP_STORE != 0; }
+
+void check_port_free(const std::string& addr, int port) {
+  if (port == 0) return;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw SystemError("socket()", errno);
+  int one = 1;
+  // Same flag a server uses, so a port only lingering in TIME_WAIT is not reported as busy.
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0)
+    throw SystemError("cannot host the rendezvous store on port " + std::to_string(port) +
+                          (err == EADDRINUSE ? " (the port is already in use; pick another --master-port, "
+                                               "or leave it out on a single node to get a free one)"
+                                             : ""),
+                      err);
+}
+
+void StoreHost::start() {
+  if (o_.node_rank != 0) return;
+  // One node: listen on loopback unless the user named an address; several: everywhere.
+  std::string bind_addr = (o_.nnodes == 1 && !o_.master_addr_given) ? "127.0.0.1" : "0.0.0.0";
+  check_port_free(bind_addr, o_.master_port);
+#if GZ_HAVE_TCP_STORE
+  TcpStoreServerOptions so;
+  so.bind_addr = bind_addr;
+  so.port = o_.master_port;
+  so.token = token_;
+  try {
+    impl_->server = std::make_unique<TcpStoreServer>(so);
+  } catch (const Error& e) {
+    throw Error("cannot host the rendezvous store on port " + std::to_string(o_.master_port) + ": " +
+                e.what());
+  }
+  port_ = impl_->server->port();
+#else
+  // Store implementation not linked in this build: hold the port so the workers at least get
+  // a valid, reserved MASTER_PORT.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw SystemError("socket()", errno);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(o_.master_port));
+  inet_pton(AF_INET, bind_addr.c_str(), &sa.sin_addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 128) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw SystemError("cannot listen on port " + std::to_string(o_.master_port), err);
+  }
+  socklen_t len = sizeof sa;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  port_ = ntohs(sa.sin_port);
+  impl_->placeholder_fd = fd;
+  say("warning: this build has no TcpStore implementation; port " + std::to_string(port_) +
+      " is reserved but serves nothing");
+#endif
+}
+
+#if GZ_HAVE_TCP_STORE
+namespace {
+std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, int port, const std::string& token) {
+  TcpStoreOptions co;
+  co.token = token;
+  co.timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_s * 1000));
+  // Node 0 talks to its own server over loopback unless an address was named.
+  std::string host = (o.node_rank == 0 && !o.master_addr_given) ? std::string("127.0.0.1") : o.master_addr;
+  return std::make_unique<TcpStore>(host, port, co);
+}
+}  // namespace
+#endif
+
+void StoreHost::node_barrier(const std::string& name, const Cancelled& cancelled) {
+#if GZ_HAVE_TCP_STORE
+  if (!impl_->client) impl_->client = connect_client(o_, port_, token_);
+  TcpStore& s = *impl_->client;
+  Stopwatch sw;
+  Deadline deadline = Deadline::after(std::chrono::milliseconds(static_cast<long long>(o_.rdzv_timeout_s * 1000)));
+  const std::string released = name + "/released";
+  int64_t arrived = s.add(name + "/arrived", 1);
+  if (arrived == o_.nnodes) s.set(released, to_bytes("1"));
+  while (!s.check({released})) {
+    if (cancelled && cancelled())
+      GZ_THROW(Aborted, "node ", o_.node_rank, ": cancelled while waiting for the other nodes (", name, ")");
+    if (deadline.expired()) {
+      int64_t now = s.add(name + "/arrived", 0);
+      GZ_THROW(TimeoutError, "node ", o_.node_rank, ": only ", now, " of ", o_.nnodes, " nodes reached ", name,
+               " within --rdzv-timeout (", format_duration(sw.elapsed()), ", store at ", o_.master_addr, ":", port_, ")");
+    }
+    ::usleep(20000);  // short: node starts are not latency-critical, signals must stay responsive
+  }
+#else
+  GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
+#endif
+}
+
+std::string StoreHost::meet(int attempt, const Cancelled& cancelled) {
+  std::string local_id = std::to_string(::getpid()) + "-" + std::to_string(attempt);
+  if (o_.nnodes == 1) return local_id;
+#if GZ_HAVE_TCP_STORE
+  const std::string name = "gzrun/attempt" + std::to_string(attempt);
+  if (!impl_->client) impl_->client = connect_client(o_, port_, token_);
+  if (o_.node_rank == 0) impl_->client->set(name + "/run_id", to_bytes(local_id));
+  node_barrier(name + "/nodes", cancelled);
+  return to_string(impl_->client->get(name + "/run_id", Deadline::after(std::chrono::seconds(30))));
+#else
+  node_barrier("", cancelled);
+  return local_id;
+#endif
+}
+
+bool StoreHost::finish(const Cancelled& cancelled) {
+  if (o_.nnodes == 1) return true;
+  try {
+    node_barrier("gzrun/exit", cancelled);
+  } catch (const Error& e) {
+    say(std::string("error: this node's workers succeeded, but: ") + e.what());
+    return false;
+  }
+#if GZ_HAVE_TCP_STORE
+  // Everyone finished. The host must not stop the server while another node still polls for
+  // the release: each node checks out, and node 0 waits (briefly) for all check-outs.
+  try {
+    int64_t departed = impl_->client->add("gzrun/exit/departed", 1);
+    Deadline deadline = Deadline::after(std::chrono::seconds(10));
+    while (o_.node_rank == 0 && departed < o_.nnodes && !deadline.expired() && !(cancelled && cancelled())) {
+      ::usleep(10000);
+      departed = impl_->client->add("gzrun/exit/departed", 0);
+    }
+  } catch (const Error& e) {
+    // The job is done; a store hiccup while leaving is not worth failing it.
+    say(std::string("warning: while leaving the store: ") + e.what());
+  }
+#endif
+  return true;
+}
+
+}  // namespace gz::launcher

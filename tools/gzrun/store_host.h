@@ -1,0 +1,55 @@
+// The rendezvous store as gzrun sees it: hosted on node rank 0, and the place where the nodes'
+// gzruns meet before every attempt.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "options.h"
+
+namespace gz::launcher {
+
+/// @brief Hosts the TcpStoreServer (node rank 0) and synchronises the nodes' gzruns.
+class StoreHost {
+ public:
+  explicit StoreHost(const LaunchOptions& options, std::string token);
+  ~StoreHost();
+  StoreHost(const StoreHost&) = delete;
+  StoreHost& operator=(const StoreHost&) = delete;
+
+  /// @brief On node rank 0: start the server on --master-port (0 = a free port; the server
+  /// holds the listening socket, so there is no window for another process to take it).
+  /// Throws gz::Error naming the port when it is busy. Other nodes: nothing to do.
+  void start();
+  /// @brief The store's port: the actual port on node 0, --master-port elsewhere.
+  int port() const { return port_; }
+  /// @brief Returns true when gzrun was asked to stop (checked while waiting for other nodes).
+  using Cancelled = std::function<bool()>;
+  /// @brief Multi-node only: wait (up to --rdzv-timeout) until every node's gzrun is ready for
+  /// `attempt`; returns the run id shared by all nodes ("<node0 pid>-<attempt>"). On one node
+  /// it returns "<pid>-<attempt>" at once. Throws gz::TimeoutError naming how many nodes came,
+  /// gz::Aborted when cancelled.
+  std::string meet(int attempt, const Cancelled& cancelled);
+  /// @brief Multi-node only, after this node's workers all succeeded: wait (up to
+  /// --rdzv-timeout) for the other nodes to finish too, so node 0 keeps serving the store while
+  /// their workers still use it (torchrun's exit barrier). Returns false on timeout/cancel.
+  bool finish(const Cancelled& cancelled);
+  /// @brief Whether this build can host a store (the TcpStore implementation is linked).
+  static bool available();
+
+ private:
+  struct Impl;
+  /// @brief Barrier of the nodes' gzruns that polls, so signals are seen while waiting.
+  void node_barrier(const std::string& name, const Cancelled& cancelled);
+  const LaunchOptions& o_;
+  std::string token_;
+  int port_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// @brief Fail early with a clear message when `port` is already taken on `addr`
+/// (bind() probe; the real server binds right after). Throws gz::SystemError naming the port.
+void check_port_free(const std::string& addr, int port);
+
+}  // namespace gz::launcher

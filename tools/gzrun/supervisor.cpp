@@ -1,0 +1,275 @@
+#include "supervisor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "gz/core/error.h"
+#include "worker_env.h"
+
+namespace gz::launcher {
+
+Supervisor::Supervisor(const LaunchOptions& options, SupervisorConfig config)
+    : o_(options), c_(std::move(config)) {
+  devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+Supervisor::~Supervisor() {
+  // Every exit path, exceptions included: nothing of ours keeps running.
+  kill_all_groups(SIGKILL, true);
+  if (devnull_ >= 0) ::close(devnull_);
+}
+
+bool Supervisor::poll_interrupt() {
+  for (int s : signals_.take()) on_signal(s);
+  return interrupt_sig_ != 0;
+}
+
+int Supervisor::run() {
+  const SupervisorConfig::Cancelled cancelled = [this] { return poll_interrupt(); };
+  for (int attempt = 0;; ++attempt) {
+    if (poll_interrupt()) return 128 + interrupt_sig_;  // e.g. Ctrl-C between two attempts
+    std::string run_id;
+    try {
+      run_id = c_.before_attempt ? c_.before_attempt(attempt, cancelled)
+                                 : std::to_string(getpid()) + "-" + std::to_string(attempt);
+    } catch (const std::exception& e) {
+      if (interrupt_sig_) return 128 + interrupt_sig_;
+      say(std::string("error: ") + e.what());
+      return 1;
+    }
+    Outcome out = run_attempt(attempt, run_id);
+    if (out == Outcome::success) {
+      if (attempt > 0) say("all workers exited 0 (after " + std::to_string(attempt) + " restart(s))");
+      bool others_done = !c_.after_success || c_.after_success(cancelled);
+      if (interrupt_sig_) return 128 + interrupt_sig_;
+      return others_done ? 0 : 1;
+    }
+    if (out == Outcome::interrupted) return 128 + interrupt_sig_;
+    if (attempt >= o_.max_restarts) {
+      if (o_.max_restarts > 0)
+        say("giving up after " + std::to_string(o_.max_restarts) + " restart(s); last failure: " + failure_);
+      return 1;
+    }
+    say("restarting all local workers (restart " + std::to_string(attempt + 1) + " of " +
+        std::to_string(o_.max_restarts) + ") after: " + failure_);
+  }
+}
+
+void Supervisor::open_logs(int attempt) {
+  if (o_.log_dir.empty()) return;
+  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+    int rank = o_.node_rank * o_.nproc_per_node + lr;
+    std::string path = o_.log_dir + "/rank_" + std::to_string(rank) + ".log";
+    int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (attempt == 0 ? O_TRUNC : 0);
+    int fd = ::open(path.c_str(), flags, 0644);
+    if (fd < 0) {
+      say("warning: cannot open " + path + ": " + std::strerror(errno));
+      continue;
+    }
+    relay_.set_log(rank, fd);
+  }
+  if (attempt > 0) relay_.note_in_logs("[gzrun] restart " + std::to_string(attempt));
+}
+
+void Supervisor::start_workers(int attempt, const std::string& run_id) {
+  AttemptInfo a;
+  a.attempt = attempt;
+  a.run_id = run_id;
+  a.master_addr = c_.master_addr;
+  a.store_port = c_.store_port;
+  a.cores = c_.cores;
+  std::vector<std::string> argv{o_.program};
+  argv.insert(argv.end(), o_.args.begin(), o_.args.end());
+  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+    int rank = o_.node_rank * o_.nproc_per_node + lr;
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    try {
+      if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+        throw SystemError("pipe2 for rank " + std::to_string(rank), errno);
+      SpawnRequest r;
+      r.path = c_.program_path;
+      r.argv = argv;
+      r.envp = to_envp(worker_env(c_.base_env, o_, a, lr));
+      r.stdin_fd = devnull_;
+      r.stdout_fd = out[1];
+      r.stderr_fd = err[1];
+      pid_t pid = spawn_worker(r);
+      ::close(out[1]);
+      ::close(err[1]);
+      relay_.add_pipe(rank, Stream::out, out[0]);
+      relay_.add_pipe(rank, Stream::err, err[0]);
+      workers_.push_back(Worker{lr, rank, pid, true, 0});
+    } catch (const std::exception& e) {
+      for (int fd : {out[0], out[1], err[0], err[1]})
+        if (fd >= 0) ::close(fd);
+      failure_ = "rank " + std::to_string(rank) + " could not be started: " + e.what();
+      say(failure_);
+      begin_stop(SIGTERM);
+      return;
+    }
+  }
+}
+
+bool Supervisor::all_reaped() const {
+  return std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.alive; });
+}
+
+void Supervisor::kill_all_groups(int sig, bool only_alive) {
+  for (const Worker& w : workers_) {
+    if (only_alive && !w.alive) continue;
+    // The group holds the worker and whatever it started; fall back to the pid alone when
+    // the group is already gone.
+    if (::kill(-w.pid, sig) != 0 && w.alive) ::kill(w.pid, sig);
+  }
+}
+
+void Supervisor::begin_stop(int sig) {
+  if (!stopping_) {
+    stopping_ = true;
+    kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<long long>(o_.grace_period_s * 1000));
+  }
+  kill_all_groups(sig, true);
+}
+
+void Supervisor::on_exit(Worker& w) {
+  const int st = w.status;
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return;
+  std::string d = "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") " + describe_status(st);
+  if (!stopping_) {
+    failure_ = d;
+    say(d);
+    if (!all_reaped())
+      say("stopping the other local workers (SIGTERM, then SIGKILL after " +
+          format_duration(std::chrono::milliseconds(static_cast<long long>(o_.grace_period_s * 1000))) + ")");
+    begin_stop(SIGTERM);
+  } else {
+    say("stopped: " + d);
+  }
+}
+
+void Supervisor::reap() {
+  // waitpid(-1): gzrun is a child subreaper, so besides workers it may have adopted orphans
+  // (descendants of a dead worker); reap those too so no zombies pile up.
+  for (;;) {
+    int st = 0;
+    pid_t r = ::waitpid(-1, &st, WNOHANG);
+    if (r <= 0) break;
+    for (Worker& w : workers_) {
+      if (w.pid != r || !w.alive) continue;
+      w.alive = false;
+      w.status = st;
+      // The worker's group dies with it (its leftover children). Done right away: once the
+      // group is empty its id may be reused by an unrelated process group later.
+      ::kill(-w.pid, SIGKILL);
+      on_exit(w);
+      break;
+    }
+  }
+}
+
+void Supervisor::kill_adopted() {
+  // Bounded: each round kills one generation of adopted descendants.
+  for (int round = 0; round < 5; ++round) {
+    std::vector<pid_t> kids = list_children(::getpid());
+    bool any = false;
+    for (pid_t p : kids) {
+      bool worker = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) { return w.alive && w.pid == p; });
+      if (worker) continue;
+      ::kill(p, SIGKILL);
+      any = true;
+    }
+    if (!any) break;
+    ::usleep(10000);
+    reap();
+  }
+  reap();
+}
+
+void Supervisor::on_signal(int sig) {
+  if (sig == SIGCHLD) return;  // reap() runs after every wake-up
+  if (interrupt_sig_ == 0) {
+    interrupt_sig_ = sig;
+    if (workers_.empty() || all_reaped()) return;
+    say("received " + signal_name(sig) + ": forwarding it to the workers");
+    begin_stop(sig);
+  } else {
+    say("received " + signal_name(sig) + " again: killing the workers now (SIGKILL)");
+    stopping_ = true;
+    escalated_ = true;
+    kill_all_groups(SIGKILL, true);
+  }
+}
+
+Supervisor::Outcome Supervisor::run_attempt(int attempt, const std::string& run_id) {
+  stopping_ = false;
+  escalated_ = false;
+  failure_.clear();
+  workers_.clear();
+  relay_.reset();
+  open_logs(attempt);
+  start_workers(attempt, run_id);
+
+  std::vector<pollfd> fds;
+  while (!all_reaped()) {
+    fds.clear();
+    fds.push_back(pollfd{signals_.fd(), POLLIN, 0});
+    relay_.append_pollfds(fds);
+    // Wake up at least once a second (SIGCHLD is the normal wake-up), sooner for the SIGKILL.
+    int timeout_ms = 1000;
+    if (stopping_ && !escalated_) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kill_at_ - Clock::now()).count();
+      timeout_ms = static_cast<int>(std::clamp<long long>(left + 1, 0, 1000));
+    }
+    int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      say(std::string("poll failed: ") + std::strerror(errno) + "; stopping the workers");
+      if (failure_.empty()) failure_ = "gzrun's poll() failed";
+      begin_stop(SIGKILL);
+      escalated_ = true;
+    }
+    if (n > 0) {
+      if (fds[0].revents)
+        for (int s : signals_.take()) on_signal(s);
+      for (size_t i = 1; i < fds.size(); ++i)
+        if (fds[i].revents) relay_.on_ready(fds[i]);
+    }
+    reap();
+    if (stopping_ && !escalated_ && Clock::now() >= kill_at_ && !all_reaped()) {
+      for (const Worker& w : workers_)
+        if (w.alive)
+          say("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) +
+              ") still running after the grace period: sending SIGKILL");
+      kill_all_groups(SIGKILL, true);
+      escalated_ = true;
+    }
+  }
+
+  // Every worker is gone (and its group, see reap()): kill descendants that escaped their group,
+  // then collect the output
+  // still in flight (bounded: a process that escaped its group may hold a pipe open).
+  kill_adopted();
+  Deadline drain = Deadline::after(std::chrono::milliseconds(1000));
+  while (relay_.open_pipes() > 0 && !drain.expired()) {
+    fds.clear();
+    relay_.append_pollfds(fds);
+    int n = ::poll(fds.data(), fds.size(), drain.remaining_ms());
+    if (n <= 0) continue;
+    for (const pollfd& p : fds)
+      if (p.revents) relay_.on_ready(p);
+  }
+  relay_.drain_all();
+  for (int s : signals_.take()) on_signal(s);
+
+  if (interrupt_sig_) return Outcome::interrupted;
+  if (!failure_.empty()) return Outcome::failed;
+  return Outcome::success;
+}
+
+}  // namespace gz::launcher

@@ -1,0 +1,87 @@
+// Runs the local workers: spawn, relay output, fail fast, forward signals, restart.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gz/core/deadline.h"
+#include "gz/core/env.h"
+#include "options.h"
+#include "output_relay.h"
+#include "process.h"
+
+namespace gz::launcher {
+
+/// @brief What the supervisor needs besides the options.
+struct SupervisorConfig {
+  std::string program_path;  ///< resolved PROGRAM
+  Env base_env;              ///< gzrun's environment; workers get it plus the launcher variables
+  std::string master_addr;
+  int store_port = 0;
+  int cores = 1;
+  /// @brief Polled while gzrun waits for other nodes: handles pending signals, true = stop.
+  using Cancelled = std::function<bool()>;
+  /// @brief Called before each attempt; returns the run id for it (nodes meet there). May throw.
+  std::function<std::string(int attempt, const Cancelled&)> before_attempt;
+  /// @brief Called once every local worker succeeded (nodes wait for each other there);
+  /// false = the other nodes did not finish in time, gzrun exits 1.
+  std::function<bool(const Cancelled&)> after_success;
+};
+
+/// @brief Supervises one node's workers until they all succeed, one fails with no restarts
+/// left, or gzrun is signalled. See run() for the exit codes.
+class Supervisor {
+ public:
+  Supervisor(const LaunchOptions& options, SupervisorConfig config);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+  /// @brief Runs to the end. Returns gzrun's exit code: 0 all workers exited 0; 1 a worker
+  /// failed and restarts are exhausted (or an attempt could not start); 128+N when gzrun got
+  /// signal N.
+  int run();
+
+ private:
+  enum class Outcome { success, failed, interrupted };
+  struct Worker {
+    int local_rank = 0;
+    int rank = 0;
+    pid_t pid = -1;
+    bool alive = false;
+    int status = 0;
+  };
+
+  Outcome run_attempt(int attempt, const std::string& run_id);
+  void open_logs(int attempt);
+  void start_workers(int attempt, const std::string& run_id);
+  void reap();
+  void on_exit(Worker& w);
+  void on_signal(int sig);
+  /// @brief Send sig to every live worker's process group; start the grace timer once.
+  void begin_stop(int sig);
+  void kill_all_groups(int sig, bool only_alive);
+  bool all_reaped() const;
+  /// @brief Kill and reap processes gzrun adopted as subreaper (escaped from worker groups).
+  void kill_adopted();
+  /// @brief Handle pending signals; true when gzrun was asked to stop.
+  bool poll_interrupt();
+
+  const LaunchOptions& o_;
+  SupervisorConfig c_;
+  OutputRelay relay_;
+  SignalPipe signals_;
+  std::vector<Worker> workers_;
+  int devnull_ = -1;
+
+  // Per-attempt state.
+  bool stopping_ = false;
+  bool escalated_ = false;
+  Clock::time_point kill_at_{};
+  std::string failure_;  ///< first failure of this attempt, "" when none
+  int interrupt_sig_ = 0;
+};
+
+}  // namespace gz::launcher

@@ -1,0 +1,31 @@
+// The environment every worker starts with (torchrun variable names plus GZ_* extras).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gz/core/env.h"
+#include "options.h"
+
+namespace gz::launcher {
+
+/// @brief Per-attempt facts that go into the workers' environment.
+struct AttemptInfo {
+  int attempt = 0;     ///< 0 for the first launch, k after k restarts
+  std::string run_id;  ///< unique per launch attempt
+  std::string master_addr;
+  int store_port = 0;  ///< the store's actual port
+  int cores = 1;       ///< usable cores on this node
+};
+
+/// @brief Full environment for the worker with `local_rank` on this node: `base` (gzrun's own
+/// environment) with the launcher variables set on top. OMP_NUM_THREADS is only set when `base`
+/// lacks it.
+std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptions& o,
+                                              const AttemptInfo& a, int local_rank);
+
+/// @brief "KEY=VALUE" strings for execve().
+std::vector<std::string> to_envp(const std::map<std::string, std::string>& env);
+
+}  // namespace gz::launcher
