@@ -20,6 +20,9 @@ fi
 if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
   echo "== fuzz the store wire decoder (${GZ_FUZZ_SECONDS:-30} s)"
   CC=clang CXX=clang++ GZ_BUILD_DIR=$root/build-fuzz scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_BUILD_TESTS=OFF -DGZ_BUILD_FUZZ=ON -DGZ_WITH_GLOO=OFF -DGZ_WITH_MPI=OFF
-  build-fuzz/fuzz/fuzz_store_wire -max_total_time="${GZ_FUZZ_SECONDS:-30}" -print_final_stats=0 fuzz/corpus 2>&1 | tail -n 3
+  # New inputs go to a scratch corpus and crash files under build-fuzz/, never into the repo.
+  mkdir -p build-fuzz/corpus
+  build-fuzz/fuzz/fuzz_store_wire -max_total_time="${GZ_FUZZ_SECONDS:-30}" -print_final_stats=1 \
+    -artifact_prefix=build-fuzz/ build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 4
 fi
 echo "all test stages passed"

@@ -4,6 +4,7 @@
 
 #include "gz/core/env.h"
 #include "gz/core/error.h"
+#include "store/store_state.h"
 
 namespace gz {
 
@@ -16,9 +17,13 @@ void MemStore::set(const std::string& key, const Bytes& value) {
 }
 
 Bytes MemStore::get(const std::string& key, Deadline deadline) {
-  wait({key}, deadline);
-  std::lock_guard<std::mutex> lock(mu_);
-  return data_.at(key);
+  for (;;) {
+    wait({key}, deadline);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    if (it != data_.end()) return it->second;
+    // Deleted between wait and here: wait again.
+  }
 }
 
 int64_t MemStore::add(const std::string& key, int64_t delta) {
@@ -26,8 +31,10 @@ int64_t MemStore::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = data_.find(key);
-    if (it != data_.end()) v = parse_int(to_string(it->second), "counter " + key);
-    v += delta;
+    // Same strict decimal parsing as the TCP and file stores.
+    if (it != data_.end() && !wire::parse_counter(to_string(it->second), v))
+      GZ_THROW(InvalidArgument, "add: value of key '", key, "' is not an integer");
+    if (__builtin_add_overflow(v, delta, &v)) GZ_THROW(InvalidArgument, "add: counter '", key, "' would overflow");
     data_[key] = to_bytes(std::to_string(v));
   }
   cv_.notify_all();

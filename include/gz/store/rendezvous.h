@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gz/core/env.h"
 #include "gz/store/store.h"
@@ -28,6 +29,12 @@ struct WorldInfo {
 /// @brief Read the WorldInfo from launcher variables (torchrun names first, then OpenMPI, PMI,
 /// SLURM). No variables at all = a single process. Inconsistent values throw InvalidArgument.
 WorldInfo detect_world(const Env& env);
+
+/// @brief Expand a SLURM hostlist ("node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5).
+/// Throws InvalidArgument on bad syntax or more than `max_hosts` hosts.
+std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist, size_t max_hosts = 65536);
+/// @brief First host of a SLURM hostlist without expanding the rest ("node[01-04,07],gpu5" -> node01).
+std::string slurm_first_host(const std::string& nodelist);
 
 /// @brief How to rendezvous.
 struct InitOptions {
