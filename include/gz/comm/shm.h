@@ -10,6 +10,13 @@
 namespace gz::comm {
 
 /// @brief Knobs of the shm backend. Zero means "auto" (environment GZ_SHM_* or built-in default).
+///
+/// Environment: GZ_SHM_CHUNK_BYTES (pipeline slot, default 512 KiB; rank 0's value wins),
+/// GZ_SHM_SPIN_US (spin before futex, default 50), GZ_SHM_SMALL_BYTES (all-reduce messages up to
+/// this size take the one-step latency path, default 16 KiB; rank 0's value wins),
+/// GZ_SHM_STREAM_BYTES (outputs at least this big are written with non-temporal stores, 16 MiB).
+/// The segment (/dev/shm/gz-shm-<id>) holds 3 slots per rank plus small point-to-point channels;
+/// its name is unlinked as soon as every rank has mapped it, so nothing is left after a crash.
 struct ShmOptions {
   Duration timeout = default_timeout();
   /// @brief Pipeline chunk size in bytes; tests set it small to cover multi-chunk paths.

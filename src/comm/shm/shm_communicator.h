@@ -1,0 +1,108 @@
+// The shm backend's Communicator: ranks of one machine meet in one POSIX shared-memory segment.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/shm/segment.h"
+#include "gz/comm/communicator.h"
+#include "gz/comm/shm.h"
+#include "gz/store/store.h"
+
+namespace gz::comm::shm {
+
+struct RankCtrl;
+struct ChannelCtrl;
+struct OpDesc;
+
+/// @brief Segment layout shared by every rank of a group (computed from size and slot bytes).
+struct Layout {
+  Layout(int size, size_t slot_bytes);
+  int size;
+  size_t slot_bytes;  ///< bytes of one data slot (three per rank, reused in a ring)
+  size_t p2p_bytes;   ///< bytes of one point-to-point slot (two per ordered pair)
+  size_t ctrl_off, data_off, chan_off, total;
+};
+
+/// @brief Communicator over a shared segment. Protocol: every rank owns one 32-bit step counter
+/// ("flag"). A collective is a sequence of steps: write what peers must read into my slot
+/// (step % 3), publish the step, wait until every peer published it, read the peers' slots.
+/// Content written for step X is read by peers before they publish X + 2, and a slot is
+/// rewritten at step X + 3 only after every peer published X + 2, so three slots suffice
+/// without any extra handshake. Waiting spins, then sleeps on the flag with futex.
+class ShmCommunicator : public Communicator {
+ public:
+  ShmCommunicator(int rank, int size, std::shared_ptr<Store> store, const ShmOptions& options,
+                  std::shared_ptr<Segment> segment, Layout layout, std::string group_id);
+  ~ShmCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "shm"; }
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
+
+  /// @brief Bytes of one pipeline slot (after defaults and rounding).
+  size_t chunk_bytes() const { return layout_.slot_bytes; }
+
+ protected:
+  void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override;
+  void do_broadcast(void* data, size_t count, DType dtype, int root) override;
+  void do_allgather(const void* send, void* recv, size_t count, DType dtype) override;
+  void do_allgatherv(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype) override;
+  void do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
+  void do_reduce(void* data, size_t count, DType dtype, ReduceOp op, int root) override;
+  void do_barrier() override;
+  void do_send(const void* data, size_t count, DType dtype, int peer, int tag) override;
+  void do_recv(void* data, size_t count, DType dtype, int peer, int tag) override;
+  void do_abort(const std::string& reason) override;
+
+ public:
+  struct OpCtx;  // per-op context for waits and messages (defined in the .cpp)
+
+ private:
+  OpCtx begin_op(OpKind kind, size_t count, uint64_t extra, DType dtype, ReduceOp op, int root);
+  template <typename Fn>
+  void guarded(Fn&& fn);
+  void step(OpCtx& ctx);
+  void check_descriptors(OpCtx& ctx);
+  template <typename OnTimeout>
+  void wait_for(const uint32_t* word, uint32_t target, uint32_t* sleepers, int peer, OpCtx& ctx,
+                const uint32_t* fail_word, OnTimeout&& on_timeout);
+  void check_interrupts(const OpCtx& ctx, const uint32_t* fail_word) const;
+  void check_alive(int peer, const OpCtx& ctx) const;
+  [[noreturn]] void throw_collective_timeout(const OpCtx& ctx, uint32_t target) const;
+  std::string where(const OpCtx& ctx) const;
+
+  void reduce_impl(char* data, size_t count, DType dtype, ReduceOp op, int root, OpCtx& ctx);
+
+  RankCtrl& ctrl(int r) const;
+  ChannelCtrl& channel(int src, int dst) const;
+  char* channel_slot(int src, int dst, uint32_t i) const;
+  char* slot(int r, uint32_t s) const { return base_ + layout_.data_off + (size_t(r) * 3 + s) * layout_.slot_bytes; }
+
+  int rank_;
+  int size_;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<Segment> segment_;
+  Layout layout_;
+  std::string group_id_;
+  char* base_;
+  int spin_us_;
+  bool oversubscribed_;
+  size_t small_bytes_;
+  size_t stream_bytes_;  ///< all-reduce results at least this big are written with streaming stores
+  int pid_;
+
+  uint32_t phase_ = 0;  ///< last step this rank published
+  uint64_t coll_ = 0;   ///< collectives issued (descriptor ring index)
+  int subgroups_ = 0;   ///< new_group calls so far (same on every rank)
+  std::vector<uint32_t> send_head_;  ///< per destination: chunks sent
+  std::vector<uint32_t> recv_tail_;  ///< per source: chunks received
+  std::vector<const void*> srcs_;    ///< scratch: reduction sources in rank order (no per-op malloc)
+  std::exception_ptr broken_;        ///< first timeout / peer failure: later ops rethrow it
+};
+
+}  // namespace gz::comm::shm
