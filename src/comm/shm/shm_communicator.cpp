@@ -366,7 +366,7 @@ void ShmCommunicator::reduce_impl(char* data, size_t count, DType dtype, ReduceO
   if (count * es <= small_bytes_ && count * es <= layout_.slot_bytes) {
     // Latency path: one step; every rank (or only the root) folds all inputs in rank order.
     const uint32_t s = (phase_ + 1) % 3;
-    if (n > 1) std::memcpy(slot(rank_, s), data, count * es);
+    if (n > 1 && count) std::memcpy(slot(rank_, s), data, count * es);  // data may be null when count is 0
     step(ctx);
     if (root >= 0 && root != rank_) return;
     for (int q = 0; q < n; ++q) srcs[q] = q == rank_ ? data : slot(q, s);
@@ -561,7 +561,7 @@ void ShmCommunicator::do_send(const void* data_v, size_t count, DType dtype, int
       const size_t len = std::min(E, count - std::min(count, base));
       ChunkHeader hdr{tag, static_cast<uint8_t>(dtype), {0, 0, 0}, count, base};
       std::memcpy(s, &hdr, sizeof hdr);
-      std::memcpy(s + kLine, data + base * es, len * es);
+      if (len) std::memcpy(s + kLine, data + base * es, len * es);
       ++head;
       publish(&ch.head, head, &ch.head_sleepers);
     }
@@ -597,7 +597,7 @@ void ShmCommunicator::do_recv(void* data_v, size_t count, DType dtype, int peer,
                  " x ", hdr.count, " (sends and receives between two ranks must match in order)");
       }
       const size_t len = std::min(E, count - std::min(count, base));
-      std::memcpy(data + base * es, s + kLine, len * es);
+      if (len) std::memcpy(data + base * es, s + kLine, len * es);
       ++tail;
       publish(&ch.tail, tail, &ch.tail_sleepers);
     }

@@ -1,0 +1,42 @@
+// Gloo backend: TCP collectives between ranks on any number of machines (Debian libgloo-dev).
+// Compiled only when CMake found Gloo (GZ_HAVE_GLOO); create_gloo_communicator throws otherwise.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "gz/comm/communicator.h"
+#include "gz/store/store.h"
+
+namespace gz::comm {
+
+/// @brief Knobs of the Gloo backend.
+struct GlooOptions {
+  /// @brief Per-op timeout (also the connect timeout; Gloo itself allows 5x this for connect).
+  Duration timeout = default_timeout();
+  /// @brief Address this rank listens on and advertises to peers. Empty = derived from `iface`,
+  /// else GZ_IFACE, else 127.0.0.1 (single machine).
+  std::string hostname;
+  /// @brief Network interface name ("eth0") or an IPv4/IPv6 address. Empty = GZ_IFACE.
+  std::string iface;
+};
+
+/// @brief Create the Gloo communicator of `rank` among `size` ranks. Collective: every rank calls
+/// it with the same store (already namespaced for this group). Throws InvalidArgument when the
+/// build has no Gloo, TimeoutError when peers do not show up before the timeout.
+///
+/// abort(): Gloo has no cancellation of a running collective. abort() sets the flag (every later
+/// op throws gz::Aborted), wakes a blocked send/recv, and closes the TCP connections so that
+/// peers blocked in a collective with this rank fail promptly; a collective blocked on this rank
+/// returns with gz::Aborted once Gloo notices the closed sockets or its own timeout passes.
+///
+/// Gloo writes to sockets without MSG_NOSIGNAL, so the first Gloo communicator sets SIGPIPE to
+/// SIG_IGN when it still has the default disposition (a dead peer is then an error, not a crash).
+CommPtr create_gloo_communicator(int rank, int size, std::shared_ptr<Store> store,
+                                 const GlooOptions& options = {});
+
+/// @brief The local IPv4/IPv6 address the kernel would use to reach `host` (no packet is sent).
+/// Used to pick the address other machines can reach. Throws SystemError when unroutable.
+std::string local_address_towards(const std::string& host);
+
+}  // namespace gz::comm

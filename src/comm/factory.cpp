@@ -1,0 +1,203 @@
+// create_communicator: the only place that knows every backend and how to choose between them.
+#include "gz/comm/factory.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "gz/comm/hierarchical.h"
+#include "gz/comm/shm.h"
+#include "gz/core/env.h"
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/store/prefix_store.h"
+#ifdef GZ_HAVE_GLOO
+#include "gz/comm/gloo.h"
+#endif
+#ifdef GZ_HAVE_MPI
+#include "gz/comm/mpi.h"
+#endif
+#ifdef GZ_HAVE_NCCL
+#include "gz/comm/nccl.h"
+#endif
+
+namespace gz::comm {
+namespace {
+
+std::string host_name() {
+  char buf[HOST_NAME_MAX + 1] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+bool under_mpirun(const Env& env) { return env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMI_SIZE"); }
+
+// Every rank publishes its node id; returns all of them in rank order.
+std::vector<std::string> exchange_node_ids(Store& store, int rank, int size, const std::string& mine,
+                                           Duration timeout) {
+  store.set("node_id/" + std::to_string(rank), to_bytes(mine));
+  std::vector<std::string> ids(size);
+  Deadline dl = Deadline::after(timeout);
+  for (int r = 0; r < size; ++r) {
+    try {
+      ids[r] = r == rank ? mine : to_string(store.get("node_id/" + std::to_string(r), dl));
+    } catch (const TimeoutError& e) {
+      GZ_THROW(TimeoutError, "create_communicator: rank ", rank, "/", size, " did not hear from rank ", r,
+               " within ", format_duration(timeout), " (is every rank started with the same world size?): ",
+               e.what());
+    }
+  }
+  return ids;
+}
+
+[[noreturn]] void no_backend(const std::string& name) {
+  if (name == "nccl")
+    GZ_THROW(InvalidArgument, "NCCL backend not built (configure with -DGZ_WITH_NCCL=ON on a CUDA machine)");
+  GZ_THROW(InvalidArgument, "backend '", name, "' is not available in this build (available: auto, hier, ",
+           joined(available_backends()), ")");
+}
+
+#ifdef GZ_HAVE_GLOO
+// The address peers on other nodes can reach: the interface given, else the local address on
+// the route to the master (MASTER_ADDR), else the one on the route to our own hostname.
+GlooOptions gloo_options(const CommOptions& o, const Env& env, bool multi_node) {
+  GlooOptions g;
+  g.timeout = o.timeout;
+  g.iface = o.iface.empty() ? env.get("GZ_IFACE", "") : o.iface;
+  if (!g.iface.empty()) return g;
+  if (!multi_node) {
+    g.hostname = "127.0.0.1";
+    return g;
+  }
+  std::string target = env.get("MASTER_ADDR", "");
+  if (target.empty()) target = host_name();
+  try {
+    g.hostname = local_address_towards(target);
+  } catch (const Error& e) {
+    GZ_THROW(InvalidArgument, "gloo: cannot pick the address other nodes reach this rank on (", e.what(),
+             "); set GZ_IFACE to an interface name or address");
+  }
+  return g;
+}
+#endif
+
+CommPtr make_shm(int rank, int size, std::shared_ptr<Store> store, Duration timeout) {
+  ShmOptions s;
+  s.timeout = timeout;
+  return create_shm_communicator(rank, size, std::move(store), s);
+}
+
+CommMaker inter_maker(const CommOptions& o, const Env& env) {
+#ifdef GZ_HAVE_MPI
+  if (under_mpirun(env) && env.get("GZ_INTER_BACKEND", "") != "gloo") {
+    Duration t = o.timeout;
+    return [t](int rank, int size, std::shared_ptr<Store>) {
+      MpiOptions m;
+      m.timeout = t;
+      return create_mpi_communicator(rank, size, m);
+    };
+  }
+#endif
+#ifdef GZ_HAVE_GLOO
+  GlooOptions g = gloo_options(o, env, true);
+  return [g](int rank, int size, std::shared_ptr<Store> store) {
+    return create_gloo_communicator(rank, size, std::move(store), g);
+  };
+#else
+  (void)o;
+  (void)env;
+  GZ_THROW(InvalidArgument, "ranks span several nodes but no inter-node backend (gloo or mpi) is built");
+#endif
+}
+
+}  // namespace
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> b = {"shm"};
+#ifdef GZ_HAVE_GLOO
+  b.push_back("gloo");
+#endif
+#ifdef GZ_HAVE_MPI
+  b.push_back("mpi");
+#endif
+#ifdef GZ_HAVE_NCCL
+  b.push_back("nccl");
+#endif
+  return b;
+}
+
+CommPtr create_communicator(const CommOptions& options) {
+  GZ_CHECK_ARG(options.size >= 1, "create_communicator: size ", options.size);
+  GZ_CHECK_ARG(options.rank >= 0 && options.rank < options.size, "create_communicator: rank ", options.rank,
+               " of ", options.size);
+  GZ_CHECK_ARG(options.store != nullptr, "create_communicator: a rendezvous store is required");
+  GZ_CHECK_ARG(options.timeout.count() > 0, "create_communicator: timeout must be positive");
+  const Env env = Env::from_process();
+  std::string backend = options.backend.empty() ? "auto" : options.backend;
+  if (backend == "auto") backend = env.get("GZ_BACKEND", "auto");
+  if (backend.empty()) backend = "auto";
+  const auto avail = available_backends();
+  const bool known = backend == "auto" || backend == "hier" ||
+                     std::find(avail.begin(), avail.end(), backend) != avail.end();
+  if (!known) no_backend(backend);  // before touching the store: nothing to undo
+
+  const int rank = options.rank, size = options.size;
+  // A fresh namespace per call (each rank counts its own calls), so a second communicator on the
+  // same store never reads the first one's rendezvous keys.
+  const int64_t gen = options.store->add("factory/calls/" + std::to_string(rank), 1);
+  auto store = std::make_shared<PrefixStore>("comm" + std::to_string(gen), options.store);
+  auto sub = [&](const std::string& p) { return std::make_shared<PrefixStore>(p, store); };
+
+  std::string node_id = options.node_id;
+  if (node_id.empty()) node_id = env.get("GZ_NODE_ID", "");
+  if (node_id.empty()) node_id = host_name();
+  auto ids = exchange_node_ids(*store, rank, size, node_id, options.timeout);
+  NodeLayout layout = NodeLayout::from_labels(ids);
+  const bool multi_node = layout.num_nodes() > 1;
+  GZ_LOG(debug, "create_communicator: rank ", rank, "/", size, " backend ", backend, ", ", layout.num_nodes(),
+         " node(s)");
+
+  if (backend == "shm") {
+    if (multi_node)
+      GZ_THROW(InvalidArgument, "backend 'shm' needs every rank on one node, but the ranks report ",
+               layout.num_nodes(), " node ids (", joined([&] {
+                 std::vector<std::string> u;
+                 for (const auto& n : layout.ranks_of_node) u.push_back(ids[n.front()]);
+                 return u;
+               }()), "); use 'auto' or 'gloo'");
+    return make_shm(rank, size, sub("shm"), options.timeout);
+  }
+  if (backend == "gloo") {
+#ifdef GZ_HAVE_GLOO
+    return create_gloo_communicator(rank, size, sub("gloo"), gloo_options(options, env, multi_node));
+#endif
+  }
+  if (backend == "mpi") {
+#ifdef GZ_HAVE_MPI
+    MpiOptions m;
+    m.timeout = options.timeout;
+    return create_mpi_communicator(rank, size, m);
+#endif
+  }
+  if (backend == "nccl") {
+#ifdef GZ_HAVE_NCCL
+    return create_nccl_communicator(rank, size, sub("nccl"), options.timeout);
+#endif
+  }
+  if (backend == "auto" && !multi_node) return make_shm(rank, size, sub("shm"), options.timeout);
+  if (backend == "auto" || backend == "hier") {
+    Duration t = options.timeout;
+    CommMaker local = [t](int r, int s, std::shared_ptr<Store> st) { return make_shm(r, s, std::move(st), t); };
+    return create_hierarchical_communicator(rank, layout, sub("hier"), local, inter_maker(options, env), t);
+  }
+  no_backend(backend);
+}
+
+}  // namespace gz::comm

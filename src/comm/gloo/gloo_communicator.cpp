@@ -1,0 +1,415 @@
+// Gloo backend: our Communicator contract on top of Gloo's TCP transport and algorithms.
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <arpa/inet.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "comm/gloo/reduce_fns.h"
+#include "comm/gloo/store_adapter.h"
+#include "gz/comm/gloo.h"
+#include "gz/core/env.h"
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/store/prefix_store.h"
+
+namespace gz::comm {
+namespace {
+
+using gloo_impl::make_reduce_fn;
+
+// Slots of our point-to-point messages: a prefix byte above Gloo's collective prefixes (0x01..0x08).
+constexpr uint64_t kP2PSlotPrefix = uint64_t{0x40} << 56;
+// Slots of our own ring algorithms (reduce-scatter), tagged by the collective counter.
+constexpr uint64_t kRingSlotPrefix = uint64_t{0x41} << 56;
+
+bool is_ip_literal(const std::string& s) {
+  unsigned char buf[sizeof(struct in6_addr)];
+  return inet_pton(AF_INET, s.c_str(), buf) == 1 || inet_pton(AF_INET6, s.c_str(), buf) == 1;
+}
+
+// Gloo writes to sockets without MSG_NOSIGNAL: a peer that dies mid-write would kill this process
+// with SIGPIPE instead of raising an error. Ignore SIGPIPE unless the application handles it.
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO))
+      signal(SIGPIPE, SIG_IGN);
+  });
+}
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(int rank, int size, std::shared_ptr<Store> store, const GlooOptions& options)
+      : Communicator(options.timeout), rank_(rank), size_(size), store_(std::move(store)), options_(options) {
+    GZ_CHECK_ARG(size >= 1, "gloo: group size ", size);
+    GZ_CHECK_ARG(rank >= 0 && rank < size, "gloo: rank ", rank, " of ", size);
+    GZ_CHECK_ARG(store_ != nullptr, "gloo: a store is required");
+    ignore_sigpipe_once();
+    Stopwatch sw;
+    ::gloo::transport::tcp::attr attr;
+    std::string iface = options_.iface.empty() ? Env::from_process().get("GZ_IFACE", "") : options_.iface;
+    if (!options_.hostname.empty()) {
+      attr.hostname = options_.hostname;
+    } else if (!iface.empty()) {
+      if (is_ip_literal(iface)) attr.hostname = iface;
+      else attr.iface = iface;
+    } else {
+      attr.hostname = "127.0.0.1";
+    }
+    listen_desc_ = attr.hostname.empty() ? "iface " + attr.iface : attr.hostname;
+    try {
+      device_ = ::gloo::transport::tcp::CreateDevice(attr);
+      context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
+      context_->setTimeout(options_.timeout);
+      gloo_impl::StoreAdapter adapter(store_, options_.timeout);
+      context_->connectFullMesh(adapter, device_);
+    } catch (const TimeoutError& e) {
+      GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_, " gave up connecting after ",
+               format_duration(sw.elapsed()), ": not every rank published its address (a missing key is the "
+               "number of a rank that has not arrived): ", e.what());
+    } catch (const gz::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      GZ_THROW(PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the full mesh (listening on ",
+               listen_desc_, ") after ", format_duration(sw.elapsed()), ": ", e.what());
+    }
+    learn_peer_addresses();
+    GZ_LOG(debug, "gloo: rank ", rank_, "/", size_, " connected on ", listen_desc_, " in ",
+           format_duration(sw.elapsed()));
+  }
+
+  ~GlooCommunicator() override {
+    shutdown_executor();
+    try {
+      if (context_) context_->closeConnections();
+    } catch (...) {
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "gloo"; }
+
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
+    check_aborted();
+    GZ_CHECK_ARG(!ranks.empty(), "gloo new_group: empty rank list");
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] < 0 || ranks[i] >= size_)
+        GZ_THROW(InvalidArgument, "gloo new_group: rank ", ranks[i], " out of range [0, ", size_, ")");
+      if (i > 0 && ranks[i] <= ranks[i - 1])
+        GZ_THROW(InvalidArgument, "gloo new_group: ranks must be ascending and unique");
+    }
+    // Every member of this group calls new_group in the same order, so the counter agrees.
+    int id = ++groups_;
+    auto it = std::find(ranks.begin(), ranks.end(), rank_);
+    if (it == ranks.end()) return nullptr;
+    std::string key = "gloo_group/" + std::to_string(id);
+    for (int r : ranks) key += "_" + std::to_string(r);
+    GlooOptions sub = options_;
+    sub.timeout = timeout();
+    return std::make_shared<GlooCommunicator>(static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
+                                              std::make_shared<PrefixStore>(key, store_), sub);
+  }
+
+ protected:
+  void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    if (count == 0) return;
+    run("allreduce", -1, [&] {
+      if (size_ > 1) {
+        ::gloo::AllreduceOptions o(context_);
+        set_output(o, data, count, dtype);
+        o.setReduceFunction(make_reduce_fn(dtype, op));
+        o.setTag(tag());
+        o.setTimeout(timeout());
+        ::gloo::allreduce(o);
+      }
+    });
+    if (op == ReduceOp::avg) gloo_impl::divide_in_place(data, count, dtype, size_);
+  }
+
+  void do_broadcast(void* data, size_t count, DType dtype, int root) override {
+    if (count == 0 || size_ == 1) return;
+    run("broadcast", root == rank_ ? -1 : root, [&] {
+      ::gloo::BroadcastOptions o(context_);
+      o.setOutput<uint8_t>(static_cast<uint8_t*>(data), count * dtype_size(dtype));
+      o.setRoot(root);
+      o.setTag(tag());
+      o.setTimeout(timeout());
+      ::gloo::broadcast(o);
+    });
+  }
+
+  void do_allgather(const void* send, void* recv, size_t count, DType dtype) override {
+    do_allgatherv(send, recv, std::vector<size_t>(size_, count), dtype);
+  }
+
+  void do_allgatherv(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype) override {
+    const size_t es = dtype_size(dtype);
+    size_t total = 0, offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r < rank_) offset += counts[r];
+      total += counts[r];
+    }
+    auto* out = static_cast<uint8_t*>(recv);
+    const auto* in = static_cast<const uint8_t*>(send);
+    const size_t mine = counts[rank_] * es;
+    if (size_ == 1 || total == 0) {
+      if (mine && in != out + offset * es) std::memmove(out + offset * es, in, mine);
+      return;
+    }
+    run("allgatherv", -1, [&] {
+      ::gloo::AllgathervOptions o(context_);
+      std::vector<size_t> bytes(counts.size());
+      for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * es;
+      // In place when the caller's block already sits at its place in recv.
+      if (in != out + offset * es) {
+        if (mine) std::memmove(out + offset * es, in, mine);
+      }
+      o.setOutput<uint8_t>(out, bytes);
+      o.setTag(tag());
+      o.setTimeout(timeout());
+      ::gloo::allgatherv(o);
+    });
+  }
+
+  void do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override {
+    // Gloo 0.5 has no reduce-scatter over unbound buffers: a ring over our own send/recv. Step s
+    // sends block (rank-s-1) to the right and folds block (rank-s-2) from the left into ours;
+    // after size-1 steps block `rank` holds the full reduction. Traffic: (size-1)/size of the data.
+    const size_t es = dtype_size(dtype);
+    const size_t block = recv_count * es;
+    if (recv_count == 0) return;
+    if (size_ == 1) {
+      std::memmove(recv, send, block);
+      if (op == ReduceOp::avg) gloo_impl::divide_in_place(recv, recv_count, dtype, size_);
+      return;
+    }
+    scratch_.resize(block * size_);
+    incoming_.resize(block);
+    std::memcpy(scratch_.data(), send, block * size_);
+    const uint64_t slot = kRingSlotPrefix | tag();
+    const int right = (rank_ + 1) % size_, left = (rank_ - 1 + size_) % size_;
+    auto reduce = make_reduce_fn(dtype, op);
+    run("reduce_scatter", -1, [&] {
+      Deadline dl = op_deadline();
+      auto out = context_->createUnboundBuffer(scratch_.data(), block * size_);
+      auto in = context_->createUnboundBuffer(incoming_.data(), block);
+      for (int s = 0; s + 1 < size_; ++s) {
+        const size_t send_idx = static_cast<size_t>((rank_ - s - 1 + 2 * size_) % size_);
+        const size_t recv_idx = static_cast<size_t>((rank_ - s - 2 + 2 * size_) % size_);
+        in->recv(left, slot);
+        out->send(right, slot, send_idx * block, block);
+        if (!in->waitRecv(std::max<Duration>(dl.remaining(), Duration(1))))
+          GZ_THROW(Aborted, "gloo reduce_scatter aborted");
+        uint8_t* acc = scratch_.data() + recv_idx * block;
+        reduce(acc, acc, incoming_.data(), recv_count);
+        if (!out->waitSend(std::max<Duration>(dl.remaining(), Duration(1))))
+          GZ_THROW(Aborted, "gloo reduce_scatter aborted");
+      }
+    });
+    std::memcpy(recv, scratch_.data() + block * rank_, block);
+    if (op == ReduceOp::avg) gloo_impl::divide_in_place(recv, recv_count, dtype, size_);
+  }
+
+  void do_reduce(void* data, size_t count, DType dtype, ReduceOp op, int root) override {
+    if (count == 0) return;
+    run("reduce", -1, [&] {
+      if (size_ > 1) {
+        ::gloo::ReduceOptions o(context_);
+        set_output(o, data, count, dtype);
+        o.setRoot(root);
+        o.setReduceFunction(make_reduce_fn(dtype, op));
+        o.setTag(tag());
+        o.setTimeout(timeout());
+        ::gloo::reduce(o);
+      }
+    });
+    if (op == ReduceOp::avg && rank_ == root) gloo_impl::divide_in_place(data, count, dtype, size_);
+  }
+
+  void do_barrier() override {
+    if (size_ == 1) return;
+    run("barrier", -1, [&] {
+      ::gloo::BarrierOptions o(context_);
+      o.setTag(tag());
+      o.setTimeout(timeout());
+      ::gloo::barrier(o);
+    });
+  }
+
+  void do_send(const void* data, size_t count, DType dtype, int peer, int tag) override {
+    p2p("send", const_cast<void*>(data), count * dtype_size(dtype), peer, tag, true);
+  }
+
+  void do_recv(void* data, size_t count, DType dtype, int peer, int tag) override {
+    p2p("recv", data, count * dtype_size(dtype), peer, tag, false);
+  }
+
+  void do_abort(const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> lock(p2p_mu_);
+      if (p2p_buf_) {
+        p2p_buf_->abortWaitSend();
+        p2p_buf_->abortWaitRecv();
+      }
+    }
+    // Closing the sockets makes peers blocked on us fail now instead of at their timeout.
+    try {
+      context_->closeConnections();
+    } catch (...) {
+    }
+  }
+
+ private:
+  // Collective tags count collectives only: send/recv advance the sequence on some ranks only.
+  uint32_t tag() { return coll_tag_++; }
+
+  template <typename Opts>
+  void set_output(Opts& o, void* data, size_t count, DType dtype) {
+    switch (dtype_size(dtype)) {
+      case 1: o.template setOutput<uint8_t>(static_cast<uint8_t*>(data), count); break;
+      case 2: o.template setOutput<uint16_t>(static_cast<uint16_t*>(data), count); break;
+      case 4: o.template setOutput<uint32_t>(static_cast<uint32_t*>(data), count); break;
+      default: o.template setOutput<uint64_t>(static_cast<uint64_t*>(data), count); break;
+    }
+  }
+
+  void p2p(const char* op, void* data, size_t bytes, int peer, int tag, bool is_send) {
+    // Gloo cannot post zero-byte buffers; a one-byte token keeps send/recv matched.
+    uint8_t token = 0;
+    void* ptr = bytes ? data : &token;
+    size_t n = bytes ? bytes : 1;
+    uint64_t slot = kP2PSlotPrefix | static_cast<uint32_t>(tag);
+    run(op, peer, [&] {
+      auto buf = context_->createUnboundBuffer(ptr, n);
+      {
+        std::lock_guard<std::mutex> lock(p2p_mu_);
+        p2p_buf_ = buf.get();
+      }
+      struct Clear {
+        GlooCommunicator* self;
+        ~Clear() {
+          std::lock_guard<std::mutex> lock(self->p2p_mu_);
+          self->p2p_buf_ = nullptr;
+        }
+      } clear{this};
+      check_aborted();
+      bool ok;
+      if (is_send) {
+        buf->send(peer, slot);
+        ok = buf->waitSend(timeout());
+      } else {
+        buf->recv(peer, slot);
+        ok = buf->waitRecv(timeout());
+      }
+      if (!ok) GZ_THROW(Aborted, "gloo ", op, " aborted");
+    });
+  }
+
+  // Gloo's errors name the peer by socket address ("[10.0.0.2]:41234"). Each rank publishes the
+  // address of its end of every pair, so an error can be turned into a rank number.
+  void learn_peer_addresses() {
+    if (size_ == 1) return;
+    std::string mine;
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_) mine += std::to_string(j) + " " + context_->getPair(j)->address().str() + "\n";
+    store_->set("gloo_pair_addrs/" + std::to_string(rank_), to_bytes(mine));
+    peer_addrs_.assign(size_, std::string());
+    Deadline dl = Deadline::after(timeout());
+    const std::string me = std::to_string(rank_) + " ";
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      std::string theirs = to_string(store_->get("gloo_pair_addrs/" + std::to_string(j), dl));
+      size_t pos = 0;
+      while (pos < theirs.size()) {
+        size_t nl = theirs.find('\n', pos);
+        if (nl == std::string::npos) nl = theirs.size();
+        std::string line = theirs.substr(pos, nl - pos);
+        if (line.compare(0, me.size(), me) == 0) peer_addrs_[j] = line.substr(me.size());
+        pos = nl + 1;
+      }
+    }
+  }
+
+  // "peer 3" when the Gloo message names a known peer address, else "".
+  std::string peer_in(const std::string& msg) const {
+    for (size_t j = 0; j < peer_addrs_.size(); ++j)
+      if (!peer_addrs_[j].empty() && msg.find(peer_addrs_[j]) != std::string::npos)
+        return detail::concat("peer rank ", j, " (", peer_addrs_[j], ")");
+    return std::string();
+  }
+
+  // Runs one Gloo call and turns its exceptions into ours, with rank, op, sequence and time.
+  template <typename F>
+  void run(const char* op, int peer, F&& fn) {
+    check_aborted();
+    Stopwatch sw;
+    auto where = [&] {
+      return detail::concat("gloo ", op, " #", current_seq(), " on rank ", rank_, "/", size_,
+                            peer >= 0 ? detail::concat(" with peer ", peer) : std::string(), " failed after ",
+                            format_duration(sw.elapsed()));
+    };
+    try {
+      fn();
+    } catch (const Aborted&) {
+      throw;
+    } catch (const gz::Error&) {
+      throw;
+    } catch (const ::gloo::IoException& e) {
+      translate(where(), e.what());
+    } catch (const ::gloo::EnforceNotMet& e) {
+      translate(where(), e.what());
+    } catch (const ::gloo::Exception& e) {
+      translate(where(), e.what());
+    }
+  }
+
+  [[noreturn]] void translate(const std::string& where, const std::string& msg) {
+    if (aborted()) check_aborted();
+    bool timed_out = msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos ||
+                     msg.find("timeout") != std::string::npos;
+    std::string peer = peer_in(msg);
+    if (timed_out)
+      GZ_THROW(TimeoutError, where, " (timeout ", format_duration(timeout()), "; ",
+               peer.empty() ? std::string("a peer") : peer, " is dead, stuck or slow; Gloo: ", msg, ")");
+    GZ_THROW(PeerError, where, ": connection to ", peer.empty() ? std::string("a peer") : peer,
+             " lost (Gloo: ", msg, ")");
+  }
+
+  int rank_;
+  int size_;
+  std::shared_ptr<Store> store_;
+  GlooOptions options_;
+  std::string listen_desc_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<::gloo::rendezvous::Context> context_;
+  std::vector<uint8_t> scratch_;
+  std::vector<uint8_t> incoming_;
+  std::vector<std::string> peer_addrs_;  // peer rank -> its socket address as Gloo prints it
+  int groups_ = 0;
+  uint32_t coll_tag_ = 0;
+  std::mutex p2p_mu_;
+  ::gloo::transport::UnboundBuffer* p2p_buf_ = nullptr;
+};
+
+}  // namespace
+
+CommPtr create_gloo_communicator(int rank, int size, std::shared_ptr<Store> store, const GlooOptions& options) {
+  return std::make_shared<GlooCommunicator>(rank, size, std::move(store), options);
+}
+
+}  // namespace gz::comm

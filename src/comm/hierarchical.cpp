@@ -1,0 +1,306 @@
+// Hierarchical collectives: node-local communicator + inter-node communicators ("rails").
+#include "gz/comm/hierarchical.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "comm/gloo/reduce_fns.h"  // header-only divide_in_place (no Gloo include)
+#include "gz/core/error.h"
+#include "gz/store/prefix_store.h"
+
+namespace gz::comm {
+
+NodeLayout NodeLayout::from_labels(const std::vector<std::string>& labels) {
+  NodeLayout l;
+  std::map<std::string, int> index;
+  for (size_t r = 0; r < labels.size(); ++r) {
+    auto it = index.find(labels[r]);
+    if (it == index.end()) {
+      it = index.emplace(labels[r], static_cast<int>(l.ranks_of_node.size())).first;
+      l.ranks_of_node.emplace_back();
+    }
+    l.node_of_rank.push_back(it->second);
+    l.ranks_of_node[it->second].push_back(static_cast<int>(r));
+  }
+  return l;
+}
+
+bool NodeLayout::uniform() const {
+  for (const auto& n : ranks_of_node)
+    if (n.size() != ranks_of_node.front().size()) return false;
+  return true;
+}
+
+namespace {
+
+class HierarchicalCommunicator : public Communicator {
+ public:
+  HierarchicalCommunicator(int rank, NodeLayout layout, CommPtr local, CommPtr flat, CommPtr leaders, CommPtr rail,
+                           Duration timeout)
+      : Communicator(timeout),
+        rank_(rank),
+        layout_(std::move(layout)),
+        node_(layout_.node_of_rank[rank]),
+        local_(std::move(local)),
+        flat_(std::move(flat)),
+        leaders_(std::move(leaders)),
+        rail_(std::move(rail)),
+        uniform_(layout_.uniform()) {}
+
+  ~HierarchicalCommunicator() override { shutdown_executor(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(layout_.node_of_rank.size()); }
+  std::string backend() const override { return "hier(" + local_->backend() + "+" + flat_->backend() + ")"; }
+
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
+    check_aborted();
+    return flat_->new_group(ranks);
+  }
+
+ protected:
+  void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    guarded("allreduce", [&] { allreduce_impl(data, count, dtype, op); });
+  }
+
+  void do_broadcast(void* data, size_t count, DType dtype, int root) override {
+    guarded("broadcast", [&] {
+      const int root_node = layout_.node_of_rank[root];
+      if (node_ == root_node) {
+        const auto& mine = layout_.ranks_of_node[node_];
+        int root_local = static_cast<int>(std::find(mine.begin(), mine.end(), root) - mine.begin());
+        if (root_local != 0) within(local_).broadcast(data, count, dtype, root_local);
+      }
+      if (leaders_) within(leaders_).broadcast(data, count, dtype, root_node);
+      if (node_ != root_node) within(local_).broadcast(data, count, dtype, 0);
+    });
+  }
+
+  void do_allgather(const void* send, void* recv, size_t count, DType dtype) override {
+    do_allgatherv(send, recv, std::vector<size_t>(size(), count), dtype);
+  }
+
+  void do_allgatherv(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype) override {
+    guarded("allgatherv", [&] {
+      const size_t es = dtype_size(dtype);
+      const auto& mine = layout_.ranks_of_node[node_];
+      // 1. Gather my node's blocks; 2. leaders exchange node blocks; 3. leaders broadcast locally.
+      std::vector<size_t> local_counts, node_totals(layout_.num_nodes(), 0);
+      size_t total = 0;
+      for (int r : mine) local_counts.push_back(counts[r]);
+      for (int r = 0; r < size(); ++r) {
+        node_totals[layout_.node_of_rank[r]] += counts[r];
+        total += counts[r];
+      }
+      if (total == 0) return;
+      std::vector<uint8_t> node_buf(node_totals[node_] * es + 1), all(total * es + 1);
+      within(local_).allgatherv(send, node_buf.data(), local_counts, dtype);
+      if (leaders_) within(leaders_).allgatherv(node_buf.data(), all.data(), node_totals, dtype);
+      within(local_).broadcast(all.data(), total, dtype, 0);
+      // Node-major order -> global rank order.
+      std::vector<size_t> offset(size(), 0);
+      for (int r = 1; r < size(); ++r) offset[r] = offset[r - 1] + counts[r - 1];
+      size_t pos = 0;
+      for (const auto& node : layout_.ranks_of_node)
+        for (int r : node) {
+          if (counts[r]) std::memcpy(static_cast<uint8_t*>(recv) + offset[r] * es, all.data() + pos * es, counts[r] * es);
+          pos += counts[r];
+        }
+    });
+  }
+
+  void do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override {
+    guarded("reduce_scatter", [&] {
+      const size_t es = dtype_size(dtype);
+      std::vector<uint8_t> all(recv_count * size() * es + 1);
+      std::memcpy(all.data(), send, recv_count * size() * es);
+      allreduce_impl(all.data(), recv_count * size(), dtype, op);
+      std::memcpy(recv, all.data() + rank_ * recv_count * es, recv_count * es);
+    });
+  }
+
+  void do_reduce(void* data, size_t count, DType dtype, ReduceOp op, int root) override {
+    // Non-root buffers are unspecified, so an all-reduce is a valid (if not minimal) reduce.
+    guarded("reduce", [&] { allreduce_impl(data, count, dtype, op); });
+  }
+
+  void do_barrier() override {
+    guarded("barrier", [&] {
+      within(local_).barrier();
+      if (leaders_) within(leaders_).barrier();
+      within(local_).barrier();
+    });
+  }
+
+  void do_send(const void* data, size_t count, DType dtype, int peer, int tag) override {
+    guarded("send", [&] { within(flat_).send(data, count, dtype, peer, tag); });
+  }
+
+  void do_recv(void* data, size_t count, DType dtype, int peer, int tag) override {
+    guarded("recv", [&] { within(flat_).recv(data, count, dtype, peer, tag); });
+  }
+
+  void do_abort(const std::string& reason) override { poison(reason); }
+
+ private:
+  void allreduce_impl(void* data, size_t count, DType dtype, ReduceOp op) {
+    if (count == 0) return;
+    // avg = sum everywhere, one division at the end (integer avg truncates once, like flat).
+    const ReduceOp inner = op == ReduceOp::avg ? ReduceOp::sum : op;
+    const size_t es = dtype_size(dtype);
+    const int L = local_->size();
+    if (uniform_ && L > 1) {
+      // Local reduce-scatter, every rail all-reduces its shard across nodes, local all-gather.
+      const size_t shard = (count + L - 1) / L;
+      // Reused across ops: no allocation per step once the largest size was seen.
+      std::vector<uint8_t>& padded = padded_;
+      std::vector<uint8_t>& mine = shard_;
+      padded.resize(shard * L * es);
+      mine.resize(shard * es);
+      std::memcpy(padded.data(), data, count * es);
+      std::memset(padded.data() + count * es, 0, (shard * L - count) * es);
+      step_ = Step::local_reduce_scatter;
+      within(local_).reduce_scatter(padded.data(), mine.data(), shard, dtype, inner);
+      step_ = Step::rail_allreduce;
+      if (rail_->size() > 1) within(rail_).allreduce(mine.data(), shard, dtype, inner);
+      step_ = Step::local_allgather;
+      within(local_).allgather(mine.data(), padded.data(), shard, dtype);
+      std::memcpy(data, padded.data(), count * es);
+    } else {
+      step_ = Step::local_reduce;
+      within(local_).reduce(data, count, dtype, inner, 0);
+      step_ = Step::leaders_allreduce;
+      if (leaders_ && leaders_->size() > 1) within(leaders_).allreduce(data, count, dtype, inner);
+      step_ = Step::local_broadcast;
+      within(local_).broadcast(data, count, dtype, 0);
+    }
+    if (op == ReduceOp::avg) gloo_impl::divide_in_place(data, count, dtype, size());
+  }
+
+  std::string step_text() const {
+    switch (step_) {
+      case Step::local_reduce_scatter: return "local reduce-scatter among ranks " + node_ranks();
+      case Step::rail_allreduce:
+        return "cross-node all-reduce of rail " + std::to_string(local_->rank()) + " (ranks " + rail_ranks() + ")";
+      case Step::local_allgather: return "local all-gather among ranks " + node_ranks();
+      case Step::local_reduce: return "local reduce among ranks " + node_ranks();
+      case Step::leaders_allreduce: return "node leaders' all-reduce";
+      case Step::local_broadcast: return "local broadcast among ranks " + node_ranks();
+      case Step::none: break;
+    }
+    return "";
+  }
+  std::string node_ranks() const { return join(layout_.ranks_of_node[node_]); }
+  std::string rail_ranks() const {
+    std::vector<int> v;
+    const int j = local_->rank();
+    for (const auto& n : layout_.ranks_of_node) v.push_back(n[j]);
+    return join(v);
+  }
+  static std::string join(const std::vector<int>& v) {
+    std::string s;
+    for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
+    return s;
+  }
+
+  // One deadline for the whole hierarchical op: each step gets what is left of it.
+  Communicator& within(const CommPtr& c) {
+    c->set_timeout(std::max(op_deadline_.remaining(), Duration(1)));
+    return *c;
+  }
+
+  bool sub_aborted() const {
+    for (auto* c : {local_.get(), flat_.get(), leaders_.get(), rail_.get()})
+      if (c && c->aborted()) return true;
+    return false;
+  }
+
+  // A failed step leaves peers blocked in later steps: abort every sub-communicator so they
+  // fail now (the backends tell their peers) instead of at their own timeouts.
+  void poison(const std::string& reason) {
+    for (auto* c : {local_.get(), flat_.get(), leaders_.get(), rail_.get()}) {
+      if (!c) continue;
+      try {
+        c->abort(reason);
+      } catch (...) {
+      }
+    }
+  }
+
+  template <typename F>
+  void guarded(const char* op, F&& fn) {
+    check_aborted();
+    op_deadline_ = op_deadline();
+    step_ = Step::none;
+    Stopwatch sw;
+    auto where = [&] {
+      return detail::concat("hier ", op, " #", current_seq(), " on rank ", rank_, "/", size(), " (node ", node_,
+                            ") failed after ", format_duration(sw.elapsed()),
+                            step_ == Step::none ? std::string() : " in the " + step_text() + " (ranks after this point are positions in that sub-group)", ": ");
+    };
+    try {
+      fn();
+    } catch (const Aborted& e) {
+      if (aborted() || sub_aborted()) throw;
+      std::string w = where();
+      poison(w + e.what());
+      throw PeerError(w + "a peer gave up: " + e.what());
+    } catch (const TimeoutError& e) {
+      std::string w = where();
+      poison(w + e.what());
+      throw TimeoutError(w + e.what());
+    } catch (const PeerError& e) {
+      std::string w = where();
+      poison(w + e.what());
+      throw PeerError(w + e.what());
+    } catch (const InvalidArgument&) {
+      throw;
+    } catch (const Error& e) {
+      poison(where() + e.what());
+      throw;
+    }
+  }
+
+  int rank_;
+  NodeLayout layout_;
+  int node_;
+  CommPtr local_, flat_, leaders_, rail_;
+  bool uniform_;
+  // Which sub-step of allreduce runs now; turned into text only for error messages.
+  enum class Step { none, local_reduce_scatter, rail_allreduce, local_allgather, local_reduce, leaders_allreduce, local_broadcast };
+  Step step_ = Step::none;
+  std::vector<uint8_t> padded_, shard_;  // allreduce scratch
+  Deadline op_deadline_ = Deadline::after(Duration(0));
+};
+
+}  // namespace
+
+CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std::shared_ptr<Store> store,
+                                         const CommMaker& make_local, const CommMaker& make_inter,
+                                         Duration timeout) {
+  const int size = static_cast<int>(layout.node_of_rank.size());
+  GZ_CHECK_ARG(rank >= 0 && rank < size, "hierarchical: rank ", rank, " of ", size);
+  GZ_CHECK_ARG(store != nullptr, "hierarchical: a store is required");
+  const int node = layout.node_of_rank[rank];
+  const auto& mine = layout.ranks_of_node[node];
+  const int local_rank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  CommPtr local = make_local(local_rank, static_cast<int>(mine.size()),
+                             std::make_shared<PrefixStore>("hier/local/" + std::to_string(node), store));
+  CommPtr flat = make_inter(rank, size, std::make_shared<PrefixStore>("hier/flat", store));
+  CommPtr leaders, rail;
+  // Every rank creates every rail in the same order (new_group is collective over flat).
+  const size_t rails = layout.uniform() ? mine.size() : 1;
+  for (size_t j = 0; j < rails; ++j) {
+    std::vector<int> members;
+    for (const auto& n : layout.ranks_of_node) members.push_back(n[j]);
+    std::sort(members.begin(), members.end());
+    CommPtr g = flat->new_group(members);
+    if (g && j == 0) leaders = g;
+    if (g && static_cast<int>(j) == local_rank) rail = g;
+  }
+  return std::make_shared<HierarchicalCommunicator>(rank, layout, std::move(local), std::move(flat),
+                                                    std::move(leaders), std::move(rail), timeout);
+}
+
+}  // namespace gz::comm

@@ -1,0 +1,225 @@
+// Gloo backend, ranks as threads over real loopback TCP: every op x dtype x world size vs a
+// reference, async ordering, sub-groups, timeouts and abort.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "comm/test_gloo_common.h"
+#include "gz/comm/gloo.h"
+#include "gz/core/error.h"
+#include "gz/store/mem_store.h"
+#include "support/run_ranks.h"
+
+namespace gz::test {
+namespace {
+
+using namespace std::chrono_literals;
+using comm::GlooOptions;
+
+GlooOptions opts(Duration timeout = 20s) {
+  GlooOptions o;
+  o.timeout = timeout;
+  return o;
+}
+
+class GlooWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooWorld, AllCollectivesMatchReference) {
+  const int world = GetParam();
+  run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, world, store, opts());
+    EXPECT_EQ(c->rank(), rank);
+    EXPECT_EQ(c->size(), world);
+    EXPECT_EQ(c->backend(), "gloo");
+    check_all_collectives(*c, world <= 4);
+  });
+}
+
+TEST_P(GlooWorld, AsyncOpsRunInIssueOrder) {
+  const int world = GetParam();
+  run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, world, store, opts());
+    constexpr int kOps = 6;
+    std::vector<std::vector<float>> bufs(kOps, std::vector<float>(1000));
+    std::vector<comm::WorkPtr> works;
+    for (int k = 0; k < kOps; ++k) {
+      for (size_t i = 0; i < bufs[k].size(); ++i) bufs[k][i] = static_cast<float>(rank + k + i % 5);
+      works.push_back(c->allreduce_async(bufs[k].data(), bufs[k].size(), DType::f32, comm::ReduceOp::sum));
+    }
+    // A synchronous op after async ones waits for them (same order on every rank).
+    std::vector<float> tail(3, 1.0f);
+    c->allreduce(tail.data(), tail.size(), DType::f32, comm::ReduceOp::sum);
+    for (auto& w : works) w->wait();
+    for (int k = 0; k < kOps; ++k)
+      for (size_t i = 0; i < bufs[k].size(); ++i) {
+        float want = 0;
+        for (int r = 0; r < world; ++r) want += static_cast<float>(r + k + i % 5);
+        ASSERT_EQ(bufs[k][i], want) << "op " << k << " i " << i;
+      }
+    EXPECT_EQ(tail[0], static_cast<float>(world));
+    EXPECT_EQ(c->sequence(), static_cast<uint64_t>(kOps + 1));
+  });
+}
+
+TEST_P(GlooWorld, NewGroupOfOddRanks) {
+  const int world = GetParam();
+  run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, world, store, opts());
+    std::vector<int> odd;
+    for (int r = 1; r < world; r += 2) odd.push_back(r);
+    if (odd.empty()) return;
+    auto g = c->new_group(odd);
+    if (rank % 2 == 0) {
+      EXPECT_EQ(g, nullptr);
+    } else {
+      ASSERT_NE(g, nullptr);
+      EXPECT_EQ(g->rank(), rank / 2);
+      EXPECT_EQ(g->size(), static_cast<int>(odd.size()));
+      int64_t v = rank;
+      g->allreduce(&v, 1, DType::i64, comm::ReduceOp::sum);
+      int64_t want = 0;
+      for (int r : odd) want += r;
+      EXPECT_EQ(v, want);
+    }
+    // The parent group still works after creating a sub-group.
+    int32_t one = 1;
+    c->allreduce(&one, 1, DType::i32, comm::ReduceOp::sum);
+    EXPECT_EQ(one, world);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorld, ::testing::ValuesIn(world_sizes()));
+
+TEST(Gloo, MissingPeerAtConnectTimesOut) {
+  auto store = std::make_shared<MemStore>();
+  Stopwatch sw;
+  try {
+    comm::create_gloo_communicator(0, 2, store, opts(1500ms));
+    FAIL() << "connect without the peer succeeded";
+  } catch (const TimeoutError& e) {
+    EXPECT_LT(sw.seconds(), 5.0);
+    EXPECT_NE(std::string(e.what()).find("1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Gloo, StuckPeerMakesCollectiveTimeOut) {
+  std::atomic<bool> done{false};
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, 2, store, opts(1500ms));
+    float x = 1;
+    c->allreduce(&x, 1, DType::f32, comm::ReduceOp::sum);
+    EXPECT_EQ(x, 2.0f);
+    if (rank == 1) {
+      // Rank 1 skips the next op: rank 0 must fail with a timeout naming op and sequence.
+      while (!done.load()) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    Stopwatch sw;
+    try {
+      c->allreduce(&x, 1, DType::f32, comm::ReduceOp::sum);
+      ADD_FAILURE() << "allreduce without the peer succeeded";
+    } catch (const TimeoutError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("allreduce"), std::string::npos) << m;
+      EXPECT_NE(m.find("#1"), std::string::npos) << m;
+      EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+    }
+    EXPECT_LT(sw.seconds(), 1.5 + 2.0);
+    done = true;
+  });
+}
+
+TEST(Gloo, ClosedPeerGivesPeerErrorOrTimeout) {
+  run_ranks(3, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, 3, store, opts(2s));
+    int32_t x = 1;
+    c->allreduce(&x, 1, DType::i32, comm::ReduceOp::sum);
+    EXPECT_EQ(x, 3);
+    if (rank == 2) {
+      c.reset();  // closes its sockets, like a process that exits
+      return;
+    }
+    Stopwatch sw;
+    try {
+      c->allreduce(&x, 1, DType::i32, comm::ReduceOp::sum);
+      ADD_FAILURE() << "allreduce with a closed peer succeeded";
+    } catch (const PeerError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("allreduce #1"), std::string::npos) << m;
+      // The first failure seen may be secondary (rank 1 closing after its own error).
+      EXPECT_NE(m.find("peer"), std::string::npos) << m;
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce #1"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(sw.seconds(), 2.0 + 2.0);
+  });
+}
+
+TEST(Gloo, AbortWakesBlockedRecvAndFailsLaterOps) {
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, 2, store, opts(10s));
+    c->barrier();
+    if (rank == 1) {
+      // Rank 1 never sends; rank 0 is blocked in recv until its own abort.
+      std::this_thread::sleep_for(300ms);
+      return;
+    }
+    std::thread killer([&] {
+      std::this_thread::sleep_for(200ms);
+      c->abort("test abort");
+    });
+    Stopwatch sw;
+    int32_t v = 0;
+    EXPECT_THROW(c->recv(&v, 1, DType::i32, 1, 0), Aborted);
+    EXPECT_LT(sw.seconds(), 5.0);
+    killer.join();
+    EXPECT_THROW(c->allreduce(&v, 1, DType::i32, comm::ReduceOp::sum), Aborted);
+  });
+}
+
+// Gloo cannot cancel a running collective: abort() makes it end as Aborted by its timeout at the
+// latest (documented in gloo.h). Peers blocked on the aborting rank fail at once (closed sockets).
+TEST(Gloo, AbortDuringBlockedCollective) {
+  std::atomic<bool> done{false};
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, 2, store, opts(2s));
+    c->barrier();
+    if (rank == 1) {
+      while (!done.load()) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    std::thread killer([&] {
+      std::this_thread::sleep_for(200ms);
+      c->abort("test abort");
+    });
+    Stopwatch sw;
+    std::vector<float> v(1000, 1.0f);
+    EXPECT_THROW(c->allreduce(v.data(), v.size(), DType::f32, comm::ReduceOp::sum), Aborted);
+    std::fprintf(stderr, "collective aborted after %.2f s\n", sw.seconds());
+    EXPECT_LT(sw.seconds(), 2.0 + 2.0);
+    killer.join();
+    done = true;
+  });
+}
+
+TEST(Gloo, BadArgumentsAreRejected) {
+  auto store = std::make_shared<MemStore>();
+  EXPECT_THROW(comm::create_gloo_communicator(2, 2, store, opts()), InvalidArgument);
+  EXPECT_THROW(comm::create_gloo_communicator(0, 0, store, opts()), InvalidArgument);
+  EXPECT_THROW(comm::create_gloo_communicator(0, 1, nullptr, opts()), InvalidArgument);
+  auto c = comm::create_gloo_communicator(0, 1, store, opts());
+  float x = 0;
+  EXPECT_THROW(c->broadcast(&x, 1, DType::f32, 1), InvalidArgument);
+  EXPECT_THROW(c->allreduce(nullptr, 4, DType::f32, comm::ReduceOp::sum), InvalidArgument);
+  EXPECT_THROW(c->new_group({0, 0}), InvalidArgument);
+  EXPECT_THROW(c->new_group({3}), InvalidArgument);
+}
+
+TEST(Gloo, LocalAddressTowardsLoopback) {
+  EXPECT_EQ(comm::local_address_towards("127.0.0.1"), "127.0.0.1");
+}
+
+}  // namespace
+}  // namespace gz::test

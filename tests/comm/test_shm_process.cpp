@@ -1,0 +1,164 @@
+// Multi-process behaviour of the shm backend: ranks are forked processes meeting through a
+// FileStore. A SIGKILLed rank must surface as gz::PeerError on the survivors, a SIGSTOPped one as
+// gz::TimeoutError naming it, and /dev/shm must hold nothing of the group afterwards.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gz/comm/shm.h"
+#include "gz/core/error.h"
+#include "gz/store/file_store.h"
+
+using namespace gz;
+using namespace gz::comm;
+
+namespace {
+
+std::vector<std::string> shm_entries() {
+  std::vector<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind("gz-shm-", 0) == 0) out.push_back(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+std::string temp_store_path() {
+  char tmpl[] = "/tmp/gz_shm_proc_XXXXXX";
+  int fd = mkstemp(tmpl);
+  if (fd >= 0) close(fd);
+  unlink(tmpl);  // FileStore creates it
+  return tmpl;
+}
+
+// Fork `world` ranks running body(rank, comm); each child exits with body's return value
+// (0 = pass). Returns the exit codes, or -signal for children killed by a signal.
+std::vector<int> run_processes(int world, const std::function<int(int, Communicator&)>& body, int timeout_s,
+                               std::vector<pid_t>* pids_out = nullptr,
+                               const std::function<void(std::vector<pid_t>&)>& parent_hook = nullptr) {
+  const std::string path = temp_store_path();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int code = 3;
+      try {
+        auto store = std::make_shared<FileStore>(path);
+        ShmOptions o;
+        o.timeout = std::chrono::seconds(timeout_s);
+        o.spin_us = 20;
+        auto comm = create_shm_communicator(r, world, store, o);
+        code = body(r, *comm);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: unexpected exception: %s\n", r, e.what());
+        code = 4;
+      }
+      std::fflush(stderr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  if (pids_out) *pids_out = pids;
+  if (parent_hook) parent_hook(pids);
+  std::vector<int> codes;
+  for (pid_t p : pids) {
+    if (p < 0) {  // already reaped by the hook
+      codes.push_back(0);
+      continue;
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    codes.push_back(WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+  }
+  unlink(path.c_str());
+  return codes;
+}
+
+TEST(ShmProcess, AllreduceAcrossProcessesLeavesDevShmClean) {
+  auto before = shm_entries();
+  auto codes = run_processes(3, [](int rank, Communicator& c) {
+    std::vector<float> v(100000, static_cast<float>(rank + 1));
+    c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum);
+    for (float x : v)
+      if (x != 6.0f) return 1;
+    c.barrier();
+    return 0;
+  }, 20);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(shm_entries(), before);
+}
+
+TEST(ShmProcess, KilledRankBecomesPeerErrorOnSurvivors) {
+  auto before = shm_entries();
+  auto codes = run_processes(3, [](int rank, Communicator& c) {
+    float x = 1;
+    c.allreduce(&x, 1, DType::f32, ReduceOp::sum);
+    if (x != 3) return 1;
+    if (rank == 2) raise(SIGKILL);
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      std::vector<float> v(50000, 1.0f);
+      c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum);
+      return 5;  // must not succeed
+    } catch (const PeerError& e) {
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string m = e.what();
+      if (m.find("peer rank 2") == std::string::npos || m.find("allreduce") == std::string::npos) {
+        std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
+        return 6;
+      }
+      return s < 5.0 ? 0 : 7;  // well before the 30 s timeout
+    }
+  }, 30);
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+  EXPECT_EQ(codes[2], -SIGKILL);
+  // The killed rank never cleaned up, yet nothing is left: names are unlinked right after mapping.
+  EXPECT_EQ(shm_entries(), before);
+}
+
+TEST(ShmProcess, StoppedRankBecomesTimeoutNamingIt) {
+  auto codes = run_processes(3, [](int rank, Communicator& c) {
+    c.barrier();
+    if (rank == 1) {
+      raise(SIGSTOP);  // the parent kills it once the others are done
+      return 0;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      c.barrier();
+      return 5;
+    } catch (const TimeoutError& e) {
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string m = e.what();
+      if (m.find("rank(s) 1 ") == std::string::npos || m.find("barrier") == std::string::npos) {
+        std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
+        return 6;
+      }
+      return s >= 1.9 && s < 4.0 ? 0 : 7;
+    }
+  }, 2, nullptr, [](std::vector<pid_t>& pids) {
+    // Reap the survivors first, then kill the stopped rank.
+    for (int r : {0, 2}) {
+      int st = 0;
+      waitpid(pids[r], &st, 0);
+      pids[r] = -1;
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ADD_FAILURE() << "rank " << r << " status " << st;
+    }
+    kill(pids[1], SIGKILL);
+  });
+  EXPECT_EQ(codes[1], -SIGKILL);
+}
+
+}  // namespace
