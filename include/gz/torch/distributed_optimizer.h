@@ -1,0 +1,110 @@
+// Horovod-style data parallelism: wrap the optimizer; gradients are averaged by name, in the order
+// all ranks agree on, fused into one buffer per cycle.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gz/comm/communicator.h"
+#include "gz/core/deadline.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace gz {
+
+/// @brief Wire format of gradients (Horovod's Compression).
+enum class Compression { none, fp16, bf16 };
+
+using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// @brief Knobs of DistributedOptimizer.
+struct DistributedOptimizerOptions {
+  Compression compression = Compression::none;
+  /// @brief Gradients are averaged on every N-th backward pass (local accumulation in between).
+  int backward_passes_per_step = 1;
+  /// @brief Fusion buffer size: ready tensors are packed together up to this many bytes per all-reduce.
+  size_t fusion_bytes = size_t(64) << 20;
+  /// @brief Warn (naming tensors and missing ranks) when a tensor submitted by some ranks is still
+  /// missing on others after this long; fail with gz::TimeoutError after stall_error (0 = the
+  /// group's timeout).
+  Duration stall_warning = std::chrono::seconds(60);
+  Duration stall_error = Duration(0);
+  /// @brief How long a rank with nothing new waits for a local gradient before the next
+  /// negotiation cycle.
+  std::chrono::microseconds cycle_time{500};
+};
+
+/// @brief Averages gradients across a group as backward produces them, then steps the optimizer.
+///
+/// Each parameter's gradient is submitted by name when ready (autograd hook). Negotiation cycles
+/// run on the group's progress thread: every rank publishes which tensors it has ready (allgather
+/// of a bitmap over name-sorted tensors), tensors ready everywhere are packed into the fusion buffer
+/// in name order and all-reduced. Ranks producing gradients in different orders therefore neither
+/// deadlock nor mix tensors. A tensor missing on some ranks is reported with those ranks' numbers.
+class DistributedOptimizer {
+ public:
+  DistributedOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, NamedParameters named_parameters,
+                       Compression compression = Compression::none, int backward_passes_per_step = 1,
+                       comm::CommPtr group = nullptr);
+  DistributedOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, NamedParameters named_parameters,
+                       const DistributedOptimizerOptions& options, comm::CommPtr group = nullptr);
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  /// @brief Wait until every gradient of this step is averaged (rethrows failures and stalls).
+  void synchronize();
+  /// @brief synchronize(), then the wrapped optimizer's step().
+  void step();
+  void zero_grad();
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const comm::CommPtr& group() const { return group_; }
+  /// @brief Negotiation cycles run in the last synchronised step (for tests and tuning).
+  int last_cycles() const { return last_cycles_; }
+
+ private:
+  class Hook;
+  void on_ready(size_t index);
+  void run_cycles();
+  void reduce_fused(const std::vector<size_t>& idx);
+
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  comm::CommPtr group_;
+  DistributedOptimizerOptions options_;
+  std::vector<std::string> names_;     // sorted: the agreed order
+  std::vector<torch::Tensor> params_;  // same order
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+  std::shared_ptr<std::atomic<DistributedOptimizer*>> alive_;
+  torch::Tensor fusion_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> passes_;          // backward passes seen per tensor this step
+  std::vector<uint8_t> submitted_;   // guarded by mu_
+  size_t num_submitted_ = 0;         // guarded by mu_
+  uint64_t submit_events_ = 0;       // guarded by mu_
+  comm::WorkPtr loop_;
+  int last_cycles_ = 0;
+};
+
+/// @brief Broadcast parameters (in place) from root; every rank passes the same names in the same order.
+void broadcast_parameters(const NamedParameters& params, int root = 0, const comm::CommPtr& group = nullptr);
+/// @brief Broadcast a module's parameters and buffers from root.
+void broadcast_parameters(torch::nn::Module& module, int root = 0, const comm::CommPtr& group = nullptr);
+/// @brief Make every rank's optimizer state (moments, step counts, hyper-parameters) equal to root's.
+void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root = 0,
+                               const comm::CommPtr& group = nullptr);
+
+}  // namespace gz

@@ -1,0 +1,49 @@
+// The process-wide default group of the LibTorch front ends (Horovod-style gz::init()).
+// Everything else in gz/torch takes an explicit comm::CommPtr; nullptr means this default group.
+#pragma once
+
+#include <string>
+
+#include "gz/comm/communicator.h"
+#include "gz/core/deadline.h"
+
+namespace gz {
+
+/// @brief How gz::init() builds the default group.
+struct ProcessGroupOptions {
+  /// @brief Communicator backend: "auto", "shm", "gloo", "mpi", "nccl" (see comm::CommOptions).
+  std::string backend = "auto";
+  /// @brief "" / "env://" (launcher variables: gzrun, torchrun, mpirun, srun), "tcp://host:port",
+  /// "file:///path".
+  std::string init_method;
+  int rank = -1;        ///< required with tcp:// and file:// unless the environment has it
+  int world_size = -1;  ///< likewise
+  Duration timeout = default_timeout();
+};
+
+/// @brief Rendezvous (from the environment or init_method), then build the default group.
+/// Throws gz::Error when already initialized.
+void init(const ProcessGroupOptions& options = {});
+/// @brief Adopt an existing communicator as the default group (custom setups, tests).
+/// local_rank/local_size default to rank/size.
+void init(comm::CommPtr group, int local_rank = -1, int local_size = -1);
+/// @brief Drop the default group and the rendezvous store. Safe to call when not initialized.
+void shutdown();
+/// @brief Whether init() succeeded and shutdown() was not called since.
+bool is_initialized();
+/// @brief Rank in the default group; throws gz::Error before init().
+int rank();
+/// @brief Size of the default group; throws gz::Error before init().
+int size();
+/// @brief Rank among the processes of this node; throws gz::Error before init().
+int local_rank();
+/// @brief Number of processes on this node; throws gz::Error before init().
+int local_size();
+/// @brief rank() == 0.
+bool is_main_process();
+/// @brief The default group; throws gz::Error before init().
+comm::CommPtr default_group();
+/// @brief `group` itself, or the default group when it is null.
+comm::CommPtr resolve_group(const comm::CommPtr& group);
+
+}  // namespace gz

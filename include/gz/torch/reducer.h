@@ -1,0 +1,122 @@
+// The gradient reducer behind DistributedDataParallel: buckets, autograd hooks, overlap, join.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gz/comm/communicator.h"
+#include "gz/torch/comm_hooks.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace gz {
+
+/// @brief Knobs of the Reducer (see DDPOptions for their meaning).
+struct ReducerOptions {
+  size_t first_bucket_bytes = size_t(1) << 20;
+  size_t bucket_bytes = size_t(25) << 20;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = true;
+  CommHook comm_hook;  ///< empty = allreduce_hook()
+};
+
+/// @brief Averages gradients of a set of parameters across a group during backward.
+///
+/// A post hook on each parameter's gradient accumulator copies the gradient into its bucket's
+/// persistent flat buffer; a bucket whose gradients are all ready is reduced asynchronously on the
+/// group's progress thread while backward goes on (buckets start in index order on every rank).
+/// A callback queued on the autograd engine waits for all buckets at the end of backward, so the
+/// gradients are averaged when loss.backward() returns. Buckets start in reverse registration order
+/// and are rebuilt once, from the gradient-ready order rank 0 observed in the first iteration.
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
+
+  /// @brief Build buckets and install the hooks (parameters that do not require grad are skipped).
+  static std::shared_ptr<Reducer> create(NamedParams params, comm::CommPtr group, ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  /// @brief Off inside no_sync(): gradients accumulate locally, no communication.
+  void set_sync_enabled(bool on) { sync_enabled_ = on; }
+  bool sync_enabled() const { return sync_enabled_; }
+  void set_comm_hook(CommHook hook);
+
+  /// @brief Join mode (DDP join()): every synchronised iteration starts with an exchange of who is
+  /// still active; the divisor is the number of active ranks.
+  void set_join_mode(bool on);
+  bool join_mode() const { return join_mode_; }
+  /// @brief Under join mode, at the start of an iteration: tell the others this rank is active.
+  /// Returns the lowest active rank (the root for buffer broadcasts). `broadcast_buffers` says
+  /// whether this iteration broadcasts buffers (joined ranks shadow that broadcast).
+  int announce_active(bool broadcast_buffers);
+  /// @brief For a rank out of data: shadow the active ranks' collectives with zeros until every rank
+  /// has joined, then broadcast parameters and buffers from the last rank that was active.
+  /// `buffers` are the module buffers broadcast by active ranks each iteration (may be empty).
+  void join_and_shadow(const std::vector<torch::Tensor>& buffers);
+
+  /// @brief Parameter indices of each bucket, in launch order.
+  std::vector<std::vector<size_t>> bucket_layout() const;
+  /// @brief How many times buckets were rebuilt (0 before the first synchronised iteration ends).
+  int num_rebuilds() const { return num_rebuilds_; }
+  const std::vector<std::string>& param_names() const { return names_; }
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  const comm::CommPtr& group() const { return group_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    GradBucket grad;
+    size_t pending = 0;
+    comm::WorkPtr work;
+  };
+  class ReadyHook;
+
+  Reducer(NamedParams params, comm::CommPtr group, ReducerOptions options);
+  void install_hooks();
+  void build_buckets(const std::vector<size_t>& order);
+  void on_grad_ready(size_t index);
+  void begin_iteration();
+  void mark_ready(size_t index, bool zero);
+  void launch_ready_buckets();
+  void finalize_backward();
+  void wait_all_buckets() noexcept;
+  void rebuild_buckets(int root);
+  void bind_grad(size_t index);
+
+  comm::CommPtr group_;
+  ReducerOptions options_;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<torch::Tensor> views_;  // per parameter: its slice of the bucket buffer, param-shaped
+
+  bool sync_enabled_ = true;
+  bool join_mode_ = false;
+  bool iter_active_ = false;
+  bool announced_ = false;
+  std::vector<uint8_t> ready_;
+  size_t next_launch_ = 0;
+  std::vector<size_t> ready_order_;
+  torch::Tensor used_;  // u8 per parameter (find_unused_parameters)
+  bool rebuilt_ = false;
+  int num_rebuilds_ = 0;
+  int active_root_ = 0;
+  int last_active_root_ = -1;
+  double divisor_ = 1;  // read by bucket jobs on the progress thread, written before they are issued
+};
+
+}  // namespace gz

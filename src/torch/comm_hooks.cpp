@@ -1,0 +1,36 @@
+#include "gz/torch/comm_hooks.h"
+
+#include "gz/torch/tensor_adapter.h"
+
+namespace gz {
+
+CommHook allreduce_hook() {
+  return [](comm::Communicator& group, GradBucket& bucket) {
+    auto& buf = bucket.buffer;
+    group.allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), to_dtype(buf.scalar_type()),
+                    comm::ReduceOp::sum);
+    if (bucket.divisor != 1) buf.div_(bucket.divisor);
+  };
+}
+
+namespace {
+CommHook compress_hook(c10::ScalarType wire) {
+  return [wire](comm::Communicator& group, GradBucket& bucket) {
+    auto& buf = bucket.buffer;
+    if (buf.scalar_type() == wire) return allreduce_hook()(group, bucket);
+    if (!bucket.state.defined() || bucket.state.numel() != buf.numel() || bucket.state.scalar_type() != wire)
+      bucket.state = torch::empty({buf.numel()}, buf.options().dtype(wire));
+    // Divide before the cast so the sum of world-size values stays inside the narrow type's range.
+    if (bucket.divisor != 1) buf.div_(bucket.divisor);
+    bucket.state.copy_(buf);
+    group.allreduce(bucket.state.data_ptr(), static_cast<size_t>(buf.numel()), to_dtype(wire),
+                    comm::ReduceOp::sum);
+    buf.copy_(bucket.state);
+  };
+}
+}  // namespace
+
+CommHook fp16_compress_hook() { return compress_hook(c10::ScalarType::Half); }
+CommHook bf16_compress_hook() { return compress_hook(c10::ScalarType::BFloat16); }
+
+}  // namespace gz

@@ -1,0 +1,311 @@
+#include "gz/torch/distributed_optimizer.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/torch/process_group.h"
+#include "gz/torch/tensor_adapter.h"
+
+namespace gz {
+
+class DistributedOptimizer::Hook : public torch::autograd::FunctionPostHook {
+ public:
+  Hook(std::shared_ptr<std::atomic<DistributedOptimizer*>> owner, size_t index)
+      : owner_(std::move(owner)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (auto* o = owner_->load()) o->on_ready(index_);
+    return outputs;
+  }
+
+ private:
+  std::shared_ptr<std::atomic<DistributedOptimizer*>> owner_;
+  size_t index_;
+};
+
+namespace {
+c10::ScalarType wire_type(Compression c, c10::ScalarType grad) {
+  if (!c10::isFloatingType(grad)) return grad;
+  switch (c) {
+    case Compression::fp16: return c10::ScalarType::Half;
+    case Compression::bf16: return c10::ScalarType::BFloat16;
+    default: return grad;
+  }
+}
+}  // namespace
+
+DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                                           NamedParameters named_parameters, Compression compression,
+                                           int backward_passes_per_step, comm::CommPtr group)
+    : DistributedOptimizer(std::move(optimizer), std::move(named_parameters),
+                           [&] {
+                             DistributedOptimizerOptions o;
+                             o.compression = compression;
+                             o.backward_passes_per_step = backward_passes_per_step;
+                             return o;
+                           }(),
+                           std::move(group)) {}
+
+DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                                           NamedParameters named_parameters,
+                                           const DistributedOptimizerOptions& options, comm::CommPtr group)
+    : optimizer_(std::move(optimizer)), group_(resolve_group(group)), options_(options) {
+  if (!optimizer_) GZ_THROW(InvalidArgument, "DistributedOptimizer: null optimizer");
+  GZ_CHECK_ARG(options_.backward_passes_per_step >= 1, "backward_passes_per_step = ",
+               options_.backward_passes_per_step);
+  std::sort(named_parameters.begin(), named_parameters.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < named_parameters.size(); ++i) {
+    auto& [name, p] = named_parameters[i];
+    if (i > 0 && name == named_parameters[i - 1].first)
+      GZ_THROW(InvalidArgument, "DistributedOptimizer: duplicate parameter name '", name, "'");
+    if (!p.requires_grad()) continue;
+    check_device(p, *group_, "DistributedOptimizer");
+    to_dtype(p.scalar_type(), "DistributedOptimizer");
+    names_.push_back(name);
+    params_.push_back(p);
+  }
+  passes_.assign(params_.size(), 0);
+  submitted_.assign(params_.size(), 0);
+  // One fusion buffer for the whole run, big enough for the largest tensor.
+  size_t largest = 0;
+  for (auto& p : params_) largest = std::max(largest, static_cast<size_t>(p.numel()) * 8);
+  size_t bytes = std::max(options_.fusion_bytes, largest);
+  size_t total = 0;
+  for (auto& p : params_) total += static_cast<size_t>(p.numel()) * 8;
+  bytes = std::min(bytes, std::max<size_t>(total, 8));
+  fusion_ = torch::empty({static_cast<int64_t>(bytes)}, torch::kUInt8);
+  alive_ = std::make_shared<std::atomic<DistributedOptimizer*>>(this);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    if (!acc) GZ_THROW(InvalidArgument, "DistributedOptimizer: parameter '", names_[i], "' is not a leaf");
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<Hook>(alive_, i)));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+DistributedOptimizer::~DistributedOptimizer() {
+  alive_->store(nullptr);
+  if (loop_) {
+    try {
+      loop_->wait();
+    } catch (...) {
+    }
+  }
+  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+void DistributedOptimizer::on_ready(size_t index) {
+  if (++passes_[index] < options_.backward_passes_per_step) return;
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (submitted_[index]) return;
+    submitted_[index] = 1;
+    ++num_submitted_;
+    ++submit_events_;
+    start = !loop_;
+    if (start) loop_ = group_->submit([this] { run_cycles(); });
+  }
+  cv_.notify_all();
+}
+
+void DistributedOptimizer::run_cycles() {
+  const size_t n = params_.size();
+  const int world = group_->size();
+  const Duration stall_error = options_.stall_error.count() > 0 ? options_.stall_error : group_->timeout();
+  std::vector<uint8_t> done(n, 0), msg(n + 1), all((n + 1) * world);
+  std::vector<Clock::time_point> partial_since(n);
+  std::vector<uint8_t> partial(n, 0), warned(n, 0);
+  size_t ndone = 0;
+  uint64_t seen_events = 0;
+  int cycles = 0;
+  bool stall_flag = false;
+  auto last_progress = Clock::now();
+  while (ndone < n) {
+    {
+      // Go at once when something new is ready or when everything local is submitted (the others
+      // lag and the collective waits for them); else wait a cycle for the next local gradient.
+      std::unique_lock<std::mutex> lock(mu_);
+      if (submit_events_ == seen_events && num_submitted_ < n)
+        cv_.wait_for(lock, options_.cycle_time, [&] { return submit_events_ != seen_events; });
+      seen_events = submit_events_;
+      for (size_t i = 0; i < n; ++i) msg[i] = submitted_[i] && !done[i];
+    }
+    msg[n] = stall_flag;
+    group_->allgather(msg.data(), all.data(), n + 1, DType::u8);
+    ++cycles;
+    std::vector<size_t> agreed;
+    bool any_stall = false;
+    auto now = Clock::now();
+    for (int r = 0; r < world; ++r) any_stall = any_stall || all[r * (n + 1) + n];
+    for (size_t i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      int have = 0;
+      for (int r = 0; r < world; ++r) have += all[r * (n + 1) + i];
+      if (have == world) {
+        agreed.push_back(i);
+        partial[i] = 0;
+      } else if (have > 0) {
+        if (!partial[i]) {
+          partial[i] = 1;
+          partial_since[i] = now;
+        } else if (now - partial_since[i] >= options_.stall_warning && !warned[i]) {
+          warned[i] = 1;
+          std::string missing;
+          for (int r = 0; r < world; ++r)
+            if (!all[r * (n + 1) + i]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          GZ_LOG(warn, "DistributedOptimizer: rank ", group_->rank(), ": tensor '", names_[i],
+                 "' submitted by ", have, " of ", world, " ranks; still missing on ranks [", missing, "] after ",
+                 format_duration(std::chrono::duration_cast<Duration>(now - partial_since[i])));
+        }
+        if (now - partial_since[i] >= stall_error) stall_flag = true;
+      }
+    }
+    // Tensors that no rank submitted for too long (e.g. unused everywhere) stall the step too.
+    if (agreed.empty() && now - last_progress >= stall_error) stall_flag = true;
+    if (!agreed.empty()) last_progress = now;
+    if (any_stall) {
+      // Every rank saw the same flags, so every rank fails here with the same report.
+      std::ostringstream os;
+      int listed = 0;
+      for (size_t i = 0; i < n && listed < 10; ++i) {
+        if (done[i] || !partial[i]) continue;
+        os << (listed++ ? "; " : "") << "'" << names_[i] << "' missing on ranks [";
+        bool first = true;
+        for (int r = 0; r < world; ++r)
+          if (!all[r * (n + 1) + i]) {
+            os << (first ? "" : ", ") << r;
+            first = false;
+          }
+        os << "]";
+      }
+      if (!listed)
+        for (size_t i = 0; i < n && listed < 10; ++i)
+          if (!done[i]) os << (listed++ ? ", " : "not submitted by any rank: ") << "'" << names_[i] << "'";
+      GZ_THROW(TimeoutError, "DistributedOptimizer: rank ", group_->rank(), ": stalled after ", cycles,
+               " negotiation cycles: ", os.str());
+    }
+    if (!agreed.empty()) reduce_fused(agreed);
+    for (size_t i : agreed) done[i] = 1;
+    ndone += agreed.size();
+  }
+  last_cycles_ = cycles;
+}
+
+void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
+  torch::NoGradGuard no_grad;
+  const double world = group_->size();
+  size_t k = 0;
+  while (k < idx.size()) {
+    // One fused all-reduce per run of same-dtype tensors that fits the fusion buffer.
+    auto gtype = params_[idx[k]].grad().scalar_type();
+    auto wtype = wire_type(options_.compression, gtype);
+    const int64_t esize = c10::elementSize(wtype);
+    const int64_t cap = fusion_.numel() / esize;
+    auto buf = torch::from_blob(fusion_.data_ptr(), {cap}, torch::TensorOptions().dtype(wtype));
+    int64_t off = 0;
+    size_t start = k;
+    while (k < idx.size()) {
+      const auto& g = params_[idx[k]].grad();
+      if (g.scalar_type() != gtype || off + g.numel() > cap) break;
+      buf.narrow(0, off, g.numel()).view(g.sizes()).copy_(g);
+      off += g.numel();
+      ++k;
+    }
+    auto fused = buf.narrow(0, 0, off);
+    // Divide first: keeps narrow wire types inside their range.
+    if (c10::isFloatingType(wtype)) fused.div_(world);
+    group_->allreduce(fused.data_ptr(), static_cast<size_t>(off), to_dtype(wtype), comm::ReduceOp::sum);
+    if (!c10::isFloatingType(wtype)) fused.div_(world, "trunc");
+    off = 0;
+    for (size_t j = start; j < k; ++j) {
+      auto& g = params_[idx[j]].mutable_grad();
+      g.copy_(buf.narrow(0, off, g.numel()).view(g.sizes()));
+      off += g.numel();
+    }
+  }
+}
+
+void DistributedOptimizer::synchronize() {
+  comm::WorkPtr loop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loop = loop_;
+  }
+  std::exception_ptr err;
+  if (loop) {
+    try {
+      loop->wait();
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loop_.reset();
+    std::fill(submitted_.begin(), submitted_.end(), 0);
+    num_submitted_ = 0;
+  }
+  std::fill(passes_.begin(), passes_.end(), 0);
+  if (err) std::rethrow_exception(err);
+}
+
+void DistributedOptimizer::step() {
+  synchronize();
+  optimizer_->step();
+}
+
+void DistributedOptimizer::zero_grad() { optimizer_->zero_grad(); }
+
+void broadcast_parameters(const NamedParameters& params, int root, const comm::CommPtr& group) {
+  auto g = resolve_group(group);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : params) {
+    TensorSpan s(p.detach(), *g, "broadcast_parameters");
+    g->broadcast(s.data(), s.count(), s.dtype(), root);
+    s.finish();
+  }
+}
+
+void broadcast_parameters(torch::nn::Module& module, int root, const comm::CommPtr& group) {
+  NamedParameters all;
+  for (auto& item : module.named_parameters()) all.emplace_back(item.key(), item.value());
+  for (auto& item : module.named_buffers()) all.emplace_back(item.key(), item.value());
+  broadcast_parameters(all, root, group);
+}
+
+void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root, const comm::CommPtr& group) {
+  auto g = resolve_group(group);
+  // Serialise on root with the optimizer's own archive format (state by parameter position and the
+  // groups' hyper-parameters), ship the bytes, load everywhere else.
+  std::string bytes;
+  if (g->rank() == root) {
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    std::ostringstream os;
+    archive.save_to(os);
+    bytes = os.str();
+  }
+  int64_t len = static_cast<int64_t>(bytes.size());
+  g->broadcast(&len, 1, DType::i64, root);
+  bytes.resize(static_cast<size_t>(len));
+  g->broadcast(bytes.data(), bytes.size(), DType::u8, root);
+  if (g->rank() != root) {
+    std::istringstream is(bytes);
+    torch::serialize::InputArchive archive;
+    archive.load_from(is);
+    optimizer.load(archive);
+  }
+}
+
+}  // namespace gz

@@ -1,0 +1,21 @@
+// Private: the process-wide default group shared by process_group.cpp and init.cpp.
+#pragma once
+
+#include <memory>
+#include <mutex>
+
+#include "gz/comm/communicator.h"
+
+namespace gz::detail {
+
+struct ProcessGroupState {
+  std::mutex mu;
+  comm::CommPtr group;
+  std::shared_ptr<void> keep_alive;  // the Rendezvous (store + server) behind the group
+  int local_rank = 0;
+  int local_size = 1;
+};
+
+ProcessGroupState& pg_state();
+
+}  // namespace gz::detail

@@ -1,0 +1,95 @@
+// Helpers shared by the torch front-end tests: communicators for rank threads, tiny models, checks.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "support/run_ranks.h"
+#include "torch/support/thread_comm.h"
+#if defined(GZ_TORCH_TEST_FACTORY)
+#include "gz/comm/factory.h"
+#elif defined(GZ_TORCH_TEST_SHM)
+#include "gz/comm/shm.h"
+#endif
+
+namespace gz::test {
+
+/// @brief Communicator of one rank thread: the shm backend when built, else ThreadComm.
+inline comm::CommPtr make_comm(int rank, int world, std::shared_ptr<Store> store,
+                               Duration timeout = std::chrono::seconds(30)) {
+#if defined(GZ_TORCH_TEST_FACTORY)
+  comm::CommOptions o;
+  o.backend = "shm";
+  o.rank = rank;
+  o.size = world;
+  o.store = std::move(store);
+  o.timeout = timeout;
+  return comm::create_communicator(o);
+#elif defined(GZ_TORCH_TEST_SHM)
+  ShmOptions o;
+  o.timeout = timeout;
+  o.chunk_bytes = 4096;  // small: multi-chunk paths even for tiny models
+  o.spin_us = 20;        // ranks are threads on a busy 2-core machine
+  return comm::create_shm_communicator(rank, world, std::move(store), o);
+#else
+  return ThreadComm::create(rank, world, store, timeout);
+#endif
+}
+
+/// @brief A tiny MLP; `extra` adds a parameter the forward never uses.
+struct MlpImpl : torch::nn::Cloneable<MlpImpl> {
+  explicit MlpImpl(bool extra = false) : extra_(extra) { reset(); }
+  void reset() override {
+    l1 = register_module("l1", torch::nn::Linear(8, 16));
+    l2 = register_module("l2", torch::nn::Linear(16, 4));
+    if (extra_) unused = register_module("unused", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return l2->forward(torch::tanh(l1->forward(x))); }
+  bool extra_;
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, unused{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+/// @brief `n` identical MLPs (same seed), made on the calling thread (the RNG is global).
+inline std::vector<Mlp> make_mlps(int n, bool extra = false) {
+  std::vector<Mlp> out;
+  for (int i = 0; i < n; ++i) {
+    torch::manual_seed(1234);
+    out.emplace_back(Mlp(extra));
+  }
+  return out;
+}
+
+/// @brief Max |a-b| / max |b| over all parameters.
+inline double max_rel_diff(torch::nn::Module& a, torch::nn::Module& b) {
+  auto pa = a.parameters(), pb = b.parameters();
+  double worst = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    double scale = std::max(pb[i].abs().max().item<double>(), 1e-12);
+    worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+/// @brief Deterministic data: steps x [rows, 8] inputs and [rows, 4] targets.
+struct Data {
+  std::vector<torch::Tensor> x, y;
+};
+inline Data make_data(int steps, int64_t rows, uint64_t seed = 7) {
+  torch::manual_seed(seed);
+  Data d;
+  for (int s = 0; s < steps; ++s) {
+    d.x.push_back(torch::randn({rows, 8}));
+    d.y.push_back(torch::randn({rows, 4}));
+  }
+  return d;
+}
+
+/// @brief Rows [r*b, (r+1)*b) of t.
+inline torch::Tensor shard(const torch::Tensor& t, int r, int64_t b) { return t.narrow(0, r * b, b); }
+
+}  // namespace gz::test

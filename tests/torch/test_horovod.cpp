@@ -1,0 +1,233 @@
+// Horovod-style DistributedOptimizer: equivalence, different gradient orders per rank, stall
+// report, backward_passes_per_step, parameter and optimizer-state broadcast.
+#include "torch/support/torch_test_util.h"
+
+#include "gz/core/error.h"
+#include "gz/torch/collectives.h"
+#include "gz/torch/distributed_optimizer.h"
+
+namespace {
+using namespace gz;
+using namespace gz::test;
+
+const bool kOneThread = [] {
+  torch::set_num_threads(1);
+  return true;
+}();
+
+constexpr int64_t kB = 4;
+
+NamedParameters named(torch::nn::Module& m) {
+  NamedParameters out;
+  for (auto& it : m.named_parameters()) out.emplace_back(it.key(), it.value());
+  return out;
+}
+
+std::shared_ptr<torch::optim::Optimizer> make_opt(torch::nn::Module& m, bool adam) {
+  if (!adam) return std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
+  return std::make_shared<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(1e-2));
+}
+
+double horovod_vs_reference(int world, bool adam, int steps, DistributedOptimizerOptions hopt) {
+  auto models = make_mlps(world + 1);
+  auto d = make_data(steps, world * kB);
+  {
+    auto& ref = models[world];
+    auto opt = make_opt(*ref, adam);
+    for (int s = 0; s < steps; ++s) {
+      opt->zero_grad();
+      torch::mse_loss(ref->forward(d.x[s]), d.y[s]).backward();
+      opt->step();
+    }
+  }
+  std::vector<double> diff(world);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    broadcast_parameters(*m, 0, g);
+    DistributedOptimizer opt(make_opt(*m, adam), named(*m), hopt, g);
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(m->forward(shard(d.x[s], r, kB)), shard(d.y[s], r, kB)).backward();
+      opt.step();
+    }
+    diff[r] = max_rel_diff(*m, *models[world]);
+  });
+  return *std::max_element(diff.begin(), diff.end());
+}
+
+DistributedOptimizerOptions small_fusion() {
+  DistributedOptimizerOptions o;
+  o.fusion_bytes = 128;  // several fused all-reduces per cycle
+  return o;
+}
+
+class HorovodWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(HorovodWorld, SgdMatchesSingleProcessBigBatch) {
+  EXPECT_LE(horovod_vs_reference(GetParam(), false, 20, small_fusion()), 1e-5);
+}
+
+TEST_P(HorovodWorld, AdamMatchesSingleProcessBigBatch) {
+  EXPECT_LE(horovod_vs_reference(GetParam(), true, 20, DistributedOptimizerOptions()), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(World, HorovodWorld, ::testing::Values(2, 3, 4));
+
+TEST(Horovod, CompressionStaysCloseToFp32) {
+  auto o = small_fusion();
+  o.compression = Compression::fp16;
+  EXPECT_LE(horovod_vs_reference(2, false, 5, o), 2e-3);
+  o.compression = Compression::bf16;
+  EXPECT_LE(horovod_vs_reference(2, false, 5, o), 2e-2);
+}
+
+// Two branches summed; the autograd engine runs the later-built branch first, so the ranks
+// produce gradients in opposite orders.
+struct TwoBranchImpl : torch::nn::Module {
+  TwoBranchImpl() {
+    torch::manual_seed(5);
+    a = register_module("a", torch::nn::Linear(8, 4));
+    b = register_module("b", torch::nn::Linear(8, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool a_first) {
+    if (a_first) {
+      auto ya = a->forward(x);
+      return ya + b->forward(x);
+    }
+    auto yb = b->forward(x);
+    return a->forward(x) + yb;
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(TwoBranch);
+
+TEST(Horovod, DifferentGradientOrderPerRank) {
+  const int world = 3, steps = 10;
+  std::vector<TwoBranch> models;
+  for (int i = 0; i <= world; ++i) models.emplace_back();
+  auto d = make_data(steps, world * kB);
+  {
+    auto& ref = models[world];
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(ref->forward(d.x[s], true), d.y[s]).backward();
+      opt.step();
+    }
+  }
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    std::vector<std::string> order;
+    // Record the order in which this rank's gradients become ready.
+    for (auto& it : m->named_parameters()) {
+      auto name = it.key();
+      it.value().register_hook([&order, name](torch::Tensor grad) {
+        order.push_back(name);
+        return grad;
+      });
+    }
+    auto o = DistributedOptimizerOptions();
+    o.fusion_bytes = 16;  // one tensor per all-reduce: order matters
+    DistributedOptimizer opt(std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1)),
+                             named(*m), o, g);
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(m->forward(shard(d.x[s], r, kB), r % 2 == 0), shard(d.y[s], r, kB)).backward();
+      opt.step();
+    }
+    ASSERT_FALSE(order.empty());
+    if (r % 2 == 0) EXPECT_EQ(order.front().substr(0, 2), "b.");
+    else EXPECT_EQ(order.front().substr(0, 2), "a.");
+    auto pa = m->parameters(), pb = models[world]->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::allclose(pa[i], pb[i], 1e-5, 1e-6)) << "rank " << r;
+  });
+}
+
+TEST(Horovod, StallNamesTheMissingRanks) {
+  const int world = 3;
+  auto models = make_mlps(world, /*extra=*/true);
+  auto d = make_data(1, world * kB);
+  std::vector<std::string> errors(world);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store, std::chrono::seconds(10));
+    auto& m = models[r];
+    DistributedOptimizerOptions o;
+    o.stall_warning = std::chrono::milliseconds(100);
+    o.stall_error = std::chrono::milliseconds(500);
+    DistributedOptimizer opt(std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1)),
+                             named(*m), o, g);
+    auto out = m->forward(shard(d.x[0], r, kB));
+    if (r != 1) out = m->unused->forward(out);  // rank 1 never produces unused.* gradients
+    torch::mse_loss(out, shard(d.y[0], r, kB)).backward();
+    Stopwatch sw;
+    try {
+      opt.step();
+    } catch (const TimeoutError& e) {
+      errors[r] = e.what();
+    }
+    EXPECT_LT(sw.seconds(), 5.0);
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_NE(errors[r].find("unused.weight' missing on ranks [1]"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("unused.bias' missing on ranks [1]"), std::string::npos) << errors[r];
+  }
+}
+
+TEST(Horovod, BackwardPassesPerStepAccumulates) {
+  const int world = 2, micro = 2, steps = 4;
+  auto models = make_mlps(world + 1);
+  auto d = make_data(steps * micro, world * kB);
+  {
+    auto& ref = models[world];
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      for (int k = 0; k < micro; ++k) torch::mse_loss(ref->forward(d.x[s * micro + k]), d.y[s * micro + k]).backward();
+      opt.step();
+    }
+  }
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    DistributedOptimizer opt(std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1)),
+                             named(*m), Compression::none, micro, g);
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      for (int k = 0; k < micro; ++k)
+        torch::mse_loss(m->forward(shard(d.x[s * micro + k], r, kB)), shard(d.y[s * micro + k], r, kB)).backward();
+      opt.step();
+    }
+    EXPECT_LE(max_rel_diff(*m, *models[world]), 1e-5);
+  });
+}
+
+TEST(Horovod, BroadcastOptimizerStateMakesRanksStepAlike) {
+  const int world = 2;
+  auto models = make_mlps(world);
+  auto d = make_data(4, kB);
+  std::vector<torch::Tensor> after(world);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
+    if (r == 0)  // rank 0 has history (moments, step counts); rank 1 is fresh
+      for (int s = 0; s < 3; ++s) {
+        opt.zero_grad();
+        torch::mse_loss(m->forward(d.x[s]), d.y[s]).backward();
+        opt.step();
+      }
+    broadcast_parameters(*m, 0, g);
+    broadcast_optimizer_state(opt, 0, g);
+    opt.zero_grad();
+    torch::mse_loss(m->forward(d.x[3]), d.y[3]).backward();
+    opt.step();
+    std::vector<torch::Tensor> flat;
+    for (auto& p : m->parameters()) flat.push_back(p.detach().reshape(-1));
+    after[r] = torch::cat(flat);
+  });
+  EXPECT_TRUE(after[0].equal(after[1]));
+}
+
+}  // namespace

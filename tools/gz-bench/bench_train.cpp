@@ -1,0 +1,175 @@
+// gz-bench train: training throughput of the LibTorch front ends (single, dp, ddp, horovod) on the
+// built-in cnn and bert-small models with synthetic inputs. Prints samples/s on rank 0.
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "gz/core/deadline.h"
+#include "gz/core/env.h"
+#include "gz/core/error.h"
+#include "gz/torch/data_parallel.h"
+#include "gz/torch/ddp.h"
+#include "gz/torch/distributed_optimizer.h"
+#include "gz/torch/process_group.h"
+#include "gz/train/models/model.h"
+
+namespace {
+
+struct TrainBenchOptions {
+  std::string model = "cnn";
+  std::string mode = "ddp";
+  std::string backend = "auto";
+  int64_t batch = 32;
+  int steps = 50;
+  int warmup = 5;
+  int threads = 1;
+  int64_t seq = 128;
+};
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: gzrun --nproc-per-node N gz-bench train [options]\n"
+               "  --model cnn|bert-small   (default cnn)\n"
+               "  --mode single|dp|ddp|horovod (default ddp; single and dp run in one process,\n"
+               "                           dp = 2 CPU replicas in threads of one process)\n"
+               "  --batch B                samples per rank (per replica in dp mode), default 32\n"
+               "  --steps S                timed steps (default 50)\n"
+               "  --warmup W               untimed steps first (default 5)\n"
+               "  --threads T              LibTorch intra-op threads per rank (default 1)\n"
+               "  --seq L                  bert-small sequence length (default 128)\n"
+               "  --backend NAME           communicator backend (default auto)\n");
+  return 2;
+}
+
+TrainBenchOptions parse(int argc, char** argv) {
+  TrainBenchOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) GZ_THROW(gz::InvalidArgument, "gz-bench train: ", a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--model") o.model = next();
+    else if (a == "--mode") o.mode = next();
+    else if (a == "--backend") o.backend = next();
+    else if (a == "--batch") o.batch = gz::parse_int(next(), "--batch");
+    else if (a == "--steps") o.steps = static_cast<int>(gz::parse_int(next(), "--steps"));
+    else if (a == "--warmup") o.warmup = static_cast<int>(gz::parse_int(next(), "--warmup"));
+    else if (a == "--threads") o.threads = static_cast<int>(gz::parse_int(next(), "--threads"));
+    else if (a == "--seq") o.seq = gz::parse_int(next(), "--seq");
+    else if (a == "--help" || a == "-h") std::exit(usage());
+    else GZ_THROW(gz::InvalidArgument, "gz-bench train: unknown option ", a);
+  }
+  if (o.model != "cnn" && o.model != "bert-small")
+    GZ_THROW(gz::InvalidArgument, "gz-bench train: --model must be cnn or bert-small, got ", o.model);
+  if (o.mode != "single" && o.mode != "dp" && o.mode != "ddp" && o.mode != "horovod")
+    GZ_THROW(gz::InvalidArgument, "gz-bench train: --mode must be single, dp, ddp or horovod, got ", o.mode);
+  GZ_CHECK_ARG(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.threads > 0 && o.seq > 0, "batch/steps/threads");
+  return o;
+}
+
+}  // namespace
+
+int bench_train(int argc, char** argv) {
+  auto o = parse(argc, argv);
+  torch::set_num_threads(o.threads);
+  torch::manual_seed(42);
+  const bool distributed = o.mode == "ddp" || o.mode == "horovod";
+  int rank = 0, world = 1;
+  if (distributed) {
+    gz::ProcessGroupOptions po;
+    po.backend = o.backend;
+    gz::init(po);
+    rank = gz::rank();
+    world = gz::size();
+  } else {
+    auto env = gz::Env::from_process();
+    if (env.get_int("WORLD_SIZE", 1) > 1 && env.get_int("RANK", 0) != 0) return 0;  // one process only
+  }
+
+  gz::train::ModelOptions mo;
+  if (o.model == "cnn") {
+    mo.net_type = "cnn";
+    mo.num_classes = 10;
+    mo.in_channels = 1;
+    mo.input_size = 28;
+  } else {
+    mo.net_type = "bert_small";
+    mo.num_classes = 2;
+    mo.input_size = o.seq;
+  }
+  auto model = gz::train::create_model(mo);
+  model->train();
+  std::shared_ptr<torch::optim::Optimizer> opt;
+  if (o.model == "cnn")
+    opt = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  else
+    opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-4));
+
+  const int replicas = o.mode == "dp" ? 2 : 1;
+  const int64_t local_batch = o.batch * replicas;
+  torch::Tensor x, y;
+  if (o.model == "cnn") {
+    x = torch::randn({local_batch, 1, 28, 28});
+    y = torch::randint(0, 10, {local_batch}, torch::kLong);
+  } else {
+    x = torch::randint(1, mo.vocab_size, {local_batch, o.seq}, torch::kLong);
+    y = torch::randint(0, 2, {local_batch}, torch::kLong);
+  }
+
+  std::unique_ptr<gz::DistributedDataParallel> ddp;
+  std::unique_ptr<gz::DistributedOptimizer> hvd;
+  std::unique_ptr<gz::DataParallel> dp;
+  if (o.mode == "ddp") {
+    ddp = std::make_unique<gz::DistributedDataParallel>(model, nullptr);
+  } else if (o.mode == "horovod") {
+    gz::broadcast_parameters(*model, 0);
+    gz::NamedParameters named;
+    for (auto& it : model->named_parameters()) named.emplace_back(it.key(), it.value());
+    hvd = std::make_unique<gz::DistributedOptimizer>(opt, named);
+  } else if (o.mode == "dp") {
+    dp = std::make_unique<gz::DataParallel>(
+        model, [](const torch::nn::Module& m, const torch::Device&) {
+          return std::static_pointer_cast<torch::nn::Module>(dynamic_cast<const gz::train::ModelImpl&>(m).clone_model());
+        },
+        [](torch::nn::Module& m, const torch::Tensor& in) { return dynamic_cast<gz::train::ModelImpl&>(m).forward(in); });
+  }
+
+  auto step = [&] {
+    opt->zero_grad();
+    torch::Tensor out;
+    if (ddp) out = ddp->forward([&] { return model->forward(x); });
+    else if (dp) out = dp->forward(x);
+    else out = model->forward(x);
+    torch::nn::functional::cross_entropy(out, y).backward();
+    if (dp) dp->reduce_gradients();
+    if (hvd) hvd->step();
+    else opt->step();
+  };
+  for (int i = 0; i < o.warmup; ++i) step();
+  if (distributed) gz::default_group()->barrier();
+  gz::Stopwatch sw;
+  for (int i = 0; i < o.steps; ++i) step();
+  double secs = sw.seconds();
+  if (distributed) {
+    // The slowest rank sets the pace.
+    gz::default_group()->allreduce(&secs, 1, gz::DType::f64, gz::comm::ReduceOp::max);
+  }
+  const double samples = static_cast<double>(local_batch) * world * o.steps;
+  if (rank == 0) {
+    std::printf("gz-bench train: model=%s mode=%s ranks=%d replicas=%d batch=%lld threads=%d steps=%d backend=%s\n",
+                o.model.c_str(), o.mode.c_str(), world, replicas, static_cast<long long>(o.batch), o.threads, o.steps,
+                distributed ? gz::default_group()->backend().c_str() : "none");
+    std::printf("RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f\n", o.model.c_str(),
+                o.mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
+    std::fflush(stdout);
+  }
+  ddp.reset();
+  hvd.reset();
+  if (distributed) gz::shutdown();
+  return 0;
+}
