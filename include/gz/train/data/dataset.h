@@ -27,6 +27,9 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual size_t size() const = 0;
   virtual Example get(size_t index) const = 0;
+  /// @brief Select the epoch for random augmentation (seeded by (seed, epoch, index), so results do
+  /// not depend on thread scheduling). Call before the epoch's first get(); default: no-op.
+  virtual void set_epoch(int64_t /*epoch*/) {}
 };
 using DatasetPtr = std::shared_ptr<Dataset>;
 

@@ -1,0 +1,34 @@
+// create_dataset: one entry point from configuration to a Dataset.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gz/train/data/dataset.h"
+
+namespace gz::train {
+
+/// @brief What to load. Fields a kind does not use are ignored.
+struct DataOptions {
+  std::string kind = "fashion_mnist";  ///< fashion_mnist | image_folder | text_lines
+  /// @brief fashion_mnist: folder of the IDX .gz files (empty = /usr/share/datasets/fashion-mnist).
+  /// image_folder: root with one folder per class, or with <split>/ sub-folders.
+  /// text_lines: a file, a comma-separated list of files, or a folder with <split>.tsv or <split>.txt.
+  std::string path;
+  std::string split = "train";  ///< train | test
+  bool augment = false;         ///< random flip / crop (images)
+  uint64_t seed = 0;            ///< augmentation seed (with epoch and index)
+  int64_t input_size = 0;       ///< image side or sequence length; 0 = 28 / 224 / 128 by kind
+  int64_t channels = 0;         ///< image channels; 0 = 1 for fashion_mnist, 3 for image_folder
+  std::vector<float> mean;      ///< normalisation; empty = the kind's default
+  std::vector<float> std;
+  int64_t resize = 0;           ///< image_folder: shorter side before the crop (0 = input_size)
+  int64_t vocab_size = 30522;   ///< text_lines
+  int64_t num_classes = 0;      ///< text_lines: > 0 validates labels
+};
+
+/// @brief Build the dataset described by `options`.
+/// @throws gz::InvalidArgument for an unknown kind or split; the dataset's own errors otherwise.
+DatasetPtr create_dataset(const DataOptions& options);
+
+}  // namespace gz::train

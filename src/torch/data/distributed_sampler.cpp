@@ -1,0 +1,68 @@
+#include "gz/torch/distributed_sampler.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "gz/core/error.h"
+#include "torch/data/splitmix.h"
+
+namespace gz {
+
+DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, int rank,
+                                       DistributedSamplerOptions options)
+    : dataset_size_(dataset_size), num_replicas_(num_replicas), rank_(rank), options_(options) {
+  if (num_replicas < 1 || rank < 0 || rank >= num_replicas)
+    GZ_THROW(InvalidArgument, "DistributedSampler: rank ", rank, " of num_replicas ", num_replicas,
+             " (need 0 <= rank < num_replicas)");
+  const size_t r = static_cast<size_t>(num_replicas);
+  num_samples_ = options.drop_last ? dataset_size / r : (dataset_size + r - 1) / r;
+  build_indices();
+}
+
+void DistributedSampler::build_indices() {
+  indices_.clear();
+  if (num_samples_ == 0) return;
+  std::vector<size_t> order(dataset_size_);
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (options_.shuffle) {
+    detail::SplitMix64 rng({options_.seed, static_cast<uint64_t>(epoch_)});
+    detail::fisher_yates(order.begin(), order.size(), rng);
+  }
+  // Rank r takes global positions r, r+R, ... of the (padded or cut) order; position p >= N wraps.
+  indices_.reserve(num_samples_);
+  for (size_t i = 0; i < num_samples_; ++i) {
+    const size_t p = i * static_cast<size_t>(num_replicas_) + static_cast<size_t>(rank_);
+    indices_.push_back(order[p % dataset_size_]);
+  }
+}
+
+void DistributedSampler::set_epoch(int64_t epoch) {
+  if (epoch == epoch_) return;
+  epoch_ = epoch;
+  position_ = 0;
+  build_indices();
+}
+
+void DistributedSampler::reset() { position_ = 0; }
+
+std::vector<size_t> DistributedSampler::next_batch(size_t n) {
+  const size_t take = std::min(n, remaining());
+  std::vector<size_t> out(indices_.begin() + static_cast<std::ptrdiff_t>(position_),
+                          indices_.begin() + static_cast<std::ptrdiff_t>(position_ + take));
+  position_ += take;
+  return out;
+}
+
+void DistributedSampler::load_state(const DistributedSamplerState& state) {
+  if (state.position > num_samples_)
+    GZ_THROW(InvalidArgument, "DistributedSampler::load_state: position ", state.position, " > num_samples ",
+             num_samples_, " (rank ", rank_, " of ", num_replicas_, ", dataset size ", dataset_size_,
+             "): state from another configuration?");
+  if (state.epoch != epoch_) {
+    epoch_ = state.epoch;
+    build_indices();
+  }
+  position_ = state.position;
+}
+
+}  // namespace gz
