@@ -1,0 +1,122 @@
+// Training callbacks: hooks the Trainer calls on every rank; built-ins print/log/save on the main
+// process only.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gz/core/deadline.h"
+
+namespace gz::train {
+
+class Trainer;
+class TensorBoardWriter;
+
+/// @brief Hooks around the training loop. Defaults do nothing.
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void on_train_begin(Trainer&) {}
+  virtual void on_train_end(Trainer&) {}
+  virtual void on_epoch_begin(Trainer&) {}
+  virtual void on_epoch_end(Trainer&) {}
+  /// @brief Before the optimizer step's micro-batches (the lr for this step is already set).
+  virtual void on_step_begin(Trainer&) {}
+  /// @brief After the optimizer step; state().step counts it.
+  virtual void on_step_end(Trainer&) {}
+  /// @brief After an evaluation; state().metrics hold its (rank-averaged) results.
+  virtual void on_evaluate(Trainer&) {}
+  /// @brief After a checkpoint was written to `dir`.
+  virtual void on_save(Trainer&, const std::string& dir) {}
+};
+using CallbackPtr = std::shared_ptr<Callback>;
+
+/// @brief Sets the optimizer lr from the LrScheduler before every step.
+class LrSchedulerCallback : public Callback {
+ public:
+  void on_step_begin(Trainer& t) override;
+};
+
+/// @brief Saves a checkpoint every save_steps steps (or each epoch end) and at the end; tracks the
+/// best metric; rotation keeps save_total_limit (CheckpointManager).
+class ModelCheckpoint : public Callback {
+ public:
+  void on_step_end(Trainer& t) override;
+  void on_epoch_end(Trainer& t) override;
+  void on_evaluate(Trainer& t) override;
+  void on_train_end(Trainer& t) override;
+
+ private:
+  int64_t last_saved_ = -1;
+};
+
+/// @brief Stops training after `patience` evaluations without an improvement > threshold.
+class EarlyStopping : public Callback {
+ public:
+  EarlyStopping(int64_t patience, double threshold) : patience_(patience), threshold_(threshold) {}
+  void on_evaluate(Trainer& t) override;
+
+ private:
+  int64_t patience_;
+  double threshold_;
+};
+
+/// @brief Appends one JSON line per log/eval event to work_dir/history.jsonl and scalars to
+/// TensorBoard event files in work_dir/tb (main process only).
+class HistoryLogger : public Callback {
+ public:
+  explicit HistoryLogger(bool tensorboard);
+  ~HistoryLogger() override;
+  void on_train_begin(Trainer& t) override;
+  void on_step_end(Trainer& t) override;
+  void on_evaluate(Trainer& t) override;
+  void on_train_end(Trainer& t) override;
+
+ private:
+  void write(const std::string& kind, Trainer& t, const std::map<std::string, double>& values);
+  bool tensorboard_;
+  std::ofstream jsonl_;
+  std::unique_ptr<TensorBoardWriter> tb_;
+};
+
+/// @brief Progress bar on the main process: step/total, it/s, ETA, loss, lr. Redraws in place with
+/// '\r' on a terminal; plain lines every log_every steps otherwise (or when `bar` is false).
+class ProgressBar : public Callback {
+ public:
+  /// @brief `tty` < 0: detect from stdout.
+  explicit ProgressBar(bool bar, int tty = -1);
+  void on_train_begin(Trainer& t) override;
+  void on_step_end(Trainer& t) override;
+  void on_evaluate(Trainer& t) override;
+  void on_train_end(Trainer& t) override;
+
+ private:
+  void draw(Trainer& t, bool final_line);
+  bool bar_;
+  bool tty_;
+  Stopwatch clock_;
+  Stopwatch since_draw_;
+  int64_t start_step_ = 0;
+  bool dirty_ = false;
+};
+
+/// @brief L1 magnitude pruning: after every optimizer step, zero the smallest-|w| fraction
+/// `sparsity` of each weight tensor (dim >= 2) with masks computed once at the first step.
+class PruningCallback : public Callback {
+ public:
+  explicit PruningCallback(double sparsity) : sparsity_(sparsity) {}
+  void on_step_end(Trainer& t) override;
+  void on_train_end(Trainer& t) override;
+
+ private:
+  double sparsity_;
+  bool masks_ready_ = false;
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace gz::train

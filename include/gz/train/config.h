@@ -1,0 +1,90 @@
+// Training configuration: YAML file, overridden by command-line flags, saved to work_dir/config.yaml.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gz::train {
+
+/// @brief Learning-rate schedule settings (the `scheduler:` block).
+struct SchedulerConfig {
+  std::string name = "cosine";       ///< multi_step, cosine, linear, constant
+  int64_t warmup_steps = 0;          ///< linear warm-up length in optimizer steps ...
+  double warmup_epochs = 0;          ///< ... or in epochs (used when warmup_steps == 0)
+  std::vector<int64_t> milestones;   ///< multi_step: epochs (or steps when unit == "step")
+  std::string unit = "epoch";        ///< unit of milestones: epoch | step
+  double gamma = 0.1;                ///< multi_step decay factor
+  double min_lr = 0;                 ///< floor of cosine / linear decay
+};
+
+/// @brief Everything gz-train needs to run one job. Defaults make a small single-process run.
+struct TrainConfig {
+  // data
+  std::string dataset = "fashion_mnist";  ///< fashion_mnist, image_folder, text_lines, synthetic
+  std::string train_data;
+  std::string test_data;
+  int64_t train_limit = 0;  ///< use only the first N training samples (0 = all); quick runs/tests
+  int64_t test_limit = 0;   ///< use only the first N test samples (0 = all)
+  bool augment = false;     ///< random crop (pad 2) + horizontal flip for images
+  int64_t num_workers = 2;  ///< loader prefetch threads (0 = build batches inline)
+  // model
+  std::string net_type = "cnn";
+  int64_t input_size = 28;
+  int64_t in_channels = 1;
+  int64_t num_classes = 10;
+  double dropout = 0.1;
+  // optimisation
+  int64_t batch_size = 64;  ///< per rank, per micro-step
+  int64_t eval_batch_size = 256;
+  double lr = 1e-3;
+  std::string optimizer = "adamw";  ///< sgd (with momentum), adam, adamw
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  std::string loss = "cross_entropy";  ///< cross_entropy, label_smoothing
+  double label_smoothing = 0.1;        ///< used when loss == label_smoothing
+  SchedulerConfig scheduler;
+  int64_t num_epochs = 1;
+  int64_t max_steps = 0;  ///< > 0: stop after this many optimizer steps (overrides num_epochs)
+  int64_t gradient_accumulation_steps = 1;
+  double max_grad_norm = 0;  ///< > 0: clip gradients to this global norm
+  // evaluation, saving, logging
+  int64_t eval_steps = 0;  ///< evaluate every N steps; 0 = at the end of every epoch
+  int64_t save_steps = 0;  ///< checkpoint every N steps; 0 = at the end of every epoch
+  int64_t save_total_limit = 2;  ///< keep at most N checkpoints (the best is never deleted)
+  std::string metric_for_best_model = "test_accuracy";
+  bool greater_is_better = true;
+  int64_t early_stopping_patience = 0;  ///< evaluations without improvement before stopping (0 = off)
+  double early_stopping_threshold = 0;
+  double prune_sparsity = 0;  ///< > 0: L1 magnitude pruning of weights to this sparsity
+  int64_t log_every = 50;
+  bool progress = true;
+  bool tensorboard = true;
+  std::string work_dir = "work_dirs/run";
+  // runtime
+  int64_t seed = 42;
+  int64_t num_threads = 1;  ///< intra-op threads per process (0 = LibTorch default)
+  std::string mode = "single";  ///< single, ddp, horovod, dp
+  std::string backend = "auto";
+  int64_t dp_replicas = 2;  ///< mode dp: CPU replicas
+  std::string device = "cpu";  ///< cpu, cuda
+  std::string mixed_precision = "no";  ///< no, bf16, fp16 (fp16 needs CUDA)
+  std::string finetune;  ///< initial weights (a checkpoint dir/file or model file)
+  std::string resume_from_checkpoint;  ///< path, or "auto" = latest in work_dir
+};
+
+/// @brief Parse a YAML file (may be empty) then apply `--key value` / `--key=value` flags.
+/// Unknown keys, wrong types and out-of-range values throw gz::InvalidArgument naming the key and
+/// where it came from (file or flag).
+TrainConfig load_config(const std::string& yaml_path, const std::vector<std::string>& flags);
+/// @brief Same from YAML text (for tests); `origin` names the source in messages.
+TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::string>& flags,
+                         const std::string& origin = "<string>");
+/// @brief YAML text of every field (round-trips through parse_config).
+std::string config_to_yaml(const TrainConfig& config);
+/// @brief Write config_to_yaml() to `path` atomically.
+void save_config(const TrainConfig& config, const std::string& path);
+/// @brief Every accepted key ("lr", "scheduler.warmup_steps", ...).
+std::vector<std::string> config_keys();
+
+}  // namespace gz::train

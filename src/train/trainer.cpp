@@ -1,0 +1,519 @@
+#include "gz/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <random>
+
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/torch/autocast.h"
+#include "gz/torch/collectives.h"
+#include "gz/torch/data_parallel.h"
+#include "gz/torch/ddp.h"
+#include "gz/torch/distributed_optimizer.h"
+#include "gz/torch/grad_scaler.h"
+#include "gz/torch/process_group.h"
+#include "gz/train/checkpoint.h"
+#include "gz/train/data_loader.h"
+#include "gz/train/dataset_factory.h"
+#include "gz/train/scheduler.h"
+
+namespace gz::train {
+
+namespace fs = std::filesystem;
+
+struct Trainer::Impl {
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<DistributedOptimizer> hvd;
+  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<LrScheduler> scheduler;
+  std::unique_ptr<CheckpointManager> checkpoints;
+  std::unique_ptr<GradScaler> scaler;
+  torch::Device device{torch::kCPU};
+  Stopwatch clock;
+  bool set_up = false;
+  int64_t last_eval_step = -1;
+  int64_t micro_batches_per_epoch = 0;
+};
+
+namespace {
+
+// A per-sample stream that depends only on (seed, epoch, index): augmentation is the same
+// whatever thread builds the batch and whether the run was resumed.
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ULL ^ (b + 0x632BE59BD9B4E019ULL + (a << 6) + (a >> 2));
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  return x ^ (x >> 29);
+}
+
+Example augment_image(Example e, uint64_t seed) {
+  if (e.input.dim() != 3) return e;  // images only: [C, H, W]
+  std::mt19937_64 rng(seed);
+  const int64_t pad = 2;
+  const int64_t h = e.input.size(1), w = e.input.size(2);
+  auto padded = torch::constant_pad_nd(e.input, {pad, pad, pad, pad}, 0);
+  int64_t dy = static_cast<int64_t>(rng() % (2 * pad + 1)), dx = static_cast<int64_t>(rng() % (2 * pad + 1));
+  auto out = padded.slice(1, dy, dy + h).slice(2, dx, dx + w);
+  if (rng() & 1) out = out.flip({2});
+  e.input = out.contiguous();
+  return e;
+}
+
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<torch::Tensor> params) {
+  if (c.optimizer == "sgd")
+    return std::make_shared<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  if (c.optimizer == "adam")
+    return std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+  if (c.optimizer == "adamw")
+    return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  GZ_THROW(InvalidArgument, "unknown optimizer '", c.optimizer, "' (known: sgd adam adamw)");
+}
+
+std::string fmt(double v, int prec = 4) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(prec);
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainConfig config, comm::CommPtr group) : config_(std::move(config)), impl_(std::make_unique<Impl>()) {
+  if (config_.mode != "single") {
+    if (!group && gz::is_initialized()) group = gz::default_group();
+    if (!group && config_.mode != "dp")
+      GZ_THROW(InvalidArgument, "mode '", config_.mode, "' needs a process group: run under gzrun or call gz::init()");
+  }
+  group_ = config_.mode == "single" || config_.mode == "dp" ? nullptr : group;
+  if (group_) {
+    rank_ = group_->rank();
+    world_ = group_->size();
+  }
+  if (config_.device == "cuda") {
+    if (!torch::cuda::is_available()) GZ_THROW(InvalidArgument, "config device: cuda but CUDA is not available");
+    int local = gz::is_initialized() ? gz::local_rank() : 0;
+    impl_->device = torch::Device(torch::kCUDA, local % std::max<int64_t>(1, torch::cuda::device_count()));
+  }
+  if (config_.mixed_precision == "fp16" && config_.device != "cuda")
+    GZ_THROW(InvalidArgument, "mixed_precision fp16 needs CUDA (GradScaler path); use bf16 on CPU");
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::set_model(ModelPtr model) { model_ = std::move(model); }
+void Trainer::set_datasets(DatasetPtr train, DatasetPtr test) {
+  train_data_ = std::move(train);
+  test_data_ = std::move(test);
+}
+void Trainer::add_callback(CallbackPtr callback) { user_callbacks_.push_back(std::move(callback)); }
+void Trainer::set_default_callbacks(bool on) { default_callbacks_ = on; }
+void Trainer::set_crash_at_step(int64_t step) { crash_at_step_ = step; }
+
+torch::optim::Optimizer& Trainer::optimizer() {
+  if (!impl_->optimizer) GZ_THROW(Error, "Trainer::optimizer() before train()");
+  return *impl_->optimizer;
+}
+const LrScheduler& Trainer::scheduler() const {
+  if (!impl_->scheduler) GZ_THROW(Error, "Trainer::scheduler() before train()");
+  return *impl_->scheduler;
+}
+CheckpointManager& Trainer::checkpoints() {
+  if (!impl_->checkpoints) GZ_THROW(Error, "Trainer::checkpoints() before train()");
+  return *impl_->checkpoints;
+}
+double Trainer::elapsed_seconds() const { return impl_->clock.seconds(); }
+
+void Trainer::allreduce_sum(std::vector<double>& values) {
+  if (!group_ || world_ == 1 || values.empty()) return;
+  auto t = torch::from_blob(values.data(), {static_cast<int64_t>(values.size())}, torch::kFloat64);
+  gz::allreduce(t, comm::ReduceOp::sum, group_);
+}
+
+void Trainer::setup() {
+  if (impl_->set_up) return;
+  const auto& c = config_;
+  if (c.num_threads > 0) torch::set_num_threads(static_cast<int>(c.num_threads));
+  torch::manual_seed(static_cast<uint64_t>(c.seed));
+  if (!train_data_) {
+    DataSpec spec{c.dataset, c.train_data, c.test_data, c.input_size, c.in_channels, c.num_classes,
+                  static_cast<uint64_t>(c.seed)};
+    auto pair = make_datasets(spec);
+    train_data_ = pair.first;
+    test_data_ = pair.second;
+  }
+  if (c.train_limit > 0 && static_cast<size_t>(c.train_limit) < train_data_->size())
+    train_data_ = limit_dataset(train_data_, static_cast<size_t>(c.train_limit));
+  if (test_data_ && c.test_limit > 0 && static_cast<size_t>(c.test_limit) < test_data_->size())
+    test_data_ = limit_dataset(test_data_, static_cast<size_t>(c.test_limit));
+  if (!model_) {
+    ModelOptions mo;
+    mo.net_type = c.net_type;
+    mo.num_classes = c.num_classes;
+    mo.in_channels = c.in_channels;
+    mo.input_size = c.input_size;
+    mo.dropout = c.dropout;
+    model_ = create_model(mo);
+  }
+  model_->to(impl_->device);
+
+  // Steps: every rank reads ceil(N / world) samples per epoch (the permutation wraps to pad), in
+  // micro-batches of batch_size (a partial last one is dropped), accumulated into optimizer steps.
+  const size_t n = train_data_->size();
+  const size_t per_rank = (n + world_ - 1) / world_;
+  impl_->micro_batches_per_epoch = static_cast<int64_t>(per_rank / c.batch_size);
+  state_.steps_per_epoch = impl_->micro_batches_per_epoch / c.gradient_accumulation_steps;
+  if (state_.steps_per_epoch < 1)
+    GZ_THROW(InvalidArgument, "training set too small: ", n, " samples over ", world_, " ranks give no full step of ",
+             c.batch_size, " x ", c.gradient_accumulation_steps, " samples");
+  state_.total_steps = c.max_steps > 0 ? c.max_steps : state_.steps_per_epoch * c.num_epochs;
+
+  SchedulerOptions so;
+  so.name = c.scheduler.name;
+  so.base_lr = c.lr;
+  so.total_steps = state_.total_steps;
+  so.warmup_steps = c.scheduler.warmup_steps > 0
+                        ? c.scheduler.warmup_steps
+                        : static_cast<int64_t>(std::llround(c.scheduler.warmup_epochs * state_.steps_per_epoch));
+  so.gamma = c.scheduler.gamma;
+  so.min_lr = std::min(c.scheduler.min_lr, c.lr);
+  for (auto m : c.scheduler.milestones) so.milestones.push_back(c.scheduler.unit == "epoch" ? m * state_.steps_per_epoch : m);
+  impl_->scheduler = std::make_unique<LrScheduler>(so);
+
+  if (!c.finetune.empty()) {
+    torch::serialize::InputArchive archive;
+    auto info = CheckpointManager::open(c.finetune, archive);
+    torch::serialize::InputArchive model_archive;
+    std::string file = fs::is_directory(c.finetune) ? info.state_file() : c.finetune;
+    if (archive.try_read("model", model_archive)) load_module_state(*model_, model_archive, file);
+    else load_module_state(*model_, archive, file);
+  }
+  impl_->optimizer = make_optimizer(c, model_->parameters());
+  // Distribution: DDP broadcasts rank 0's weights when built; Horovod mode broadcasts them
+  // explicitly (and the optimizer state after a resume, see train()).
+  if (c.mode == "ddp" && group_) {
+    impl_->ddp = std::make_unique<DistributedDataParallel>(model_, group_);
+  } else if (c.mode == "horovod" && group_) {
+    NamedParameters named;
+    for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+    broadcast_parameters(*model_, 0, group_);
+    impl_->hvd = std::make_unique<DistributedOptimizer>(impl_->optimizer, named, Compression::none,
+                                                        static_cast<int>(c.gradient_accumulation_steps), group_);
+  } else if (c.mode == "dp") {
+    DataParallelOptions dpo;
+    dpo.devices.assign(static_cast<size_t>(c.dp_replicas), impl_->device);
+    impl_->dp = std::make_unique<DataParallel>(
+        model_,
+        [](const torch::nn::Module& m, const torch::Device& d) -> std::shared_ptr<torch::nn::Module> {
+          auto copy = dynamic_cast<const ModelImpl&>(m).clone_model();
+          copy->to(d);
+          return copy;
+        },
+        [](torch::nn::Module& m, const torch::Tensor& x) { return dynamic_cast<ModelImpl&>(m).forward(x); }, dpo);
+  }
+  GradScalerOptions gs;
+  gs.enabled = c.mixed_precision == "fp16";
+  impl_->scaler = std::make_unique<GradScaler>(gs);
+  impl_->checkpoints = std::make_unique<CheckpointManager>((fs::path(c.work_dir) / "checkpoints").string(),
+                                                           c.save_total_limit, c.metric_for_best_model,
+                                                           c.greater_is_better);
+
+  callbacks_.clear();
+  callbacks_.push_back(std::make_shared<LrSchedulerCallback>());
+  if (default_callbacks_) {
+    if (c.prune_sparsity > 0) callbacks_.push_back(std::make_shared<PruningCallback>(c.prune_sparsity));
+    callbacks_.push_back(std::make_shared<ProgressBar>(c.progress));
+    callbacks_.push_back(std::make_shared<HistoryLogger>(c.tensorboard));
+    callbacks_.push_back(std::make_shared<ModelCheckpoint>());
+    if (c.early_stopping_patience > 0)
+      callbacks_.push_back(std::make_shared<EarlyStopping>(c.early_stopping_patience, c.early_stopping_threshold));
+  }
+  for (auto& cb : user_callbacks_) callbacks_.push_back(cb);
+  impl_->set_up = true;
+}
+
+std::vector<std::vector<size_t>> Trainer::epoch_batches(int64_t epoch) const {
+  const size_t n = train_data_->size();
+  std::vector<size_t> perm(n);
+  for (size_t i = 0; i < n; ++i) perm[i] = i;
+  std::mt19937_64 rng(mix(static_cast<uint64_t>(config_.seed), static_cast<uint64_t>(epoch)));
+  for (size_t i = n; i > 1; --i) std::swap(perm[i - 1], perm[rng() % i]);  // Fisher-Yates, portable
+  const size_t per_rank = (n + world_ - 1) / world_;
+  std::vector<size_t> mine;
+  mine.reserve(per_rank);
+  for (size_t k = 0; k < per_rank; ++k) mine.push_back(perm[(k * world_ + rank_) % n]);
+  std::vector<std::vector<size_t>> batches;
+  const size_t b = static_cast<size_t>(config_.batch_size);
+  for (int64_t i = 0; i < impl_->micro_batches_per_epoch; ++i)
+    batches.emplace_back(mine.begin() + i * b, mine.begin() + (i + 1) * b);
+  return batches;
+}
+
+void Trainer::train_step(DataLoader& loader) {
+  const auto& c = config_;
+  auto& opt = *impl_->optimizer;
+  model_->train();
+  if (impl_->hvd) impl_->hvd->zero_grad();
+  else opt.zero_grad();
+  double loss_sum = 0;
+  const bool bf16 = c.mixed_precision == "bf16", fp16 = c.mixed_precision == "fp16";
+  const int64_t accum = c.gradient_accumulation_steps;
+  for (int64_t k = 0; k < accum; ++k) {
+    auto batch = loader.next();
+    if (!batch) GZ_THROW(Error, "rank ", rank_, ": data loader ran out of batches at step ", state_.step);
+    auto input = batch->input.to(impl_->device), label = batch->label.to(impl_->device);
+    // DDP: only the last micro-step's backward communicates; earlier ones accumulate locally.
+    std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
+    if (impl_->ddp && k + 1 < accum) no_sync.emplace(impl_->ddp->reducer());
+    torch::Tensor logits;
+    {
+      AutocastGuard autocast(impl_->device.type(), fp16 ? torch::kHalf : torch::kBFloat16, bf16 || fp16);
+      if (impl_->ddp) logits = impl_->ddp->forward([&] { return model_->forward(input); });
+      else if (impl_->dp) logits = impl_->dp->forward(input);
+      else logits = model_->forward(input);
+    }
+    auto opts = torch::nn::functional::CrossEntropyFuncOptions();
+    if (c.loss == "label_smoothing") opts.label_smoothing(c.label_smoothing);
+    auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), label, opts);
+    loss_sum += loss.item<double>();
+    impl_->scaler->scale(loss / static_cast<double>(accum)).backward();
+    if (impl_->dp) impl_->dp->reduce_gradients();
+  }
+  if (impl_->hvd) impl_->hvd->synchronize();
+  auto& scaler = *impl_->scaler;
+  if (c.max_grad_norm > 0) {
+    if (scaler.enabled()) scaler.unscale_(opt);
+    torch::nn::utils::clip_grad_norm_(model_->parameters(), c.max_grad_norm);
+  }
+  scaler.step(opt);
+  scaler.update();
+  std::vector<double> loss{loss_sum / static_cast<double>(accum)};
+  allreduce_sum(loss);
+  state_.loss = loss[0] / world_;
+}
+
+std::map<std::string, double> Trainer::evaluate() {
+  std::map<std::string, double> out;
+  if (!test_data_ || !model_) return out;
+  torch::NoGradGuard no_grad;
+  // Rank 0's buffers (batch-norm statistics) everywhere, as DDP uses them in the next forward.
+  if (group_ && world_ > 1)
+    for (auto& b : model_->buffers()) gz::broadcast(b, 0, group_);
+  model_->eval();
+  const size_t n = test_data_->size();
+  std::vector<std::vector<size_t>> batches;
+  std::vector<size_t> cur;
+  for (size_t i = static_cast<size_t>(rank_); i < n; i += static_cast<size_t>(world_)) {
+    cur.push_back(i);
+    if (cur.size() == static_cast<size_t>(config_.eval_batch_size)) batches.push_back(std::move(cur)), cur.clear();
+  }
+  if (!cur.empty()) batches.push_back(std::move(cur));
+  DataLoader loader(test_data_, std::move(batches), static_cast<int>(config_.num_workers));
+  std::vector<double> sums{0, 0, 0};  // loss sum, correct, count
+  const bool bf16 = config_.mixed_precision == "bf16", fp16 = config_.mixed_precision == "fp16";
+  while (auto batch = loader.next()) {
+    auto input = batch->input.to(impl_->device), label = batch->label.to(impl_->device);
+    torch::Tensor logits;
+    {
+      AutocastGuard autocast(impl_->device.type(), fp16 ? torch::kHalf : torch::kBFloat16, bf16 || fp16);
+      logits = model_->forward(input);
+    }
+    logits = logits.to(torch::kFloat32);
+    sums[0] += torch::nn::functional::cross_entropy(
+                   logits, label, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                   .item<double>();
+    sums[1] += logits.argmax(1).eq(label).sum().item<double>();
+    sums[2] += static_cast<double>(label.size(0));
+  }
+  allreduce_sum(sums);
+  model_->train();
+  if (sums[2] > 0) {
+    out["test_loss"] = sums[0] / sums[2];
+    out["test_accuracy"] = sums[1] / sums[2];
+    out["test_samples"] = sums[2];
+  }
+  return out;
+}
+
+std::string Trainer::save_checkpoint() {
+  std::string dir;
+  if (is_main()) {
+    torch::serialize::OutputArchive root;
+    torch::serialize::OutputArchive model_archive, opt_archive, scaler_archive;
+    save_module_state(*model_, model_archive);
+    root.write("model", model_archive);
+    impl_->optimizer->save(opt_archive);
+    root.write("optimizer", opt_archive);
+    impl_->scaler->save(scaler_archive);
+    root.write("scaler", scaler_archive);
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      root.write("rng_cpu", gen.get_state());
+    }
+    root.write("counters", torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
+                                          static_cast<int64_t>(world_), state_.total_steps,
+                                          config_.batch_size, config_.gradient_accumulation_steps},
+                                         torch::kInt64));
+    root.write("best_metric", torch::tensor({state_.best_metric}, torch::kFloat64));
+    auto metrics = state_.metrics;
+    metrics["train_loss"] = state_.loss;
+    dir = impl_->checkpoints->save(root, state_.step, state_.epoch, metrics);
+  }
+  if (group_ && world_ > 1) gz::barrier(group_);
+  for (auto& cb : callbacks_) cb->on_save(*this, dir);
+  return dir;
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  torch::serialize::InputArchive root;
+  auto info = CheckpointManager::open(path, root);
+  const std::string file = fs::is_directory(path) ? info.state_file() : path;
+  try {
+    torch::serialize::InputArchive model_archive, opt_archive, scaler_archive;
+    if (!root.try_read("model", model_archive)) GZ_THROW(Error, "checkpoint ", file, " has no model state");
+    torch::Tensor counters, best, rng;
+    if (!root.try_read("counters", counters) || counters.numel() < 8)
+      GZ_THROW(Error, "checkpoint ", file, " has no trainer counters (not a training checkpoint?)");
+    auto cnt = counters.to(torch::kInt64);
+    auto at = [&](int i) { return cnt[i].item<int64_t>(); };
+    if (at(4) != world_ || at(6) != config_.batch_size || at(7) != config_.gradient_accumulation_steps)
+      GZ_LOG(warn, "checkpoint ", file, " was written with world=", at(4), " batch_size=", at(6), " accumulation=",
+             at(7), "; now world=", world_, " batch_size=", config_.batch_size, " accumulation=",
+             config_.gradient_accumulation_steps, ": the data order will differ from an uninterrupted run");
+    load_module_state(*model_, model_archive, file);
+    if (root.try_read("optimizer", opt_archive)) impl_->optimizer->load(opt_archive);
+    if (root.try_read("scaler", scaler_archive)) impl_->scaler->load(scaler_archive);
+    if (root.try_read("rng_cpu", rng)) {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(rng);
+    }
+    state_.step = at(0);
+    state_.epoch = at(1);
+    state_.best_step = at(2);
+    state_.evals_without_improvement = at(3);
+    if (root.try_read("best_metric", best)) state_.best_metric = best.item<double>();
+    state_.metrics = info.metrics;
+    state_.metrics.erase("train_loss");
+  } catch (const gz::Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    GZ_THROW(Error, "checkpoint ", file, " does not match this model/optimizer: ", e.what_without_backtrace());
+  }
+  if (state_.step > state_.total_steps)
+    GZ_THROW(Error, "checkpoint ", file, " is at step ", state_.step, ", past this run's ", state_.total_steps, " steps");
+}
+
+void Trainer::maybe_resume() {
+  const std::string& r = config_.resume_from_checkpoint;
+  if (r.empty()) return;
+  std::string path = r;
+  if (r == "auto") {
+    if (is_main()) impl_->checkpoints->remove_temp_dirs();
+    auto latest = impl_->checkpoints->latest();
+    if (!latest) {
+      if (is_main()) GZ_LOG(info, "resume_from_checkpoint: auto found no checkpoint in ", impl_->checkpoints->root(),
+                            "; starting fresh");
+      return;
+    }
+    path = latest->dir;
+  }
+  load_checkpoint(path);
+  if (is_main()) GZ_LOG(info, "resumed from ", path, " at step ", state_.step);
+}
+
+std::map<std::string, double> Trainer::train() {
+  setup();
+  impl_->clock.reset();
+  const auto& c = config_;
+  if (is_main()) {
+    std::error_code ec;
+    fs::create_directories(c.work_dir, ec);
+    if (ec) throw SystemError("create work_dir " + c.work_dir, ec.value());
+    save_config(c, (fs::path(c.work_dir) / "config.yaml").string());
+  }
+  maybe_resume();
+  if (impl_->hvd && state_.step > 0) broadcast_optimizer_state(*impl_->optimizer, 0, group_);
+  for (auto& cb : callbacks_) cb->on_train_begin(*this);
+
+  auto run_eval = [&] {
+    auto m = evaluate();
+    if (m.empty()) return;
+    impl_->last_eval_step = state_.step;
+    state_.metrics = m;
+    state_.metrics["train_loss"] = state_.loss;
+    auto it = state_.metrics.find(c.metric_for_best_model);
+    if (it != state_.metrics.end()) {
+      double v = it->second;
+      bool first = std::isnan(state_.best_metric);
+      double delta = c.greater_is_better ? v - state_.best_metric : state_.best_metric - v;
+      if (first || delta > c.early_stopping_threshold) {
+        state_.best_metric = v;
+        state_.best_step = state_.step;
+        state_.evals_without_improvement = 0;
+      } else {
+        ++state_.evals_without_improvement;
+      }
+    }
+    for (auto& cb : callbacks_) cb->on_evaluate(*this);
+  };
+
+  while (state_.step < state_.total_steps && !state_.should_stop) {
+    const int64_t epoch = state_.step / state_.steps_per_epoch;
+    const int64_t in_epoch = state_.step % state_.steps_per_epoch;
+    state_.epoch = epoch;
+    if (in_epoch == 0)
+      for (auto& cb : callbacks_) cb->on_epoch_begin(*this);
+    auto batches = epoch_batches(epoch);
+    const int64_t accum = c.gradient_accumulation_steps;
+    batches.erase(batches.begin(), batches.begin() + in_epoch * accum);
+    batches.resize(static_cast<size_t>((state_.steps_per_epoch - in_epoch) * accum));
+    DataLoader::Transform transform;
+    if (c.augment) {
+      const uint64_t seed = mix(static_cast<uint64_t>(c.seed) + 1, static_cast<uint64_t>(epoch));
+      transform = [seed](Example e, size_t idx) { return augment_image(std::move(e), mix(seed, idx)); };
+    }
+    DataLoader loader(train_data_, std::move(batches), static_cast<int>(c.num_workers), transform);
+    while (state_.step < state_.total_steps && !state_.should_stop) {
+      for (auto& cb : callbacks_) cb->on_step_begin(*this);
+      train_step(loader);
+      ++state_.step;
+      if (c.eval_steps > 0 && state_.step % c.eval_steps == 0) run_eval();
+      for (auto& cb : callbacks_) cb->on_step_end(*this);
+      if (state_.step == crash_at_step_)
+        GZ_THROW(Aborted, "rank ", rank_, ": simulated crash after step ", state_.step);
+      if (state_.step % state_.steps_per_epoch == 0) break;
+    }
+    if (state_.step % state_.steps_per_epoch == 0) {
+      if (c.eval_steps == 0 && impl_->last_eval_step != state_.step) run_eval();
+      for (auto& cb : callbacks_) cb->on_epoch_end(*this);
+    }
+  }
+  if (impl_->last_eval_step != state_.step) run_eval();
+  for (auto& cb : callbacks_) cb->on_train_end(*this);
+  return state_.metrics;
+}
+
+std::string Trainer::summary_line() const {
+  std::ostringstream os;
+  os << "final:";
+  for (const char* k : {"test_accuracy", "test_loss"}) {
+    auto it = state_.metrics.find(k);
+    if (it != state_.metrics.end()) os << " " << k << "=" << fmt(it->second);
+  }
+  os << " train_loss=" << fmt(state_.loss) << " steps=" << state_.step << " epochs="
+     << fmt(static_cast<double>(state_.step) / std::max<int64_t>(1, state_.steps_per_epoch), 2)
+     << " world=" << world_ << " mode=" << config_.mode << " time=" << fmt(impl_->clock.seconds(), 1) << "s";
+  if (state_.best_step >= 0) os << " best_" << config_.metric_for_best_model << "=" << fmt(state_.best_metric) << "@" << state_.best_step;
+  return os.str();
+}
+
+}  // namespace gz::train

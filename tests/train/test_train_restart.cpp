@@ -1,0 +1,85 @@
+// gz-train under `gzrun --max-restarts 1`: one rank dies mid-epoch, gzrun restarts the group,
+// resume_from_checkpoint: auto continues, and the result equals an uninterrupted run.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "gz/train/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string find_gzrun() {
+  if (const char* env = std::getenv("GZRUN")) return fs::exists(env) ? env : "";
+  for (std::string p : {std::string(GZ_BUILD_DIR) + "/tools/gzrun/gzrun", std::string(GZ_SOURCE_DIR) + "/build/tools/gzrun/gzrun"})
+    if (fs::exists(p)) return p;
+  return "";
+}
+
+std::string gz_train() { return std::string(GZ_BUILD_DIR) + "/apps/gz-train/gz-train"; }
+
+void write_config(const fs::path& file, const fs::path& work_dir) {
+  std::ofstream(file) << "dataset: synthetic\ntrain_data: \"256\"\ntest_data: \"64\"\ninput_size: 4\n"
+                         "net_type: cnn\nnum_classes: 4\nbatch_size: 16\nnum_epochs: 2\nlr: 0.005\n"
+                         "save_steps: 3\nprogress: false\nnum_workers: 1\nmode: ddp\nbackend: shm\n"
+                         "resume_from_checkpoint: auto\ndropout: 0\nwork_dir: \""
+                      << work_dir.string() << "\"\n";
+}
+
+std::vector<torch::Tensor> final_model(const fs::path& work_dir) {
+  gz::train::CheckpointManager m((work_dir / "checkpoints").string(), 10, "", true);
+  auto latest = m.latest();
+  EXPECT_TRUE(latest);
+  if (!latest) return {};
+  torch::serialize::InputArchive root, model;
+  gz::train::CheckpointManager::open(latest->dir, root);
+  root.read("model", model);
+  std::vector<torch::Tensor> out;
+  for (auto& k : model.keys()) {
+    torch::Tensor t;
+    model.read(k, t);
+    out.push_back(t);
+  }
+  return out;
+}
+
+int run(const std::string& cmd) {
+  int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+}  // namespace
+
+TEST(TrainRestart, GzrunMaxRestartsResumesToTheSameResult) {
+  auto gzrun = find_gzrun();
+  if (gzrun.empty()) GTEST_SKIP() << "gzrun not built (tools/gzrun/gzrun)";
+  if (!fs::exists(gz_train())) GTEST_SKIP() << "gz-train not built at " << gz_train();
+  auto root = fs::temp_directory_path() / ("gz_restart_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  write_config(root / "a.yaml", root / "a");
+  write_config(root / "b.yaml", root / "b");
+  std::string common = " GZ_TIMEOUT_S=20 " + gzrun + " --nproc-per-node 2 ";
+  ASSERT_EQ(run(common + gz_train() + " --config " + (root / "a.yaml").string() + " > " + (root / "a.log").string() + " 2>&1"), 0)
+      << "uninterrupted run failed, see " << (root / "a.log");
+  // Rank 1 dies after step 5 on the first attempt (checkpoint at 3); gzrun restarts both ranks.
+  ASSERT_EQ(run("GZ_TRAIN_CRASH_AT_STEP=5 GZ_TRAIN_CRASH_RANK=1" + common + "--max-restarts 1 " + gz_train() +
+                " --config " + (root / "b.yaml").string() + " > " + (root / "b.log").string() + " 2>&1"),
+            0)
+      << "restarted run failed, see " << (root / "b.log");
+  std::ifstream log(root / "b.log");
+  std::string text((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(text.find("simulated crash"), std::string::npos) << text;
+  EXPECT_NE(text.find("final: test_accuracy="), std::string::npos) << text;
+  auto a = final_model(root / "a"), b = final_model(root / "b");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-6, 1e-7)) << i;
+  fs::remove_all(root);
+}

@@ -1,0 +1,305 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gz/comm/shm.h"
+#include "gz/core/error.h"
+#include "gz/train/checkpoint.h"
+#include "gz/train/data_loader.h"
+#include "gz/train/synthetic_dataset.h"
+#include "gz/train/trainer.h"
+#include "support/run_ranks.h"
+
+namespace fs = std::filesystem;
+using namespace gz::train;
+
+namespace {
+
+// A tiny classifier on [1, 4, 4] inputs; dropout makes a resume depend on the RNG state.
+struct TinyNetImpl : ModelImpl {
+  explicit TinyNetImpl(double dropout = 0.2) : p(dropout) {
+    fc1 = register_module("fc1", torch::nn::Linear(16, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(fc1->forward(x.reshape({x.size(0), -1})));
+    if (p > 0) x = torch::dropout(x, p, is_training());
+    return fc2->forward(x);
+  }
+  std::shared_ptr<ModelImpl> clone_model() const override {
+    auto c = std::make_shared<TinyNetImpl>(p);
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < parameters().size(); ++i) c->parameters()[i].copy_(parameters()[i]);
+    return c;
+  }
+  double p;
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+struct TmpDir {
+  fs::path path;
+  explicit TmpDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("gz_trainer_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TmpDir() { fs::remove_all(path); }
+};
+
+TrainConfig base_config(const fs::path& work_dir) {
+  TrainConfig c;
+  c.dataset = "synthetic";
+  c.train_data = "256";
+  c.test_data = "129";
+  c.input_size = 4;
+  c.in_channels = 1;
+  c.num_classes = 4;
+  c.batch_size = 16;
+  c.gradient_accumulation_steps = 2;
+  c.num_epochs = 3;
+  c.lr = 0.01;
+  c.optimizer = "adamw";
+  c.weight_decay = 0.01;
+  c.scheduler.name = "cosine";
+  c.scheduler.warmup_steps = 3;
+  c.augment = false;  // 2-pixel shifts would wipe out 4x4 inputs; the resume test turns it on
+  c.num_workers = 2;
+  c.progress = false;
+  c.log_every = 1000;
+  c.num_threads = 1;
+  c.work_dir = work_dir.string();
+  c.seed = 3;
+  return c;
+}
+
+std::vector<torch::Tensor> params_of(const ModelPtr& m) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : m->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void expect_same(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-6, 1e-7)) << "param " << i << " max diff "
+                                                         << (a[i] - b[i]).abs().max().item<float>();
+}
+
+// The same initial weights for every run of a test (the Trainer seeds the RNG only after).
+std::shared_ptr<TinyNetImpl> make_net(double dropout = 0.2) {
+  torch::manual_seed(1234);
+  return std::make_shared<TinyNetImpl>(dropout);
+}
+
+std::vector<torch::Tensor> run_single(TrainConfig c, int64_t crash_at = -1, double dropout = 0.2) {
+  Trainer t(c);
+  t.set_model(make_net(dropout));
+  if (crash_at > 0) t.set_crash_at_step(crash_at);
+  t.train();
+  return params_of(t.model());
+}
+
+}  // namespace
+
+TEST(DataLoader, WorkersKeepOrder) {
+  auto ds = std::make_shared<SyntheticDataset>(100, 3, std::vector<int64_t>{2, 3}, 5);
+  std::vector<std::vector<size_t>> batches;
+  for (size_t i = 0; i < 100; i += 7) {
+    std::vector<size_t> b;
+    for (size_t j = i; j < std::min<size_t>(i + 7, 100); ++j) b.push_back((j * 37) % 100);
+    batches.push_back(b);
+  }
+  DataLoader inline_loader(ds, batches, 0), threaded(ds, batches, 3, nullptr, 2);
+  size_t n = 0;
+  while (auto a = inline_loader.next()) {
+    auto b = threaded.next();
+    ASSERT_TRUE(b);
+    EXPECT_TRUE(torch::equal(a->input, b->input));
+    EXPECT_TRUE(torch::equal(a->label, b->label));
+    ++n;
+  }
+  EXPECT_EQ(n, batches.size());
+  EXPECT_FALSE(threaded.next());
+}
+
+TEST(Trainer, SingleModeLearnsAndWritesOutputs) {
+  TmpDir tmp("learn");
+  auto c = base_config(tmp.path);
+  Trainer t(c);
+  t.set_model(make_net());
+  auto m = t.train();
+  EXPECT_EQ(t.state().step, 3 * 8);  // 256 samples / (16 x 2) per step, 3 epochs
+  ASSERT_TRUE(m.count("test_accuracy"));
+  EXPECT_GT(m.at("test_accuracy"), 0.8);  // separable blobs; chance is 0.25
+  EXPECT_DOUBLE_EQ(m.at("test_samples"), 129);
+  EXPECT_TRUE(fs::exists(tmp.path / "config.yaml"));
+  EXPECT_TRUE(fs::exists(tmp.path / "history.jsonl"));
+  EXPECT_FALSE(t.checkpoints().list().empty());
+  EXPECT_EQ(t.checkpoints().latest()->step, 24);
+  EXPECT_LE(t.checkpoints().list().size(), 3u);  // limit 2 (+ the best)
+  EXPECT_NE(t.summary_line().find("final: test_accuracy="), std::string::npos);
+  bool has_tb = false;
+  for (auto& e : fs::directory_iterator(tmp.path / "tb"))
+    has_tb |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_TRUE(has_tb);
+}
+
+TEST(Trainer, ResumeMidEpochMatchesUninterruptedRun) {
+  TmpDir a("resume_a"), b("resume_b");
+  auto ca = base_config(a.path), cb = base_config(b.path);
+  ca.save_steps = cb.save_steps = 5;  // checkpoints at 5, 10, ... (mid-epoch: 8 steps per epoch)
+  ca.augment = cb.augment = true;     // augmentation must be reproducible after a resume too
+  auto uninterrupted = run_single(ca);
+  EXPECT_THROW(run_single(cb, 13), gz::Aborted);  // dies after step 13; latest checkpoint: 10
+  cb.resume_from_checkpoint = "auto";
+  auto resumed = run_single(cb);
+  expect_same(uninterrupted, resumed);
+  // And resuming from an explicit directory.
+  TmpDir c("resume_c");
+  auto cc = base_config(c.path);
+  cc.save_steps = 5;
+  EXPECT_THROW(run_single(cc, 7), gz::Aborted);
+  cc.resume_from_checkpoint = (c.path / "checkpoints" / "checkpoint-00000005").string();
+  expect_same(uninterrupted, run_single(cc));
+}
+
+TEST(Trainer, ResumeAutoWithoutCheckpointStartsFresh) {
+  TmpDir a("fresh_a"), b("fresh_b");
+  auto ca = base_config(a.path), cb = base_config(b.path);
+  ca.num_epochs = cb.num_epochs = 1;
+  cb.resume_from_checkpoint = "auto";
+  expect_same(run_single(ca), run_single(cb));
+}
+
+TEST(Trainer, CorruptOrMismatchedCheckpointIsAClearError) {
+  TmpDir a("corrupt");
+  auto c = base_config(a.path);
+  c.num_epochs = 1;
+  run_single(c);
+  auto dir = (a.path / "checkpoints" / "checkpoint-00000008").string();
+  ASSERT_TRUE(fs::exists(dir));
+  // A different model shape.
+  {
+    auto c2 = c;
+    c2.resume_from_checkpoint = dir;
+    Trainer t(c2);
+    auto m = std::make_shared<TinyNetImpl>();
+    m->fc2 = m->replace_module("fc2", torch::nn::Linear(32, 5));
+    t.set_model(m);
+    try {
+      t.train();
+      FAIL() << "no error";
+    } catch (const gz::Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+      EXPECT_NE(msg.find("fc2.weight"), std::string::npos) << msg;
+    }
+  }
+  // A truncated state file.
+  fs::resize_file(dir + "/state.pt", fs::file_size(dir + "/state.pt") - 100);
+  auto c3 = c;
+  c3.resume_from_checkpoint = dir;
+  try {
+    run_single(c3);
+    FAIL() << "no error";
+  } catch (const gz::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/state.pt"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, EarlyStoppingStopsAfterPatience) {
+  TmpDir a("early");
+  auto c = base_config(a.path);
+  c.eval_steps = 1;
+  c.early_stopping_patience = 2;
+  c.early_stopping_threshold = 10.0;  // no improvement can count: stop after 1 + 2 evaluations
+  Trainer t(c);
+  t.set_model(std::make_shared<TinyNetImpl>());
+  t.train();
+  EXPECT_EQ(t.state().step, 3);
+  EXPECT_TRUE(t.state().should_stop);
+  EXPECT_EQ(t.state().best_step, 1);
+}
+
+TEST(Trainer, Bf16LossCloseToFp32) {
+  TmpDir a("fp32"), b("bf16");
+  auto ca = base_config(a.path), cb = base_config(b.path);
+  ca.num_epochs = cb.num_epochs = 1;
+  cb.mixed_precision = "bf16";
+  Trainer ta(ca), tb(cb);
+  ta.set_model(make_net(0.0));
+  tb.set_model(make_net(0.0));
+  auto ma = ta.train(), mb = tb.train();
+  EXPECT_NEAR(mb.at("test_loss"), ma.at("test_loss"), 0.05 * ma.at("test_loss") + 0.02);
+  EXPECT_NEAR(tb.state().loss, ta.state().loss, 0.05 * ta.state().loss + 0.02);
+  EXPECT_GT(mb.at("test_accuracy"), 0.7);
+}
+
+TEST(Trainer, Fp16OnCpuIsRefused) {
+  TmpDir a("fp16");
+  auto c = base_config(a.path);
+  c.mixed_precision = "fp16";
+  EXPECT_THROW(Trainer{c}, gz::InvalidArgument);
+}
+
+TEST(Trainer, DataParallelMatchesSingleProcess) {
+  TmpDir a("dp_single"), b("dp");
+  auto ca = base_config(a.path), cb = base_config(b.path);
+  ca.num_epochs = cb.num_epochs = 1;
+  cb.mode = "dp";
+  cb.dp_replicas = 2;
+  auto single = run_single(ca, -1, 0.0);
+  auto dp = run_single(cb, -1, 0.0);
+  ASSERT_EQ(single.size(), dp.size());
+  for (size_t i = 0; i < single.size(); ++i) EXPECT_TRUE(torch::allclose(single[i], dp[i], 1e-4, 1e-5)) << i;
+}
+
+namespace {
+
+// Two ranks as threads over the shm backend; returns rank 0's final parameters.
+std::vector<torch::Tensor> run_two_ranks(const std::string& mode, TrainConfig c, int64_t crash_at) {
+  std::vector<torch::Tensor> out;
+  // Built here: the threads share the global RNG. No dropout for the same reason.
+  std::vector<ModelPtr> nets{make_net(0.0), make_net(0.0)};
+  gz::test::run_ranks(2, [&](int rank, std::shared_ptr<gz::Store> store) {
+    gz::comm::ShmOptions so;
+    so.timeout = std::chrono::seconds(20);
+    auto group = gz::comm::create_shm_communicator(rank, 2, store, so);
+    auto cfg = c;
+    cfg.mode = mode;
+    Trainer t(cfg, group);
+    t.set_model(nets[rank]);
+    if (crash_at > 0) t.set_crash_at_step(crash_at);
+    t.train();
+    EXPECT_EQ(t.world_size(), 2);
+    if (rank == 0) out = params_of(t.model());
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST(Trainer, DdpTwoRanksResumeMatchesUninterrupted) {
+  TmpDir a("ddp_a"), b("ddp_b");
+  auto ca = base_config(a.path), cb = base_config(b.path);
+  ca.num_epochs = cb.num_epochs = 2;  // 4 steps per epoch with 2 ranks
+  ca.save_steps = cb.save_steps = 3;
+  auto uninterrupted = run_two_ranks("ddp", ca, -1);
+  EXPECT_THROW(run_two_ranks("ddp", cb, 5), gz::Aborted);
+  cb.resume_from_checkpoint = "auto";
+  expect_same(uninterrupted, run_two_ranks("ddp", cb, -1));
+}
+
+TEST(Trainer, HorovodModeMatchesDdp) {
+  TmpDir a("hvd_a"), b("hvd_b");
+  auto ca = base_config(a.path), cb = base_config(b.path);
+  ca.num_epochs = cb.num_epochs = 1;
+  auto ddp = run_two_ranks("ddp", ca, -1);
+  auto hvd = run_two_ranks("horovod", cb, -1);
+  ASSERT_EQ(ddp.size(), hvd.size());
+  for (size_t i = 0; i < ddp.size(); ++i) EXPECT_TRUE(torch::allclose(ddp[i], hvd[i], 1e-5, 1e-6)) << i;
+}
