@@ -66,11 +66,7 @@ TEST(TorchProcessGroup, InitWithoutLauncherIsOneProcess) {
 }
 
 TEST(TorchProcessGroup, TestsRunOnTheRealBackend) {
-#if defined(GZ_TORCH_TEST_FACTORY) || defined(GZ_TORCH_TEST_SHM)
   run_ranks(2, [](int r, std::shared_ptr<Store> store) { EXPECT_EQ(make_comm(r, 2, store)->backend(), "shm"); });
-#else
-  GTEST_SKIP() << "shm backend not built: tests use the in-process ThreadComm";
-#endif
 }
 
 TEST(TorchTensorAdapter, DtypesMapBothWays) {

@@ -9,19 +9,13 @@
 #include <string>
 
 #include "support/run_ranks.h"
-#include "torch/support/thread_comm.h"
-#if defined(GZ_TORCH_TEST_FACTORY)
 #include "gz/comm/factory.h"
-#elif defined(GZ_TORCH_TEST_SHM)
-#include "gz/comm/shm.h"
-#endif
 
 namespace gz::test {
 
-/// @brief Communicator of one rank thread: the shm backend when built, else ThreadComm.
+/// @brief Communicator of one rank thread: the real shm backend through the factory.
 inline comm::CommPtr make_comm(int rank, int world, std::shared_ptr<Store> store,
                                Duration timeout = std::chrono::seconds(30)) {
-#if defined(GZ_TORCH_TEST_FACTORY)
   comm::CommOptions o;
   o.backend = "shm";
   o.rank = rank;
@@ -29,15 +23,6 @@ inline comm::CommPtr make_comm(int rank, int world, std::shared_ptr<Store> store
   o.store = std::move(store);
   o.timeout = timeout;
   return comm::create_communicator(o);
-#elif defined(GZ_TORCH_TEST_SHM)
-  ShmOptions o;
-  o.timeout = timeout;
-  o.chunk_bytes = 4096;  // small: multi-chunk paths even for tiny models
-  o.spin_us = 20;        // ranks are threads on a busy 2-core machine
-  return comm::create_shm_communicator(rank, world, std::move(store), o);
-#else
-  return ThreadComm::create(rank, world, store, timeout);
-#endif
 }
 
 /// @brief A tiny MLP; `extra` adds a parameter the forward never uses.
