@@ -23,6 +23,7 @@ comm::CommOptions options(int rank, int size, std::shared_ptr<Store> store, cons
   o.store = std::move(store);
   o.timeout = 20s;
   o.node_id = node_id;
+  o.iface = "127.0.0.1";  // simulated nodes on one machine: no dependence on resolving the hostname
   return o;
 }
 

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -48,6 +49,7 @@ comm::CommOptions rank_options(int rank, const Scenario& s, std::shared_ptr<Stor
   o.store = std::move(store);
   o.timeout = kOpTimeout;
   o.node_id = s.nodes[rank];
+  o.iface = "127.0.0.1";  // the simulated nodes share this machine: no hostname lookup needed
   return o;
 }
 
@@ -139,6 +141,7 @@ class FaultRun : public ::testing::TestWithParam<Scenario> {
 pid_t spawn(const std::function<int()>& body) {
   std::fflush(nullptr);
   pid_t pid = fork();
+  if (pid < 0) throw gz::SystemError("fork", errno);  // never hand -1 to kill()
   if (pid == 0) {
     int code = kSetupFailed;
     try {
@@ -160,6 +163,7 @@ TEST_P(FaultRun, SurvivorsFailFastAndCleanly) {
   const pid_t rank0 = pids[0];
   auto kill_all = [&] {
     for (pid_t p : pids) {
+      if (p <= 0) continue;  // reaped (-1): kill(-1, ...) would signal every process we may signal
       kill(p, SIGKILL);
       waitpid(p, nullptr, 0);
     }

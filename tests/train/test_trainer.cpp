@@ -158,10 +158,12 @@ TEST(Trainer, ResumeMidEpochMatchesUninterruptedRun) {
   cb.resume_from_checkpoint = "auto";
   auto resumed = run_single(cb);
   expect_same(uninterrupted, resumed);
-  // And resuming from an explicit directory.
+  // And resuming from an explicit directory. The same configuration as the uninterrupted run
+  // (augmentation included), only another work_dir: a run that differs in anything else trains
+  // on other data and cannot match it.
   TmpDir c("resume_c");
-  auto cc = base_config(c.path);
-  cc.save_steps = 5;
+  auto cc = ca;
+  cc.work_dir = c.path.string();
   EXPECT_THROW(run_single(cc, 7), gz::Aborted);
   cc.resume_from_checkpoint = (c.path / "checkpoints" / "checkpoint-00000005").string();
   expect_same(uninterrupted, run_single(cc));
