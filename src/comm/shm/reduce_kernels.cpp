@@ -268,6 +268,7 @@ GZ_NATIVE_ENTRY(reduce_i64, int64_t)
 }  // namespace
 
 void copy_streaming(void* dst_v, const void* src_v, size_t bytes) {
+  if (bytes == 0) return;  // callers may pass null buffers with nothing to copy (memcpy forbids null)
 #ifdef GZ_SHM_X86
   char* dst = static_cast<char*>(dst_v);
   const char* src = static_cast<const char*>(src_v);
@@ -299,6 +300,7 @@ void copy_streaming(void* dst_v, const void* src_v, size_t bytes) {
 }
 
 void copy_cached(void* dst_v, const void* src_v, size_t bytes) {
+  if (bytes == 0) return;  // callers may pass null buffers with nothing to copy (memcpy forbids null)
 #ifdef GZ_SHM_X86
   char* dst = static_cast<char*>(dst_v);
   const char* src = static_cast<const char*>(src_v);
