@@ -19,7 +19,10 @@ if [ "${GZ_SKIP_SANITIZERS:-0}" != 1 ]; then
 fi
 if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
   echo "== fuzz the store wire decoder (${GZ_FUZZ_SECONDS:-30} s)"
-  CC=clang CXX=clang++ GZ_BUILD_DIR=$root/build-fuzz scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_BUILD_TESTS=OFF -DGZ_BUILD_FUZZ=ON -DGZ_WITH_GLOO=OFF -DGZ_WITH_MPI=OFF
+  # The fuzz target needs only gz_store: build just that target with clang (libFuzzer).
+  CC=clang CXX=clang++ cmake -S "$root" -B build-fuzz -DGZ_WITH_TORCH=OFF -DGZ_BUILD_TESTS=OFF \
+    -DGZ_BUILD_FUZZ=ON -DGZ_WITH_GLOO=OFF -DGZ_WITH_MPI=OFF >/dev/null
+  cmake --build build-fuzz --target fuzz_store_wire -j "$(nproc)" >/dev/null
   # New inputs go to a scratch corpus and crash files under build-fuzz/, never into the repo.
   mkdir -p build-fuzz/corpus
   build-fuzz/fuzz/fuzz_store_wire -max_total_time="${GZ_FUZZ_SECONDS:-30}" -print_final_stats=1 \
