@@ -7,6 +7,7 @@ Spawns --nproc processes (torch.multiprocessing) on one node; prints samples/s (
 on rank 0 as a RESULT line in the format gz-bench uses.
 """
 import argparse
+import datetime
 import math
 import os
 import socket
@@ -89,7 +90,9 @@ def run(rank, args, port):
     torch.manual_seed(42)
     world = args.nproc
     if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        # A bounded timeout: a stuck run fails instead of leaving a worker spinning.
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=300))
     if args.model == "cnn":
         model = Cnn()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

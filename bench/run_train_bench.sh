@@ -1,74 +1,95 @@
 #!/usr/bin/env bash
 # Training throughput: gz (DDP, Horovod-style, DP) vs PyTorch DDP over gloo, 1 and 2 ranks, one
-# thread per rank, for the cnn and bert-small models. Prints a table with the scaling efficiency
-# (2-rank samples/s / (2 x 1-rank samples/s)) and the ratio gz / PyTorch.
+# thread per rank, for the cnn and bert-small models. Every configuration runs REPEATS times,
+# interleaved (so slow phases of a noisy machine hit all of them alike); the table shows medians,
+# the scaling efficiency (2-rank samples/s / (2 x 1-rank samples/s)) and the ratio to PyTorch DDP.
 #
-#   bench/run_train_bench.sh [BUILD_DIR]     (env: STEPS, WARMUP, CNN_BATCH, BERT_BATCH, SEQ, MODELS)
+#   bench/run_train_bench.sh [BUILD_DIR]
+#   env: REPEATS (3), CNN_STEPS (200), BERT_STEPS (30), WARMUP (5), CNN_BATCH (64), BERT_BATCH (8),
+#        SEQ (128), MODELS ("cnn bert-small"), CSV (write the medians there too)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 gzrun=$build/tools/gzrun/gzrun
 bench=$build/tools/gz-bench/gz-bench
 py=/usr/bin/python3  # Debian's python3 has torch; the one on PATH may not
-STEPS=${STEPS:-30}
+REPEATS=${REPEATS:-3}
+CNN_STEPS=${CNN_STEPS:-200}
+BERT_STEPS=${BERT_STEPS:-30}
 WARMUP=${WARMUP:-5}
 CNN_BATCH=${CNN_BATCH:-64}
 BERT_BATCH=${BERT_BATCH:-8}
 SEQ=${SEQ:-128}
 MODELS=${MODELS:-"cnn bert-small"}
+CSV=${CSV:-}
 for f in "$gzrun" "$bench"; do
   [ -x "$f" ] || { echo "missing $f: build first (scripts/build.sh)" >&2; exit 1; }
 done
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 log=$(mktemp -d)/train_bench.log
+echo "log: $log" >&2
 
-# run NAME CMD...: run CMD, keep its RESULT samples/s in the associative array res[NAME].
+# run NAME CMD...: run CMD, append its RESULT samples/s to res[NAME] (space-separated).
 declare -A res
 run() {
   local name=$1; shift
   echo "== $name: $*" >>"$log"
-  local out
-  if ! out=$("$@" 2>&1); then
+  local out v
+  # A hung run (e.g. a rendezvous that never completes) costs RUN_TIMEOUT seconds, not the benchmark.
+  if ! out=$(timeout "${RUN_TIMEOUT:-600}" "$@" 2>&1); then
     echo "$out" >>"$log"
     echo "FAILED: $name (see $log)" >&2
-    res[$name]=nan
-    return
+    v=nan
+  else
+    echo "$out" >>"$log"
+    v=$(echo "$out" | sed -n 's/.*RESULT .*samples_per_s=\([0-9.]*\).*/\1/p' | tail -1)
+    [ -n "$v" ] || v=nan
   fi
-  echo "$out" >>"$log"
-  res[$name]=$(echo "$out" | sed -n 's/.*RESULT .*samples_per_s=\([0-9.]*\).*/\1/p' | tail -1)
-  [ -n "${res[$name]}" ] || res[$name]=nan
-  printf '  %-28s %10s samples/s\n' "$name" "${res[$name]}" >&2
+  res[$name]="${res[$name]:-} $v"
+  printf '  %-30s %10s samples/s\n' "$name" "$v" >&2
 }
+median() { echo "$1" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 
-for model in $MODELS; do
-  if [ "$model" = cnn ]; then batch=$CNN_BATCH; else batch=$BERT_BATCH; fi
-  common=(--model "$model" --batch "$batch" --steps "$STEPS" --warmup "$WARMUP" --threads 1 --seq "$SEQ")
-  echo "model $model, batch $batch per rank, $STEPS steps:" >&2
-  run "$model/gz-single-1"  "$bench" train "${common[@]}" --mode single
-  for mode in ddp horovod; do
+for rep in $(seq 1 "$REPEATS"); do
+  for model in $MODELS; do
+    if [ "$model" = cnn ]; then batch=$CNN_BATCH; steps=$CNN_STEPS; else batch=$BERT_BATCH; steps=$BERT_STEPS; fi
+    common=(--model "$model" --batch "$batch" --steps "$steps" --warmup "$WARMUP" --threads 1 --seq "$SEQ")
+    echo "repeat $rep/$REPEATS, model $model, batch $batch per rank, $steps steps:" >&2
+    run "$model/gz-single-1" "$bench" train "${common[@]}" --mode single
     for n in 1 2; do
-      run "$model/gz-$mode-$n" "$gzrun" --nproc-per-node "$n" --master-port 0 -- "$bench" train "${common[@]}" --mode "$mode"
+      for mode in ddp horovod; do
+        run "$model/gz-$mode-$n" "$gzrun" --nproc-per-node "$n" --master-port 0 -- "$bench" train "${common[@]}" --mode "$mode"
+      done
+      # The same DDP with LibTorch's own AdamW and dropout (bert-small; cnn uses neither).
+      [ "$model" = cnn ] || run "$model/gz-ddp_stock-$n" "$gzrun" --nproc-per-node "$n" --master-port 0 -- \
+        "$bench" train "${common[@]}" --mode ddp --kernels torch
+      run "$model/torch-ddp-$n" "$py" "$root/bench/ddp_bench.py" --model "$model" --nproc "$n" --batch "$batch" \
+        --steps "$steps" --warmup "$WARMUP" --threads 1 --seq "$SEQ"
     done
-  done
-  run "$model/gz-dp-2" "$bench" train "${common[@]}" --mode dp
-  for n in 1 2; do
-    run "$model/torch-ddp-$n" "$py" "$root/bench/ddp_bench.py" --model "$model" --nproc "$n" --batch "$batch" \
-      --steps "$STEPS" --warmup "$WARMUP" --threads 1 --seq "$SEQ"
+    run "$model/gz-dp-2" "$bench" train "${common[@]}" --mode dp
   done
 done
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.3f", a / b }'; }
 scal() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.3f", a / (2 * b) }'; }
+m() { median "${res[$1]:-}"; }
 echo
-printf '%-11s %-8s %12s %12s %9s %14s\n' model impl "1-rank s/s" "2-rank s/s" scaling "vs torch 2-rk"
+echo "medians of $REPEATS runs; per-run values in brackets"
+printf '%-11s %-14s %12s %12s %9s %14s\n' model impl "1-rank s/s" "2-rank s/s" scaling "vs torch 2-rk"
+[ -z "$CSV" ] || echo "model,impl,one_rank,two_ranks,scaling,vs_torch" >"$CSV"
 for model in $MODELS; do
-  t1=${res[$model/torch-ddp-1]}; t2=${res[$model/torch-ddp-2]}
-  for impl in gz-ddp gz-horovod torch-ddp; do
-    a=${res[$model/$impl-1]}; b=${res[$model/$impl-2]}
-    printf '%-11s %-8s %12s %12s %9s %14s\n' "$model" "${impl#gz-}" "$a" "$b" "$(scal "$b" "$a")" "$(ratio "$b" "$t2")"
+  t2=$(m "$model/torch-ddp-2")
+  impls="gz-ddp gz-horovod"
+  [ "$model" = cnn ] || impls="$impls gz-ddp_stock"
+  for impl in $impls torch-ddp dp; do
+    if [ $impl = dp ]; then a=$(m "$model/gz-single-1"); b=$(m "$model/gz-dp-2"); else a=$(m "$model/$impl-1"); b=$(m "$model/$impl-2"); fi
+    printf '%-11s %-14s %12s %12s %9s %14s\n' "$model" "${impl#gz-}" "$a" "$b" "$(scal "$b" "$a")" "$(ratio "$b" "$t2")"
+    [ -z "$CSV" ] || echo "$model,${impl#gz-},$a,$b,$(scal "$b" "$a"),$(ratio "$b" "$t2")" >>"$CSV"
   done
-  a=${res[$model/gz-single-1]}; b=${res[$model/gz-dp-2]}
-  printf '%-11s %-8s %12s %12s %9s %14s\n' "$model" "dp" "$a" "$b" "$(scal "$b" "$a")" "$(ratio "$b" "$t2")"
-  printf '%-11s %-8s %s\n' "$model" "" "horovod/ddp (2 ranks): $(ratio "${res[$model/gz-horovod-2]}" "${res[$model/gz-ddp-2]}")"
+  printf '%-11s %-14s %s\n' "$model" "" "gz single (1 process, no DDP): $(m "$model/gz-single-1") [${res[$model/gz-single-1]} ]"
+  printf '%-11s %-14s %s\n' "$model" "" "horovod/ddp (2 ranks): $(ratio "$(m "$model/gz-horovod-2")" "$(m "$model/gz-ddp-2")")"
+  for k in "${!res[@]}"; do
+    if [[ $k == $model/* ]]; then printf '%-11s   %-26s [%s ]\n' "$model" "${k#*/}" "${res[$k]}"; fi
+  done | sort
 done
 echo "(targets: ddp scaling >= 0.97, ddp >= 1.2x torch, horovod within 5% of ddp; log: $log)"

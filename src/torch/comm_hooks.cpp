@@ -7,9 +7,12 @@ namespace gz {
 CommHook allreduce_hook() {
   return [](comm::Communicator& group, GradBucket& bucket) {
     auto& buf = bucket.buffer;
+    // Dividing by the world size is the backend's avg: fused into the reduction (one pass over the
+    // bucket fewer). Under join() fewer ranks contribute, so divide separately.
+    const bool avg = bucket.divisor == group.size() && c10::isFloatingType(buf.scalar_type());
     group.allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), to_dtype(buf.scalar_type()),
-                    comm::ReduceOp::sum);
-    if (bucket.divisor != 1) buf.div_(bucket.divisor);
+                    avg ? comm::ReduceOp::avg : comm::ReduceOp::sum);
+    if (!avg && bucket.divisor != 1) buf.div_(bucket.divisor);
   };
 }
 

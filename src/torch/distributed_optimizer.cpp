@@ -36,9 +36,12 @@ namespace {
 c10::ScalarType wire_type(Compression c, c10::ScalarType grad) {
   if (!c10::isFloatingType(grad)) return grad;
   switch (c) {
-    case Compression::fp16: return c10::ScalarType::Half;
-    case Compression::bf16: return c10::ScalarType::BFloat16;
-    default: return grad;
+    case Compression::fp16:
+      return c10::ScalarType::Half;
+    case Compression::bf16:
+      return c10::ScalarType::BFloat16;
+    default:
+      return grad;
   }
 }
 }  // namespace
@@ -46,22 +49,23 @@ c10::ScalarType wire_type(Compression c, c10::ScalarType grad) {
 DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                            NamedParameters named_parameters, Compression compression,
                                            int backward_passes_per_step, comm::CommPtr group)
-    : DistributedOptimizer(std::move(optimizer), std::move(named_parameters),
-                           [&] {
-                             DistributedOptimizerOptions o;
-                             o.compression = compression;
-                             o.backward_passes_per_step = backward_passes_per_step;
-                             return o;
-                           }(),
-                           std::move(group)) {}
+    : DistributedOptimizer(
+          std::move(optimizer), std::move(named_parameters),
+          [&] {
+            DistributedOptimizerOptions o;
+            o.compression = compression;
+            o.backward_passes_per_step = backward_passes_per_step;
+            return o;
+          }(),
+          std::move(group)) {}
 
 DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                            NamedParameters named_parameters,
                                            const DistributedOptimizerOptions& options, comm::CommPtr group)
     : optimizer_(std::move(optimizer)), group_(resolve_group(group)), options_(options) {
   if (!optimizer_) GZ_THROW(InvalidArgument, "DistributedOptimizer: null optimizer");
-  GZ_CHECK_ARG(options_.backward_passes_per_step >= 1, "backward_passes_per_step = ",
-               options_.backward_passes_per_step);
+  GZ_CHECK_ARG(options_.backward_passes_per_step >= 1,
+               "backward_passes_per_step = ", options_.backward_passes_per_step);
   std::sort(named_parameters.begin(), named_parameters.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t i = 0; i < named_parameters.size(); ++i) {
@@ -165,8 +169,8 @@ void DistributedOptimizer::run_cycles() {
           for (int r = 0; r < world; ++r)
             if (!all[r * (n + 1) + i]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
           GZ_LOG(warn, "DistributedOptimizer: rank ", group_->rank(), ": tensor '", names_[i],
-                 "' submitted by ", have, " of ", world, " ranks; still missing on ranks [", missing, "] after ",
-                 format_duration(std::chrono::duration_cast<Duration>(now - partial_since[i])));
+                 "' submitted by ", have, " of ", world, " ranks; still missing on ranks [", missing,
+                 "] after ", format_duration(std::chrono::duration_cast<Duration>(now - partial_since[i])));
         }
         if (now - partial_since[i] >= stall_error) stall_flag = true;
       }
@@ -223,10 +227,17 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
       ++k;
     }
     auto fused = buf.narrow(0, 0, off);
-    // Divide first: keeps narrow wire types inside their range.
-    if (c10::isFloatingType(wtype)) fused.div_(world);
-    group_->allreduce(fused.data_ptr(), static_cast<size_t>(off), to_dtype(wtype), comm::ReduceOp::sum);
-    if (!c10::isFloatingType(wtype)) fused.div_(world, "trunc");
+    if (!c10::isFloatingType(wtype)) {
+      group_->allreduce(fused.data_ptr(), static_cast<size_t>(off), to_dtype(wtype), comm::ReduceOp::sum);
+      fused.div_(world, "trunc");
+    } else if (wtype != gtype) {
+      // Compressed: divide first, which keeps the sum inside the narrow wire type's range.
+      fused.div_(world);
+      group_->allreduce(fused.data_ptr(), static_cast<size_t>(off), to_dtype(wtype), comm::ReduceOp::sum);
+    } else {
+      // The backend's avg divides inside the reduction: one pass over the buffer fewer.
+      group_->allreduce(fused.data_ptr(), static_cast<size_t>(off), to_dtype(wtype), comm::ReduceOp::avg);
+    }
     off = 0;
     for (size_t j = start; j < k; ++j) {
       auto& g = params_[idx[j]].mutable_grad();

@@ -15,6 +15,7 @@
 #include "gz/torch/data_parallel.h"
 #include "gz/torch/ddp.h"
 #include "gz/torch/distributed_optimizer.h"
+#include "gz/torch/fused_adamw.h"
 #include "gz/torch/grad_scaler.h"
 #include "gz/torch/process_group.h"
 #include "gz/train/checkpoint.h"
@@ -72,7 +73,7 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, st
   if (c.optimizer == "adam")
     return std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
   if (c.optimizer == "adamw")
-    return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+    return std::make_shared<FusedAdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   GZ_THROW(InvalidArgument, "unknown optimizer '", c.optimizer, "' (known: sgd adam adamw)");
 }
 

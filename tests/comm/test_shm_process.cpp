@@ -2,11 +2,10 @@
 // FileStore. A SIGKILLed rank must surface as gz::PeerError on the survivors, a SIGSTOPped one as
 // gz::TimeoutError naming it, and /dev/shm must hold nothing of the group afterwards.
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
@@ -24,11 +23,17 @@ using namespace gz::comm;
 
 namespace {
 
-std::vector<std::string> shm_entries() {
+// Segments named by this test's ranks (the name ends in "-<pid of rank 0>"). Other tests running
+// in parallel create and unlink their own segments meanwhile, so only ours are counted.
+std::vector<std::string> shm_entries_of(const std::vector<pid_t>& pids) {
   std::vector<std::string> out;
   if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d))
-      if (std::string(e->d_name).rfind("gz-shm-", 0) == 0) out.push_back(e->d_name);
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind("gz-shm-", 0) != 0) continue;
+      for (pid_t p : pids)
+        if (name.size() > 8 && name.substr(name.rfind('-') + 1) == std::to_string(p)) out.push_back(name);
+    }
     closedir(d);
   }
   return out;
@@ -86,78 +91,88 @@ std::vector<int> run_processes(int world, const std::function<int(int, Communica
 }
 
 TEST(ShmProcess, AllreduceAcrossProcessesLeavesDevShmClean) {
-  auto before = shm_entries();
-  auto codes = run_processes(3, [](int rank, Communicator& c) {
-    std::vector<float> v(100000, static_cast<float>(rank + 1));
-    c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum);
-    for (float x : v)
-      if (x != 6.0f) return 1;
-    c.barrier();
-    return 0;
-  }, 20);
+  std::vector<pid_t> pids;
+  auto codes = run_processes(
+      3,
+      [](int rank, Communicator& c) {
+        std::vector<float> v(100000, static_cast<float>(rank + 1));
+        c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum);
+        for (float x : v)
+          if (x != 6.0f) return 1;
+        c.barrier();
+        return 0;
+      },
+      20, &pids);
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
-  EXPECT_EQ(shm_entries(), before);
+  EXPECT_TRUE(shm_entries_of(pids).empty());
 }
 
 TEST(ShmProcess, KilledRankBecomesPeerErrorOnSurvivors) {
-  auto before = shm_entries();
-  auto codes = run_processes(3, [](int rank, Communicator& c) {
-    float x = 1;
-    c.allreduce(&x, 1, DType::f32, ReduceOp::sum);
-    if (x != 3) return 1;
-    if (rank == 2) raise(SIGKILL);
-    auto t0 = std::chrono::steady_clock::now();
-    try {
-      std::vector<float> v(50000, 1.0f);
-      c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum);
-      return 5;  // must not succeed
-    } catch (const PeerError& e) {
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::string m = e.what();
-      if (m.find("peer rank 2") == std::string::npos || m.find("allreduce") == std::string::npos) {
-        std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
-        return 6;
-      }
-      return s < 5.0 ? 0 : 7;  // well before the 30 s timeout
-    }
-  }, 30);
+  std::vector<pid_t> pids;
+  auto codes = run_processes(
+      3,
+      [](int rank, Communicator& c) {
+        float x = 1;
+        c.allreduce(&x, 1, DType::f32, ReduceOp::sum);
+        if (x != 3) return 1;
+        if (rank == 2) raise(SIGKILL);
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+          std::vector<float> v(50000, 1.0f);
+          c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum);
+          return 5;  // must not succeed
+        } catch (const PeerError& e) {
+          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::string m = e.what();
+          if (m.find("peer rank 2") == std::string::npos || m.find("allreduce") == std::string::npos) {
+            std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
+            return 6;
+          }
+          return s < 5.0 ? 0 : 7;  // well before the 30 s timeout
+        }
+      },
+      30, &pids);
   EXPECT_EQ(codes[0], 0);
   EXPECT_EQ(codes[1], 0);
   EXPECT_EQ(codes[2], -SIGKILL);
   // The killed rank never cleaned up, yet nothing is left: names are unlinked right after mapping.
-  EXPECT_EQ(shm_entries(), before);
+  EXPECT_TRUE(shm_entries_of(pids).empty());
 }
 
 TEST(ShmProcess, StoppedRankBecomesTimeoutNamingIt) {
-  auto codes = run_processes(3, [](int rank, Communicator& c) {
-    c.barrier();
-    if (rank == 1) {
-      raise(SIGSTOP);  // the parent kills it once the others are done
-      return 0;
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    try {
-      c.barrier();
-      return 5;
-    } catch (const TimeoutError& e) {
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::string m = e.what();
-      if (m.find("rank(s) 1 ") == std::string::npos || m.find("barrier") == std::string::npos) {
-        std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
-        return 6;
-      }
-      return s >= 1.9 && s < 4.0 ? 0 : 7;
-    }
-  }, 2, nullptr, [](std::vector<pid_t>& pids) {
-    // Reap the survivors first, then kill the stopped rank.
-    for (int r : {0, 2}) {
-      int st = 0;
-      waitpid(pids[r], &st, 0);
-      pids[r] = -1;
-      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ADD_FAILURE() << "rank " << r << " status " << st;
-    }
-    kill(pids[1], SIGKILL);
-  });
+  auto codes = run_processes(
+      3,
+      [](int rank, Communicator& c) {
+        c.barrier();
+        if (rank == 1) {
+          raise(SIGSTOP);  // the parent kills it once the others are done
+          return 0;
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+          c.barrier();
+          return 5;
+        } catch (const TimeoutError& e) {
+          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::string m = e.what();
+          if (m.find("rank(s) 1 ") == std::string::npos || m.find("barrier") == std::string::npos) {
+            std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
+            return 6;
+          }
+          return s >= 1.9 && s < 4.0 ? 0 : 7;
+        }
+      },
+      2, nullptr,
+      [](std::vector<pid_t>& pids) {
+        // Reap the survivors first, then kill the stopped rank.
+        for (int r : {0, 2}) {
+          int st = 0;
+          waitpid(pids[r], &st, 0);
+          pids[r] = -1;
+          if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ADD_FAILURE() << "rank " << r << " status " << st;
+        }
+        kill(pids[1], SIGKILL);
+      });
   EXPECT_EQ(codes[1], -SIGKILL);
 }
 

@@ -14,6 +14,7 @@
 #include "gz/torch/data_parallel.h"
 #include "gz/torch/ddp.h"
 #include "gz/torch/distributed_optimizer.h"
+#include "gz/torch/fused_adamw.h"
 #include "gz/torch/process_group.h"
 #include "gz/train/models/model.h"
 
@@ -28,6 +29,7 @@ struct TrainBenchOptions {
   int warmup = 5;
   int threads = 1;
   int64_t seq = 128;
+  std::string kernels = "fused";
 };
 
 int usage() {
@@ -41,7 +43,9 @@ int usage() {
                "  --warmup W               untimed steps first (default 5)\n"
                "  --threads T              LibTorch intra-op threads per rank (default 1)\n"
                "  --seq L                  bert-small sequence length (default 128)\n"
-               "  --backend NAME           communicator backend (default auto)\n");
+               "  --backend NAME           communicator backend (default auto)\n"
+               "  --kernels fused|torch    fused: gz::FusedAdamW and gz::fused_dropout (default);\n"
+               "                           torch: LibTorch's AdamW and dropout\n");
   return 2;
 }
 
@@ -53,22 +57,37 @@ TrainBenchOptions parse(int argc, char** argv) {
       if (i + 1 >= argc) GZ_THROW(gz::InvalidArgument, "gz-bench train: ", a, " needs a value");
       return argv[++i];
     };
-    if (a == "--model") o.model = next();
-    else if (a == "--mode") o.mode = next();
-    else if (a == "--backend") o.backend = next();
-    else if (a == "--batch") o.batch = gz::parse_int(next(), "--batch");
-    else if (a == "--steps") o.steps = static_cast<int>(gz::parse_int(next(), "--steps"));
-    else if (a == "--warmup") o.warmup = static_cast<int>(gz::parse_int(next(), "--warmup"));
-    else if (a == "--threads") o.threads = static_cast<int>(gz::parse_int(next(), "--threads"));
-    else if (a == "--seq") o.seq = gz::parse_int(next(), "--seq");
-    else if (a == "--help" || a == "-h") std::exit(usage());
-    else GZ_THROW(gz::InvalidArgument, "gz-bench train: unknown option ", a);
+    if (a == "--model")
+      o.model = next();
+    else if (a == "--mode")
+      o.mode = next();
+    else if (a == "--backend")
+      o.backend = next();
+    else if (a == "--batch")
+      o.batch = gz::parse_int(next(), "--batch");
+    else if (a == "--steps")
+      o.steps = static_cast<int>(gz::parse_int(next(), "--steps"));
+    else if (a == "--warmup")
+      o.warmup = static_cast<int>(gz::parse_int(next(), "--warmup"));
+    else if (a == "--threads")
+      o.threads = static_cast<int>(gz::parse_int(next(), "--threads"));
+    else if (a == "--seq")
+      o.seq = gz::parse_int(next(), "--seq");
+    else if (a == "--kernels")
+      o.kernels = next();
+    else if (a == "--help" || a == "-h")
+      std::exit(usage());
+    else
+      GZ_THROW(gz::InvalidArgument, "gz-bench train: unknown option ", a);
   }
   if (o.model != "cnn" && o.model != "bert-small")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --model must be cnn or bert-small, got ", o.model);
   if (o.mode != "single" && o.mode != "dp" && o.mode != "ddp" && o.mode != "horovod")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --mode must be single, dp, ddp or horovod, got ", o.mode);
-  GZ_CHECK_ARG(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.threads > 0 && o.seq > 0, "batch/steps/threads");
+  if (o.kernels != "fused" && o.kernels != "torch")
+    GZ_THROW(gz::InvalidArgument, "gz-bench train: --kernels must be fused or torch, got ", o.kernels);
+  GZ_CHECK_ARG(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.threads > 0 && o.seq > 0,
+               "batch/steps/threads");
   return o;
 }
 
@@ -102,11 +121,15 @@ int bench_train(int argc, char** argv) {
     mo.num_classes = 2;
     mo.input_size = o.seq;
   }
+  mo.fused_dropout = o.kernels == "fused";
   auto model = gz::train::create_model(mo);
   model->train();
   std::shared_ptr<torch::optim::Optimizer> opt;
   if (o.model == "cnn")
-    opt = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    opt = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                              torch::optim::SGDOptions(0.01).momentum(0.9));
+  else if (o.kernels == "fused")
+    opt = std::make_shared<gz::FusedAdamW>(model->parameters(), torch::optim::AdamWOptions(1e-4));
   else
     opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-4));
 
@@ -133,22 +156,31 @@ int bench_train(int argc, char** argv) {
     hvd = std::make_unique<gz::DistributedOptimizer>(opt, named);
   } else if (o.mode == "dp") {
     dp = std::make_unique<gz::DataParallel>(
-        model, [](const torch::nn::Module& m, const torch::Device&) {
-          return std::static_pointer_cast<torch::nn::Module>(dynamic_cast<const gz::train::ModelImpl&>(m).clone_model());
+        model,
+        [](const torch::nn::Module& m, const torch::Device&) {
+          return std::static_pointer_cast<torch::nn::Module>(
+              dynamic_cast<const gz::train::ModelImpl&>(m).clone_model());
         },
-        [](torch::nn::Module& m, const torch::Tensor& in) { return dynamic_cast<gz::train::ModelImpl&>(m).forward(in); });
+        [](torch::nn::Module& m, const torch::Tensor& in) {
+          return dynamic_cast<gz::train::ModelImpl&>(m).forward(in);
+        });
   }
 
   auto step = [&] {
     opt->zero_grad();
     torch::Tensor out;
-    if (ddp) out = ddp->forward([&] { return model->forward(x); });
-    else if (dp) out = dp->forward(x);
-    else out = model->forward(x);
+    if (ddp)
+      out = ddp->forward([&] { return model->forward(x); });
+    else if (dp)
+      out = dp->forward(x);
+    else
+      out = model->forward(x);
     torch::nn::functional::cross_entropy(out, y).backward();
     if (dp) dp->reduce_gradients();
-    if (hvd) hvd->step();
-    else opt->step();
+    if (hvd)
+      hvd->step();
+    else
+      opt->step();
   };
   for (int i = 0; i < o.warmup; ++i) step();
   if (distributed) gz::default_group()->barrier();
@@ -161,9 +193,11 @@ int bench_train(int argc, char** argv) {
   }
   const double samples = static_cast<double>(local_batch) * world * o.steps;
   if (rank == 0) {
-    std::printf("gz-bench train: model=%s mode=%s ranks=%d replicas=%d batch=%lld threads=%d steps=%d backend=%s\n",
-                o.model.c_str(), o.mode.c_str(), world, replicas, static_cast<long long>(o.batch), o.threads, o.steps,
-                distributed ? gz::default_group()->backend().c_str() : "none");
+    std::printf(
+        "gz-bench train: model=%s mode=%s ranks=%d replicas=%d batch=%lld threads=%d steps=%d kernels=%s "
+        "backend=%s\n",
+        o.model.c_str(), o.mode.c_str(), world, replicas, static_cast<long long>(o.batch), o.threads, o.steps,
+        o.kernels.c_str(), distributed ? gz::default_group()->backend().c_str() : "none");
     std::printf("RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f\n", o.model.c_str(),
                 o.mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
     std::fflush(stdout);

@@ -418,14 +418,15 @@ void ShmCommunicator::reduce_impl(char* data, size_t count, DType dtype, ReduceO
 void ShmCommunicator::do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
   guarded([&] {
     OpCtx ctx = begin_op(OpKind::allreduce, count, 0, dtype, op, -1);
-    reduce_impl(static_cast<char*>(data), count, dtype, op, -1, ctx);
+    // One rank: every op (avg divides by 1) leaves the data as it is; skip two passes over it.
+    if (size_ > 1) reduce_impl(static_cast<char*>(data), count, dtype, op, -1, ctx);
   });
 }
 
 void ShmCommunicator::do_reduce(void* data, size_t count, DType dtype, ReduceOp op, int root) {
   guarded([&] {
     OpCtx ctx = begin_op(OpKind::reduce, count, 0, dtype, op, root);
-    reduce_impl(static_cast<char*>(data), count, dtype, op, root, ctx);
+    if (size_ > 1) reduce_impl(static_cast<char*>(data), count, dtype, op, root, ctx);
   });
 }
 

@@ -15,12 +15,14 @@ namespace gz::train {
 /// then a GELU feed-forward network, each followed by dropout, residual add and LayerNorm.
 class BertLayerImpl : public torch::nn::Module {
  public:
-  BertLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout);
+  /// @brief fused_dropout: use gz::fused_dropout instead of torch::dropout (same distribution).
+  BertLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout, bool fused_dropout = true);
   /// @brief x [N, T, H]; key_bias [N, 1, 1, T] additive (0 for tokens, large negative for padding).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& key_bias);
 
  private:
   int64_t heads_;
+  bool fused_;
   torch::nn::Linear qkv_{nullptr}, out_{nullptr}, ffn_in_{nullptr}, ffn_out_{nullptr};
   torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
   torch::nn::Dropout drop_{nullptr};
@@ -38,6 +40,7 @@ class BertClassifierImpl : public ModelImpl {
 
  private:
   ModelOptions options_;
+  bool fused_;
   torch::nn::Embedding tokens_{nullptr}, positions_{nullptr};
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Dropout drop_{nullptr};
