@@ -45,17 +45,6 @@ GZ_CLONES void dropout_block(const float* __restrict in, float* __restrict out, 
   }
 }
 
-// In place (in == out) is allowed, so no __restrict here.
-GZ_CLONES void dropout_block_alias(const float* in, float* out, size_t n, uint32_t lo, uint32_t k0,
-                                   uint32_t k1, uint32_t threshold, float scale) {
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t h = hash_index(lo + static_cast<uint32_t>(i), k0, k1) >> 8;
-    // Multiply by 0 or scale (not a select of the product): branch-free, so it vectorises, and
-    // NaN/inf inputs propagate the way torch::dropout's input * mask does.
-    out[i] = in[i] * (h >= threshold ? scale : 0.0f);
-  }
-}
-
 }  // namespace
 
 GZ_CLONES void adamw_f32(float* __restrict p, const float* __restrict g, float* __restrict m,
@@ -85,9 +74,7 @@ void dropout_f32(const float* in, float* out, size_t n, uint64_t first, uint64_t
     const size_t len = n - done < room ? n - done : room;
     uint32_t k0, k1;
     keys(seed, block, k0, k1);
-    // Callers pass a fresh output or work in place; the no-alias variant vectorises without checks.
-    (in == out ? dropout_block_alias : dropout_block)(in + done, out + done, len, lo, k0, k1, threshold,
-                                                      scale);
+    dropout_block(in + done, out + done, len, lo, k0, k1, threshold, scale);
     done += len;
   }
 }

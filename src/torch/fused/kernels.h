@@ -26,6 +26,7 @@ void adamw_f32(float* p, const float* g, float* m, float* v, size_t n, const Ada
 /// @brief out[i] = keep(seed, first + i) ? in[i] * scale : 0, where keep is a counter-based hash of
 /// (seed, element index) compared with `threshold` (drop when the hash's top 24 bits < threshold).
 /// The same (seed, first) gives the same mask, so backward recomputes it instead of storing it.
+/// `in` and `out` must not overlap.
 void dropout_f32(const float* in, float* out, size_t n, uint64_t first, uint64_t seed, uint32_t threshold,
                  float scale);
 

@@ -53,7 +53,7 @@ torch::Tensor BertLayerImpl::forward(const torch::Tensor& x, const torch::Tensor
   return norm2_->forward(y + dropout(drop_, fused_, f));
 }
 
-BertClassifierImpl::BertClassifierImpl(const ModelOptions& o) : options_(o), fused_(o.fused_dropout) {
+BertClassifierImpl::BertClassifierImpl(const ModelOptions& o) : options_(o) {
   GZ_CHECK_ARG(o.vocab_size > 1 && o.hidden > 0 && o.layers >= 0 && o.heads > 0 && o.ffn > 0,
                "bert_small: vocab ", o.vocab_size, ", hidden ", o.hidden, ", layers ", o.layers, ", heads ",
                o.heads, ", ffn ", o.ffn);
@@ -91,7 +91,7 @@ torch::Tensor BertClassifierImpl::forward(torch::Tensor ids) {
   auto keep = ids.ne(0);  // [N, T]
   auto pos = torch::arange(t, ids.options());
   auto x = tokens_->forward(ids) + positions_->forward(pos).unsqueeze(0);
-  x = dropout(drop_, fused_, norm_->forward(x));
+  x = dropout(drop_, options_.fused_dropout, norm_->forward(x));
   auto key_bias = torch::zeros(keep.sizes(), x.options()).masked_fill(keep.logical_not(), kMaskedScore);
   key_bias = key_bias.view({keep.size(0), 1, 1, t});
   for (const auto& block : *blocks_) x = block->as<BertLayerImpl>()->forward(x, key_bias);
@@ -99,7 +99,7 @@ torch::Tensor BertClassifierImpl::forward(torch::Tensor ids) {
   auto w = keep.to(x.scalar_type()).unsqueeze(-1);
   auto pooled = (x * w).sum(1) / w.sum(1).clamp_min(1.0);
   pooled = torch::tanh(pooler_->forward(pooled));
-  return classifier_->forward(dropout(drop_, fused_, pooled));
+  return classifier_->forward(dropout(drop_, options_.fused_dropout, pooled));
 }
 
 std::shared_ptr<ModelImpl> BertClassifierImpl::clone_model() const {

@@ -40,7 +40,6 @@ class BertClassifierImpl : public ModelImpl {
 
  private:
   ModelOptions options_;
-  bool fused_;
   torch::nn::Embedding tokens_{nullptr}, positions_{nullptr};
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Dropout drop_{nullptr};
