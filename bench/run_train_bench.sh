@@ -3,6 +3,8 @@
 # thread per rank, for the cnn and bert-small models. Every configuration runs REPEATS times,
 # interleaved (so slow phases of a noisy machine hit all of them alike); the table shows medians,
 # the scaling efficiency (2-rank samples/s / (2 x 1-rank samples/s)) and the ratio to PyTorch DDP.
+# Two reference rows explain the scaling: two single processes running at once with no
+# communication (what this machine allows), and DDP with its all-reduce skipped.
 #
 #   bench/run_train_bench.sh [BUILD_DIR]
 #   env: REPEATS (3), CNN_STEPS (200), BERT_STEPS (30), WARMUP (5), CNN_BATCH (64), BERT_BATCH (8),
@@ -48,6 +50,30 @@ run() {
   res[$name]="${res[$name]:-} $v"
   printf '  %-30s %10s samples/s\n' "$name" "$v" >&2
 }
+# run_pair NAME CMD...: two copies of CMD side by side, no communication; records the sum of their
+# samples/s. pair / (2 x single) is what this machine allows two ranks without any communication:
+# the ceiling of the scaling efficiency (shared memory bandwidth, caches, the hypervisor).
+run_pair() {
+  local name=$1; shift
+  echo "== $name (two copies at once): $*" >>"$log"
+  local d v a b
+  d=$(mktemp -d)
+  timeout "${RUN_TIMEOUT:-600}" "$@" >"$d/a" 2>&1 &
+  local pa=$!
+  timeout "${RUN_TIMEOUT:-600}" "$@" >"$d/b" 2>&1 &
+  local pb=$!
+  if wait $pa && wait $pb; then
+    a=$(sed -n 's/.*RESULT .*samples_per_s=\([0-9.]*\).*/\1/p' "$d/a" | tail -1)
+    b=$(sed -n 's/.*RESULT .*samples_per_s=\([0-9.]*\).*/\1/p' "$d/b" | tail -1)
+    v=$(awk -v a="$a" -v b="$b" 'BEGIN { if (a == "" || b == "") print "nan"; else printf "%.2f", a + b }')
+  else
+    v=nan
+  fi
+  cat "$d/a" "$d/b" >>"$log"
+  rm -rf "$d"
+  res[$name]="${res[$name]:-} $v"
+  printf '  %-30s %10s samples/s\n' "$name" "$v" >&2
+}
 median() { echo "$1" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 
 for rep in $(seq 1 "$REPEATS"); do
@@ -56,6 +82,7 @@ for rep in $(seq 1 "$REPEATS"); do
     common=(--model "$model" --batch "$batch" --steps "$steps" --warmup "$WARMUP" --threads 1 --seq "$SEQ")
     echo "repeat $rep/$REPEATS, model $model, batch $batch per rank, $steps steps:" >&2
     run "$model/gz-single-1" "$bench" train "${common[@]}" --mode single
+    run_pair "$model/gz-single-pair" "$bench" train "${common[@]}" --mode single
     for n in 1 2; do
       for mode in ddp horovod; do
         run "$model/gz-$mode-$n" "$gzrun" --nproc-per-node "$n" --master-port 0 -- "$bench" train "${common[@]}" --mode "$mode"
@@ -66,6 +93,10 @@ for rep in $(seq 1 "$REPEATS"); do
       run "$model/torch-ddp-$n" "$py" "$root/bench/ddp_bench.py" --model "$model" --nproc "$n" --batch "$batch" \
         --steps "$steps" --warmup "$WARMUP" --threads 1 --seq "$SEQ"
     done
+    # Diagnostic: DDP with the all-reduce skipped; between it and the pair above lies DDP's own
+    # overhead, between it and gz-ddp-2 the cost of communication.
+    run "$model/gz-ddp_nocomm-2" "$gzrun" --nproc-per-node 2 --master-port 0 -- "$bench" train "${common[@]}" \
+      --mode ddp --hook none
     run "$model/gz-dp-2" "$bench" train "${common[@]}" --mode dp
   done
 done
@@ -86,8 +117,14 @@ for model in $MODELS; do
     printf '%-11s %-14s %12s %12s %9s %14s\n' "$model" "${impl#gz-}" "$a" "$b" "$(scal "$b" "$a")" "$(ratio "$b" "$t2")"
     [ -z "$CSV" ] || echo "$model,${impl#gz-},$a,$b,$(scal "$b" "$a"),$(ratio "$b" "$t2")" >>"$CSV"
   done
+  a=$(m "$model/gz-ddp-1"); b=$(m "$model/gz-ddp_nocomm-2")
+  [ -z "$CSV" ] || echo "$model,ddp_nocomm,$a,$b,$(scal "$b" "$a"),$(ratio "$b" "$t2")" >>"$CSV"
+  printf '%-11s %-14s %s\n' "$model" "" "ddp without the all-reduce (diagnostic, 2 ranks): $b samples/s = $(scal "$b" "$a") of 2 x ddp-1"
+  a=$(m "$model/gz-single-1"); b=$(m "$model/gz-single-pair")
+  [ -z "$CSV" ] || echo "$model,single_pair,$a,$b,$(scal "$b" "$a"),$(ratio "$b" "$t2")" >>"$CSV"
   printf '%-11s %-14s %s\n' "$model" "" "gz single (1 process, no DDP): $(m "$model/gz-single-1") [${res[$model/gz-single-1]} ]"
   printf '%-11s %-14s %s\n' "$model" "" "horovod/ddp (2 ranks): $(ratio "$(m "$model/gz-horovod-2")" "$(m "$model/gz-ddp-2")")"
+  printf '%-11s %-14s %s\n' "$model" "" "ceiling: two single processes at once, no communication: $(m "$model/gz-single-pair") samples/s = $(scal "$(m "$model/gz-single-pair")" "$(m "$model/gz-single-1")") of 2 x single"
   for k in "${!res[@]}"; do
     if [[ $k == $model/* ]]; then printf '%-11s   %-26s [%s ]\n' "$model" "${k#*/}" "${res[$k]}"; fi
   done | sort

@@ -9,7 +9,7 @@ pkgs=(g++ cmake make git ca-certificates pkg-config ccache
       libyaml-cpp-dev zlib1g-dev libpng-dev libjpeg-dev dataset-fashion-mnist procps)
 for profile in "$@"; do
   case "$profile" in
-    test) pkgs+=(libgtest-dev clang libclang-rt-14-dev iproute2 python3) ;;
+    test) pkgs+=(libgtest-dev clang libclang-rt-dev iproute2 python3) ;;
     bench) pkgs+=(python3-torch python3-matplotlib iproute2) ;;
     *) echo "bootstrap: unknown profile '$profile' (expected: test, bench)" >&2; exit 2 ;;
   esac

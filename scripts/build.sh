@@ -11,5 +11,10 @@ export CCACHE_DIR=${CCACHE_DIR:-$root/.ccache}
 # Precompiled headers are only cached with these (ccache manual, "Precompiled headers").
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=${GZ_BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
-cmake --build "$build" -j "$jobs" 2>&1 | grep -v -E '^\[ *[0-9]+%\]|^-- ' || true
-test "${PIPESTATUS[0]}" = 0
+# Progress lines are dropped; the build's own exit status decides (grep's does not matter).
+set +e
+cmake --build "$build" -j "$jobs" 2>&1 | grep -v -E '^\[ *[0-9]+%\]|^-- '
+status=${PIPESTATUS[0]}
+set -e
+[ "$status" = 0 ] || echo "build: cmake --build $build failed (exit $status)" >&2
+exit "$status"

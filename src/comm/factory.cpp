@@ -120,7 +120,10 @@ CommMaker inter_maker(const CommOptions& o, const Env& env) {
 }  // namespace
 
 std::vector<std::string> available_backends() {
-  std::vector<std::string> b = {"shm"};
+  // Built up from empty: GCC 14 warns falsely (-Warray-bounds) on push_back after a braced init.
+  std::vector<std::string> b;
+  b.reserve(4);
+  b.emplace_back("shm");
 #ifdef GZ_HAVE_GLOO
   b.push_back("gloo");
 #endif

@@ -1,6 +1,7 @@
 // create_communicator: backend choice from node ids, explicit names, errors; results vs reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "comm/test_gloo_common.h"

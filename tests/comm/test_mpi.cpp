@@ -1,8 +1,11 @@
 // MPI backend, run under mpirun (see tests/comm/CMakeLists.txt): every op x dtype vs the
 // reference, sub-groups, and a deadline that turns a missing peer into TimeoutError.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "comm/test_gloo_common.h"
@@ -12,9 +15,6 @@
 #include "gz/core/error.h"
 #include "gz/store/file_store.h"
 #include "gz/store/mem_store.h"
-
-#include <unistd.h>
-#include <cstdio>
 
 namespace gz::test {
 namespace {

@@ -1,9 +1,10 @@
 // DistributedDataParallel: equivalence with single-process training on the whole batch, no_sync,
 // bucket rebuild, unused parameters, join for uneven inputs, compression hooks.
-#include "torch/support/torch_test_util.h"
+#include <algorithm>
 
 #include "gz/core/error.h"
 #include "gz/torch/ddp.h"
+#include "torch/support/torch_test_util.h"
 
 namespace {
 using namespace gz;

@@ -1,4 +1,5 @@
-// FusedAdamW against LibTorch's AdamW, and fused_dropout's distribution, gradient and determinism.
+// FusedAdamW against LibTorch's AdamW; fused_dropout's distribution, gradient and determinism;
+// max_pool2d_relu against relu(max_pool2d).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,6 +9,7 @@
 #include "gz/core/error.h"
 #include "gz/torch/fused_adamw.h"
 #include "gz/torch/fused_dropout.h"
+#include "gz/torch/fused_pool.h"
 #include "torch/fused/kernels.h"
 
 namespace {
@@ -191,4 +193,126 @@ TEST(FusedDropout, MasksDifferAcrossTheFourBillionBoundary) {
     same += gz::fused::dropout_keep(i, 42, thr) == gz::fused::dropout_keep(i + (uint64_t(1) << 32), 42, thr);
   EXPECT_GT(same, 1800);
   EXPECT_LT(same, 2300);
+}
+
+namespace {
+
+// relu(max_pool2d(x, 2)) and its input gradient for the upstream gradient `gy`, by LibTorch.
+std::pair<torch::Tensor, torch::Tensor> reference_pool(const torch::Tensor& x, const torch::Tensor& gy) {
+  auto xr = x.detach().clone().requires_grad_();
+  auto y = torch::relu(torch::max_pool2d(xr, 2));
+  y.backward(gy);
+  return {y.detach(), xr.grad()};
+}
+
+std::pair<torch::Tensor, torch::Tensor> fused_pool(const torch::Tensor& x, const torch::Tensor& gy) {
+  auto xf = x.detach().clone().requires_grad_();
+  auto y = gz::max_pool2d_relu(xf);
+  y.backward(gy);
+  return {y.detach(), xf.grad()};
+}
+
+}  // namespace
+
+TEST(MaxPoolRelu, EqualsReluOfMaxPoolForwardAndBackward) {
+  // Even and odd sides (the floor drops a row/column), 3-D and 4-D, one plane and many.
+  const std::vector<std::vector<int64_t>> shapes = {
+      {2, 3, 8, 8}, {4, 32, 28, 28}, {1, 1, 7, 9}, {3, 5, 6}, {2, 2, 2, 2}};
+  for (const auto& s : shapes) {
+    torch::manual_seed(7);
+    auto x = torch::randn(s);
+    auto out_shape = s;
+    out_shape[s.size() - 2] /= 2;
+    out_shape[s.size() - 1] /= 2;
+    auto gy = torch::randn(out_shape);
+    auto [y_ref, g_ref] = reference_pool(x, gy);
+    auto [y, g] = fused_pool(x, gy);
+    ASSERT_EQ(y.sizes(), y_ref.sizes());
+    EXPECT_TRUE(torch::equal(y, y_ref)) << "forward, shape " << x.sizes();
+    EXPECT_TRUE(torch::equal(g, g_ref)) << "backward, shape " << x.sizes();
+  }
+}
+
+TEST(MaxPoolRelu, TiesNegativesZerosAndNaNFollowLibTorch) {
+  // Each 2x2 window tests one rule: a tie (the first maximum takes the gradient), all negative
+  // (clipped, no gradient), a maximum of exactly 0 (no gradient), NaN (wins and carries it).
+  const float nan = std::nanf("");
+  auto x = torch::tensor({{1.f, 1.f, -3.f, -1.f, 0.f, -2.f, 5.f, nan},  //
+                          {1.f, 1.f, -2.f, -4.f, -1.f, 0.f, 9.f, 1.f}})
+               .view({1, 1, 2, 8});
+  auto gy = torch::tensor({10.f, 20.f, 30.f, 40.f}).view({1, 1, 1, 4});
+  auto [y_ref, g_ref] = reference_pool(x, gy);
+  auto [y, g] = fused_pool(x, gy);
+  auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return torch::equal(torch::isnan(a), torch::isnan(b)) &&
+           torch::equal(torch::nan_to_num(a), torch::nan_to_num(b));
+  };
+  EXPECT_TRUE(same(y, y_ref)) << y << "\nvs\n" << y_ref;
+  EXPECT_TRUE(torch::equal(g, g_ref)) << g << "\nvs\n" << g_ref;
+  EXPECT_FLOAT_EQ(g[0][0][0][0].item<float>(), 10.f);  // the tie's first element
+  EXPECT_FLOAT_EQ(g[0][0][0][1].item<float>(), 0.f);
+  EXPECT_TRUE(torch::isnan(y[0][0][0][3]).item<bool>());
+  EXPECT_FLOAT_EQ(g[0][0][0][7].item<float>(), 40.f);  // NaN took the gradient, not the 9
+}
+
+TEST(MaxPoolRelu, SameResultWhateverTheThreadCountAndLayout) {
+  torch::manual_seed(3);
+  auto x = torch::randn({8, 16, 14, 14});
+  auto gy = torch::randn({8, 16, 7, 7});
+  const int before = torch::get_num_threads();
+  torch::set_num_threads(1);
+  auto [y1, g1] = fused_pool(x, gy);
+  torch::set_num_threads(4);
+  auto [y4, g4] = fused_pool(x, gy);
+  torch::set_num_threads(before);
+  EXPECT_TRUE(torch::equal(y1, y4));
+  EXPECT_TRUE(torch::equal(g1, g4));
+  // A channels-last (non-contiguous) input and a non-contiguous upstream gradient give the same.
+  auto xcl = x.contiguous(torch::MemoryFormat::ChannelsLast);
+  auto xf = xcl.detach().clone(torch::MemoryFormat::ChannelsLast).requires_grad_();
+  auto y = gz::max_pool2d_relu(xf);
+  y.backward(gy.transpose(2, 3).contiguous().transpose(2, 3));
+  EXPECT_TRUE(torch::equal(y, y1));
+  EXPECT_TRUE(torch::equal(xf.grad(), g1));
+}
+
+TEST(MaxPoolRelu, FallsBackForOtherDtypesAndTinyInputs) {
+  torch::manual_seed(4);
+  auto x = torch::randn({2, 3, 6, 6}, torch::kDouble).requires_grad_();
+  auto y = gz::max_pool2d_relu(x);
+  EXPECT_TRUE(torch::equal(y, torch::relu(torch::max_pool2d(x, 2))));
+  // The fallback is LibTorch's own, so gradcheck-style checks hold there.
+  EXPECT_TRUE(torch::autograd::grad({y.sum()}, {x})[0].defined());
+  // Too small for a window: LibTorch's error, not a crash.
+  EXPECT_ANY_THROW(gz::max_pool2d_relu(torch::randn({1, 1, 1, 5})));
+}
+
+TEST(MaxPoolRelu, SimdKernelsEqualThePortableOnesOnEveryWidth) {
+  // Widths 2..41 cover the 8-window SIMD body, its padded tail and odd sides; values rounded to
+  // quarters make ties common, and some NaNs are sprinkled in.
+  if (!gz::fused::maxpool_uses_avx2()) GTEST_SKIP() << "no AVX2 on this CPU: only the portable kernels run";
+  torch::manual_seed(5);
+  for (int64_t w = 2; w <= 41; ++w) {
+    const int64_t h = 2 + w % 5, planes = 3;
+    auto x = (torch::randn({planes, h, w}) * 4).round() / 4;
+    x.view(-1).index_put_({torch::randint(0, x.numel(), {3}, torch::kLong)}, std::nanf(""));
+    const int64_t oh = h / 2, ow = w / 2;
+    auto y1 = torch::empty({planes, oh, ow}), y2 = torch::empty({planes, oh, ow});
+    auto a1 = torch::empty({planes, oh, ow}, torch::kUInt8),
+         a2 = torch::empty({planes, oh, ow}, torch::kUInt8);
+    gz::fused::maxpool2x2_relu_fwd(x.data_ptr<float>(), y1.data_ptr<float>(), a1.data_ptr<uint8_t>(), planes,
+                                   h, w);
+    gz::fused::maxpool2x2_relu_fwd_portable(x.data_ptr<float>(), y2.data_ptr<float>(), a2.data_ptr<uint8_t>(),
+                                            planes, h, w);
+    ASSERT_TRUE(torch::equal(a1, a2)) << "width " << w;
+    ASSERT_TRUE(torch::equal(torch::nan_to_num(y1), torch::nan_to_num(y2))) << "width " << w;
+    auto gy = torch::randn({planes, oh, ow});
+    auto g1 = torch::full({planes, h, w}, 7.0f),
+         g2 = torch::full({planes, h, w}, -7.0f);  // every element written
+    gz::fused::maxpool2x2_relu_bwd(gy.data_ptr<float>(), a1.data_ptr<uint8_t>(), g1.data_ptr<float>(), planes,
+                                   h, w);
+    gz::fused::maxpool2x2_relu_bwd_portable(gy.data_ptr<float>(), a1.data_ptr<uint8_t>(),
+                                            g2.data_ptr<float>(), planes, h, w);
+    ASSERT_TRUE(torch::equal(g1, g2)) << "width " << w;
+  }
 }

@@ -1,10 +1,11 @@
 // Horovod-style DistributedOptimizer: equivalence, different gradient orders per rank, stall
 // report, backward_passes_per_step, parameter and optimizer-state broadcast.
-#include "torch/support/torch_test_util.h"
+#include <algorithm>
 
 #include "gz/core/error.h"
 #include "gz/torch/collectives.h"
 #include "gz/torch/distributed_optimizer.h"
+#include "torch/support/torch_test_util.h"
 
 namespace {
 using namespace gz;

@@ -30,6 +30,8 @@ struct TrainBenchOptions {
   int threads = 1;
   int64_t seq = 128;
   std::string kernels = "fused";
+  std::string hook = "allreduce";
+  int64_t cycle_us = -1;  // horovod negotiation cycle; -1 = DistributedOptimizerOptions' default
 };
 
 int usage() {
@@ -44,8 +46,11 @@ int usage() {
                "  --threads T              LibTorch intra-op threads per rank (default 1)\n"
                "  --seq L                  bert-small sequence length (default 128)\n"
                "  --backend NAME           communicator backend (default auto)\n"
-               "  --kernels fused|torch    fused: gz::FusedAdamW and gz::fused_dropout (default);\n"
-               "                           torch: LibTorch's AdamW and dropout\n");
+               "  --kernels fused|torch    fused: gz::FusedAdamW, fused_dropout, max_pool2d_relu (default);\n"
+               "                           torch: LibTorch's AdamW, dropout, max_pool2d and relu\n"
+               "  --hook allreduce|none    ddp mode; none skips the gradient all-reduce (a diagnostic:\n"
+               "                           what DDP costs apart from communication)\n"
+               "  --cycle-us US            horovod mode: negotiation cycle time (default: the library's)\n");
   return 2;
 }
 
@@ -75,6 +80,10 @@ TrainBenchOptions parse(int argc, char** argv) {
       o.seq = gz::parse_int(next(), "--seq");
     else if (a == "--kernels")
       o.kernels = next();
+    else if (a == "--hook")
+      o.hook = next();
+    else if (a == "--cycle-us")
+      o.cycle_us = gz::parse_int(next(), "--cycle-us");
     else if (a == "--help" || a == "-h")
       std::exit(usage());
     else
@@ -86,6 +95,8 @@ TrainBenchOptions parse(int argc, char** argv) {
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --mode must be single, dp, ddp or horovod, got ", o.mode);
   if (o.kernels != "fused" && o.kernels != "torch")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --kernels must be fused or torch, got ", o.kernels);
+  if (o.hook != "allreduce" && o.hook != "none")
+    GZ_THROW(gz::InvalidArgument, "gz-bench train: --hook must be allreduce or none, got ", o.hook);
   GZ_CHECK_ARG(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.threads > 0 && o.seq > 0,
                "batch/steps/threads");
   return o;
@@ -121,7 +132,7 @@ int bench_train(int argc, char** argv) {
     mo.num_classes = 2;
     mo.input_size = o.seq;
   }
-  mo.fused_dropout = o.kernels == "fused";
+  mo.fused_kernels = o.kernels == "fused";
   auto model = gz::train::create_model(mo);
   model->train();
   std::shared_ptr<torch::optim::Optimizer> opt;
@@ -148,12 +159,16 @@ int bench_train(int argc, char** argv) {
   std::unique_ptr<gz::DistributedOptimizer> hvd;
   std::unique_ptr<gz::DataParallel> dp;
   if (o.mode == "ddp") {
-    ddp = std::make_unique<gz::DistributedDataParallel>(model, nullptr);
+    gz::DDPOptions dopt;
+    if (o.hook == "none") dopt.comm_hook = [](gz::comm::Communicator&, gz::GradBucket&) {};
+    ddp = std::make_unique<gz::DistributedDataParallel>(model, nullptr, dopt);
   } else if (o.mode == "horovod") {
     gz::broadcast_parameters(*model, 0);
     gz::NamedParameters named;
     for (auto& it : model->named_parameters()) named.emplace_back(it.key(), it.value());
-    hvd = std::make_unique<gz::DistributedOptimizer>(opt, named);
+    gz::DistributedOptimizerOptions ho;
+    if (o.cycle_us >= 0) ho.cycle_time = std::chrono::microseconds(o.cycle_us);
+    hvd = std::make_unique<gz::DistributedOptimizer>(opt, named, ho);
   } else if (o.mode == "dp") {
     dp = std::make_unique<gz::DataParallel>(
         model,
@@ -195,9 +210,9 @@ int bench_train(int argc, char** argv) {
   if (rank == 0) {
     std::printf(
         "gz-bench train: model=%s mode=%s ranks=%d replicas=%d batch=%lld threads=%d steps=%d kernels=%s "
-        "backend=%s\n",
+        "hook=%s backend=%s\n",
         o.model.c_str(), o.mode.c_str(), world, replicas, static_cast<long long>(o.batch), o.threads, o.steps,
-        o.kernels.c_str(), distributed ? gz::default_group()->backend().c_str() : "none");
+        o.kernels.c_str(), o.hook.c_str(), distributed ? gz::default_group()->backend().c_str() : "none");
     std::printf("RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f\n", o.model.c_str(),
                 o.mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
     std::fflush(stdout);

@@ -40,9 +40,10 @@ struct DistributedOptimizerOptions {
   /// group's timeout).
   Duration stall_warning = std::chrono::seconds(60);
   Duration stall_error = Duration(0);
-  /// @brief How long a rank with nothing new waits for a local gradient before the next
-  /// negotiation cycle.
-  std::chrono::microseconds cycle_time{500};
+  /// @brief Minimum time between negotiation cycles (Horovod's HOROVOD_CYCLE_TIME): gradients that
+  /// become ready within one cycle are fused into one all-reduce. The last cycle of a step starts
+  /// as soon as every local gradient is ready.
+  std::chrono::microseconds cycle_time{1000};
 };
 
 /// @brief Averages gradients across a group as backward produces them, then steps the optimizer.
@@ -94,7 +95,6 @@ class DistributedOptimizer {
   std::vector<int> passes_;          // backward passes seen per tensor this step
   std::vector<uint8_t> submitted_;   // guarded by mu_
   size_t num_submitted_ = 0;         // guarded by mu_
-  uint64_t submit_events_ = 0;       // guarded by mu_
   comm::WorkPtr loop_;
   int last_cycles_ = 0;
 };

@@ -1,4 +1,4 @@
-// Element-wise kernels behind FusedAdamW and fused_dropout: plain C++ (no LibTorch), one pass over
+// Kernels behind FusedAdamW, fused_dropout and max_pool2d_relu: plain C++ (no LibTorch), one pass over
 // memory each, compiled for AVX2 with a baseline fallback chosen at load time.
 #pragma once
 
@@ -32,5 +32,25 @@ void dropout_f32(const float* in, float* out, size_t n, uint64_t first, uint64_t
 
 /// @brief The mask bit of element `index` (for tests): true when kept.
 bool dropout_keep(uint64_t index, uint64_t seed, uint32_t threshold);
+
+/// @brief Window index marking an output that ReLU zeroed (no gradient flows back).
+constexpr uint8_t kPoolNoGrad = 0xff;
+
+/// @brief relu(max_pool2d(x, 2)) on `planes` contiguous h x w planes: y is (h/2) x (w/2) per plane
+/// (floor, like LibTorch). `arg` receives, per output, the winner's position in its 2x2 window
+/// (0..3, row-major) or kPoolNoGrad when the max was <= 0. The max is the first strict maximum in
+/// row-major order, and NaN wins, as in LibTorch's max_pool2d.
+void maxpool2x2_relu_fwd(const float* x, float* y, uint8_t* arg, size_t planes, size_t h, size_t w);
+
+/// @brief Gradient of maxpool2x2_relu_fwd: writes every element of gx (h x w per plane): gy at each
+/// window's winner, 0 elsewhere (including rows and columns the floor dropped).
+void maxpool2x2_relu_bwd(const float* gy, const uint8_t* arg, float* gx, size_t planes, size_t h, size_t w);
+
+/// @brief The same two kernels without SIMD (what CPUs without AVX2 run); for tests.
+void maxpool2x2_relu_fwd_portable(const float* x, float* y, uint8_t* arg, size_t planes, size_t h, size_t w);
+void maxpool2x2_relu_bwd_portable(const float* gy, const uint8_t* arg, float* gx, size_t planes, size_t h,
+                                  size_t w);
+/// @brief Whether maxpool2x2_relu_fwd/bwd run the AVX2 code on this CPU.
+bool maxpool_uses_avx2();
 
 }  // namespace gz::fused

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <memory>
 

@@ -68,7 +68,7 @@ BertClassifierImpl::BertClassifierImpl(const ModelOptions& o) : options_(o) {
   drop_ = register_module("drop", torch::nn::Dropout(o.dropout));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.layers; ++i)
-    blocks_->push_back(BertLayer(o.hidden, o.heads, o.ffn, o.dropout, o.fused_dropout));
+    blocks_->push_back(BertLayer(o.hidden, o.heads, o.ffn, o.dropout, o.fused_kernels));
   pooler_ = register_module("pooler", torch::nn::Linear(o.hidden, o.hidden));
   classifier_ = register_module("classifier", torch::nn::Linear(o.hidden, o.num_classes));
   {
@@ -91,7 +91,7 @@ torch::Tensor BertClassifierImpl::forward(torch::Tensor ids) {
   auto keep = ids.ne(0);  // [N, T]
   auto pos = torch::arange(t, ids.options());
   auto x = tokens_->forward(ids) + positions_->forward(pos).unsqueeze(0);
-  x = dropout(drop_, options_.fused_dropout, norm_->forward(x));
+  x = dropout(drop_, options_.fused_kernels, norm_->forward(x));
   auto key_bias = torch::zeros(keep.sizes(), x.options()).masked_fill(keep.logical_not(), kMaskedScore);
   key_bias = key_bias.view({keep.size(0), 1, 1, t});
   for (const auto& block : *blocks_) x = block->as<BertLayerImpl>()->forward(x, key_bias);
@@ -99,7 +99,7 @@ torch::Tensor BertClassifierImpl::forward(torch::Tensor ids) {
   auto w = keep.to(x.scalar_type()).unsqueeze(-1);
   auto pooled = (x * w).sum(1) / w.sum(1).clamp_min(1.0);
   pooled = torch::tanh(pooler_->forward(pooled));
-  return classifier_->forward(dropout(drop_, options_.fused_dropout, pooled));
+  return classifier_->forward(dropout(drop_, options_.fused_kernels, pooled));
 }
 
 std::shared_ptr<ModelImpl> BertClassifierImpl::clone_model() const {

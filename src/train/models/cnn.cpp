@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "gz/core/error.h"
+#include "gz/torch/fused_pool.h"
 #include "train/models/copy_state.h"
 
 namespace gz::train {
@@ -20,8 +21,11 @@ CnnImpl::CnnImpl(const ModelOptions& options) : options_(options) {
 
 torch::Tensor CnnImpl::forward(torch::Tensor x) {
   // relu(max_pool(x)) == max_pool(relu(x)) (both monotone); pooling first runs ReLU on 4x fewer values.
-  x = torch::relu(torch::max_pool2d(conv1_->forward(x), 2));
-  x = torch::relu(torch::max_pool2d(conv2_->forward(x), 2));
+  auto pool_relu = [this](const torch::Tensor& t) {
+    return options_.fused_kernels ? max_pool2d_relu(t) : torch::relu(torch::max_pool2d(t, 2));
+  };
+  x = pool_relu(conv1_->forward(x));
+  x = pool_relu(conv2_->forward(x));
   x = torch::relu(fc1_->forward(x.flatten(1)));
   return fc2_->forward(x);
 }

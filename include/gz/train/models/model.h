@@ -17,8 +17,9 @@ struct ModelOptions {
   int64_t in_channels = 1;   ///< image models
   int64_t input_size = 28;   ///< image side (image models) or sequence length (text models)
   double dropout = 0.1;
-  /// @brief Dropout through gz::fused_dropout (one pass, no stored mask); false = torch::dropout.
-  bool fused_dropout = true;
+  /// @brief gz's fused kernels where a model has a matching block: gz::fused_dropout (bert_small),
+  /// gz::max_pool2d_relu (cnn). Same distributions and gradients; false = LibTorch's own ops.
+  bool fused_kernels = true;
   // BERT-style encoder
   int64_t vocab_size = 30522;
   int64_t hidden = 256;
