@@ -212,12 +212,20 @@ GZ_AVX2 void unpool_rows_avx2(const float* gy, const uint8_t* arg, float* r0, fl
   }
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
-const PoolRows pool_rows = kHaveAvx2 ? pool_rows_avx2 : pool_rows_scalar;
-const UnpoolRows unpool_rows = kHaveAvx2 ? unpool_rows_avx2 : unpool_rows_scalar;
+// Decided on first use, not in a static initialiser: another translation unit's initialiser could
+// run first, and __builtin_cpu_supports needs __builtin_cpu_init before main.
+bool have_avx2() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return yes;
+}
+PoolRows pool_rows() { return have_avx2() ? pool_rows_avx2 : pool_rows_scalar; }
+UnpoolRows unpool_rows() { return have_avx2() ? unpool_rows_avx2 : unpool_rows_scalar; }
 #else
-const PoolRows pool_rows = pool_rows_scalar;
-const UnpoolRows unpool_rows = unpool_rows_scalar;
+PoolRows pool_rows() { return pool_rows_scalar; }
+UnpoolRows unpool_rows() { return unpool_rows_scalar; }
 #endif
 
 }  // namespace
@@ -250,11 +258,11 @@ void unpool_planes(UnpoolRows rows, const float* gy, const uint8_t* arg, float* 
 }  // namespace
 
 void maxpool2x2_relu_fwd(const float* x, float* y, uint8_t* arg, size_t planes, size_t h, size_t w) {
-  pool_planes(pool_rows, x, y, arg, planes, h, w);
+  pool_planes(pool_rows(), x, y, arg, planes, h, w);
 }
 
 void maxpool2x2_relu_bwd(const float* gy, const uint8_t* arg, float* gx, size_t planes, size_t h, size_t w) {
-  unpool_planes(unpool_rows, gy, arg, gx, planes, h, w);
+  unpool_planes(unpool_rows(), gy, arg, gx, planes, h, w);
 }
 
 void maxpool2x2_relu_fwd_portable(const float* x, float* y, uint8_t* arg, size_t planes, size_t h, size_t w) {
@@ -266,6 +274,6 @@ void maxpool2x2_relu_bwd_portable(const float* gy, const uint8_t* arg, float* gx
   unpool_planes(unpool_rows_scalar, gy, arg, gx, planes, h, w);
 }
 
-bool maxpool_uses_avx2() { return pool_rows != pool_rows_scalar; }
+bool maxpool_uses_avx2() { return pool_rows() != pool_rows_scalar; }
 
 }  // namespace gz::fused
