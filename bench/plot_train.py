@@ -17,6 +17,8 @@ LABELS = {"ddp": "gz DDP", "horovod": "gz Horovod", "ddp_stock": "gz DDP,\nLibTo
           "torch-ddp": "PyTorch DDP", "dp": "gz DP\n(1 proc)",
           "single_pair": "2 single\nprocs, no\ncomm (ceiling)",
           "ddp_nocomm": "gz DDP, no\nall-reduce\n(diagnostic)"}
+# PyTorch red, the reference rows grey, ours blue.
+COLORS = {"torch-ddp": "#d62728", "single_pair": "#7f7f7f", "ddp_nocomm": "#7f7f7f"}
 
 
 def main(argv):
@@ -31,8 +33,7 @@ def main(argv):
     for ax, (model, rs) in zip(axes[0], rows.items()):
         names = [LABELS.get(r["impl"], r["impl"]) for r in rs]
         rel = [float(r["vs_torch"]) if r["vs_torch"] != "n/a" else 0.0 for r in rs]
-        colors = ["#d62728" if r["impl"] == "torch-ddp" else "#7f7f7f" if r["impl"] in ("single_pair", "ddp_nocomm") else "#1f77b4"
-                  for r in rs]
+        colors = [COLORS.get(r["impl"], "#1f77b4") for r in rs]
         bars = ax.bar(range(len(rs)), rel, color=colors)
         for b, r in zip(bars, rs):
             ax.text(b.get_x() + b.get_width() / 2, b.get_height() + 0.02,

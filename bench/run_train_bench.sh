@@ -31,6 +31,9 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 log=$(mktemp -d)/train_bench.log
 echo "log: $log" >&2
 
+# result_of TEXT: the samples/s of the last RESULT line in TEXT (empty when there is none).
+result_of() { echo "$1" | sed -n 's/.*RESULT .*samples_per_s=\([0-9.]*\).*/\1/p' | tail -1; }
+
 # run NAME CMD...: run CMD, append its RESULT samples/s to res[NAME] (space-separated).
 declare -A res
 run() {
@@ -44,7 +47,7 @@ run() {
     v=nan
   else
     echo "$out" >>"$log"
-    v=$(echo "$out" | sed -n 's/.*RESULT .*samples_per_s=\([0-9.]*\).*/\1/p' | tail -1)
+    v=$(result_of "$out")
     [ -n "$v" ] || v=nan
   fi
   res[$name]="${res[$name]:-} $v"
@@ -63,8 +66,8 @@ run_pair() {
   timeout "${RUN_TIMEOUT:-600}" "$@" >"$d/b" 2>&1 &
   local pb=$!
   if wait $pa && wait $pb; then
-    a=$(sed -n 's/.*RESULT .*samples_per_s=\([0-9.]*\).*/\1/p' "$d/a" | tail -1)
-    b=$(sed -n 's/.*RESULT .*samples_per_s=\([0-9.]*\).*/\1/p' "$d/b" | tail -1)
+    a=$(result_of "$(cat "$d/a")")
+    b=$(result_of "$(cat "$d/b")")
     v=$(awk -v a="$a" -v b="$b" 'BEGIN { if (a == "" || b == "") print "nan"; else printf "%.2f", a + b }')
   else
     v=nan

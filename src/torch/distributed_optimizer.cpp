@@ -138,9 +138,8 @@ void DistributedOptimizer::run_cycles() {
     {
       // Cycles start at least cycle_time apart, so the gradients that become ready in between are
       // negotiated and reduced together: one allgather and one fused all-reduce for many tensors
-      // (Horovod's background loop does the same). Starting a cycle per gradient made every rank
-      // meet its peers ~200 times per bert-small step. Once every local gradient is submitted, go
-      // at once: the step is waiting.
+      // (Horovod's background loop does the same) instead of a rendezvous of every rank per ready
+      // gradient. Once every local gradient is submitted, go at once: the step is waiting.
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_until(lock, next_cycle, [&] { return num_submitted_ == n; });
       for (size_t i = 0; i < n; ++i) msg[i] = submitted_[i] && !done[i];
@@ -233,12 +232,17 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
       group_->allreduce(t.data_ptr(), count, to_dtype(wtype), comm::ReduceOp::avg);
     }
   };
+  // Uncompressed, contiguous and big: reduced where it is.
+  auto in_place = [&](const torch::Tensor& g) {
+    return wire_type(options_.compression, g.scalar_type()) == g.scalar_type() && g.is_contiguous() &&
+           g.numel() * g.element_size() >= kInPlaceBytes;
+  };
   size_t k = 0;
   while (k < idx.size()) {
     const auto& g0 = params_[idx[k]].mutable_grad();
     auto gtype = g0.scalar_type();
     auto wtype = wire_type(options_.compression, gtype);
-    if (wtype == gtype && g0.is_contiguous() && g0.numel() * g0.element_size() >= kInPlaceBytes) {
+    if (in_place(g0)) {
       average(g0, gtype);
       ++k;
       continue;
@@ -252,8 +256,7 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
     while (k < idx.size()) {
       const auto& g = params_[idx[k]].grad();
       if (g.scalar_type() != gtype || off + g.numel() > cap) break;
-      if (k > start && wtype == gtype && g.is_contiguous() && g.numel() * g.element_size() >= kInPlaceBytes)
-        break;
+      if (k > start && in_place(g)) break;
       buf.narrow(0, off, g.numel()).view(g.sizes()).copy_(g);
       off += g.numel();
       ++k;

@@ -1,6 +1,7 @@
 #include "gz/torch/fused_pool.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/accumulate.h>
 #include <torch/torch.h>
 
 #include "torch/fused/kernels.h"
@@ -8,25 +9,36 @@
 namespace gz {
 namespace {
 
+// An input of `sizes` seen as planes of h x w, each pooled to (h/2) x (w/2); `fn(first, count)`
+// runs over ranges of planes on LibTorch's intra-op threads, ~64 Ki input elements per task.
+struct Planes {
+  int64_t h, w, count, out;
+  explicit Planes(c10::IntArrayRef sizes)
+      : h(sizes[sizes.size() - 2]),
+        w(sizes[sizes.size() - 1]),
+        count(h * w == 0 ? 0 : c10::multiply_integers(sizes) / (h * w)),
+        out((h / 2) * (w / 2)) {}
+  template <typename Fn>
+  void parallel(Fn&& fn) const {
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, h * w));
+    at::parallel_for(0, count, grain, [&](int64_t b, int64_t e) { fn(b, static_cast<size_t>(e - b)); });
+  }
+};
+
 struct MaxPoolReluFn : public torch::autograd::Function<MaxPoolReluFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
     auto in = x.contiguous();
-    const int64_t h = in.size(-2), w = in.size(-1);
-    const int64_t planes = h * w == 0 ? 0 : in.numel() / (h * w);
+    const Planes pl(in.sizes());
     auto out_sizes = in.sizes().vec();
-    out_sizes[out_sizes.size() - 2] = h / 2;
-    out_sizes[out_sizes.size() - 1] = w / 2;
+    out_sizes[out_sizes.size() - 2] = pl.h / 2;
+    out_sizes[out_sizes.size() - 1] = pl.w / 2;
     auto y = torch::empty(out_sizes, in.options());
     auto arg = torch::empty(out_sizes, in.options().dtype(torch::kUInt8));
     const float* xp = in.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     uint8_t* ap = arg.data_ptr<uint8_t>();
-    const int64_t out_plane = (h / 2) * (w / 2);
-    // Grain: enough planes for ~64 Ki input elements per task.
-    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, h * w));
-    at::parallel_for(0, planes, grain, [&](int64_t b, int64_t e) {
-      fused::maxpool2x2_relu_fwd(xp + b * h * w, yp + b * out_plane, ap + b * out_plane,
-                                 static_cast<size_t>(e - b), static_cast<size_t>(h), static_cast<size_t>(w));
+    pl.parallel([&](int64_t b, size_t n) {
+      fused::maxpool2x2_relu_fwd(xp + b * pl.h * pl.w, yp + b * pl.out, ap + b * pl.out, n, pl.h, pl.w);
     });
     ctx->save_for_backward({arg});
     ctx->saved_data["sizes"] = in.sizes();
@@ -39,16 +51,12 @@ struct MaxPoolReluFn : public torch::autograd::Function<MaxPoolReluFn> {
     auto sizes = ctx->saved_data["sizes"].toIntVector();
     auto gy = grads[0].contiguous();
     auto gx = torch::empty(sizes, gy.options());
-    const int64_t h = sizes[sizes.size() - 2], w = sizes[sizes.size() - 1];
-    const int64_t planes = h * w == 0 ? 0 : gx.numel() / (h * w);
-    const int64_t out_plane = (h / 2) * (w / 2);
+    const Planes pl(sizes);
     const float* gyp = gy.data_ptr<float>();
     const uint8_t* ap = arg.data_ptr<uint8_t>();
     float* gxp = gx.data_ptr<float>();
-    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, h * w));
-    at::parallel_for(0, planes, grain, [&](int64_t b, int64_t e) {
-      fused::maxpool2x2_relu_bwd(gyp + b * out_plane, ap + b * out_plane, gxp + b * h * w,
-                                 static_cast<size_t>(e - b), static_cast<size_t>(h), static_cast<size_t>(w));
+    pl.parallel([&](int64_t b, size_t n) {
+      fused::maxpool2x2_relu_bwd(gyp + b * pl.out, ap + b * pl.out, gxp + b * pl.h * pl.w, n, pl.h, pl.w);
     });
     return {gx};
   }

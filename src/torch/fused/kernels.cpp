@@ -145,6 +145,18 @@ GZ_AVX2 inline void interleave(float* p, __m256 e, __m256 o) {
   _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
+// Lanes where v > m or v is NaN: LibTorch's max-pool rule, and ReLU's pass test with m = 0.
+GZ_AVX2 inline __m256 greater_or_nan(__m256 v, __m256 m) {
+  return _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+// One scan step of the window: where v wins, the maximum becomes v and its index `kv`.
+GZ_AVX2 inline void take_if_greater(__m256 v, __m256i kv, __m256& m, __m256i& k) {
+  const __m256 t = greater_or_nan(v, m);
+  m = _mm256_blendv_ps(m, v, t);
+  k = _mm256_blendv_epi8(k, kv, _mm256_castps_si256(t));
+}
+
 GZ_AVX2 void pool_rows_avx2(const float* r0, const float* r1, float* y, uint8_t* arg, size_t ow) {
   const __m256 zero = _mm256_setzero_ps();
   const __m256i k1 = _mm256_set1_epi32(1), k2 = _mm256_set1_epi32(2), k3 = _mm256_set1_epi32(3);
@@ -154,19 +166,12 @@ GZ_AVX2 void pool_rows_avx2(const float* r0, const float* r1, float* y, uint8_t*
     __m256 a, b, c, d;
     deinterleave(r0 + 2 * j, a, b);
     deinterleave(r1 + 2 * j, c, d);
-    // t = (v > m) | isnan(v): take v and its window index.
     __m256 m = a;
     __m256i k = _mm256_setzero_si256();
-    __m256 t = _mm256_or_ps(_mm256_cmp_ps(b, m, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
-    m = _mm256_blendv_ps(m, b, t);
-    k = _mm256_blendv_epi8(k, k1, _mm256_castps_si256(t));
-    t = _mm256_or_ps(_mm256_cmp_ps(c, m, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
-    m = _mm256_blendv_ps(m, c, t);
-    k = _mm256_blendv_epi8(k, k2, _mm256_castps_si256(t));
-    t = _mm256_or_ps(_mm256_cmp_ps(d, m, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
-    m = _mm256_blendv_ps(m, d, t);
-    k = _mm256_blendv_epi8(k, k3, _mm256_castps_si256(t));
-    const __m256 pass = _mm256_or_ps(_mm256_cmp_ps(m, zero, _CMP_GT_OQ), _mm256_cmp_ps(m, m, _CMP_UNORD_Q));
+    take_if_greater(b, k1, m, k);
+    take_if_greater(c, k2, m, k);
+    take_if_greater(d, k3, m, k);
+    const __m256 pass = greater_or_nan(m, zero);
     _mm256_storeu_ps(y + j, _mm256_and_ps(m, pass));
     k = _mm256_blendv_epi8(none, k, _mm256_castps_si256(pass));
     // Eight int32 in 0..255 -> eight bytes.
