@@ -1,5 +1,10 @@
 #include "gz/comm/communicator.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
 #include "gz/core/error.h"
 
 namespace gz::comm {
@@ -45,6 +50,19 @@ void Communicator::begin_sync() {
   begin_sync();               \
   current_seq_ = seq_++;      \
   call
+
+std::shared_ptr<void> Communicator::alloc_buffer(size_t bytes) {
+  begin_sync();
+  return do_alloc_buffer(bytes);
+}
+
+std::shared_ptr<void> Communicator::do_alloc_buffer(size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
 
 void Communicator::allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
   check_buf(data, count, "allreduce", "data");

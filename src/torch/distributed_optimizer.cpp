@@ -87,7 +87,10 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimiz
   size_t total = 0;
   for (auto& p : params_) total += static_cast<size_t>(p.numel()) * 8;
   bytes = std::min(bytes, std::max<size_t>(total, 8));
-  fusion_ = torch::empty({static_cast<int64_t>(bytes)}, torch::kUInt8);
+  // Memory the group can all-reduce in place (shm: mapped by every rank), so a fused all-reduce
+  // costs no staging copies. Same size on every rank: the same named parameters everywhere.
+  fusion_ = alloc_buffer_tensor(*group_, static_cast<int64_t>(bytes), torch::kUInt8);
+  bind_arena();
   alive_ = std::make_shared<std::atomic<DistributedOptimizer*>>(this);
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
@@ -108,7 +111,46 @@ DistributedOptimizer::~DistributedOptimizer() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
+void DistributedOptimizer::bind_arena() {
+  // Every CPU gradient gets a slot of one arena from alloc_buffer, in the agreed (name) order, so
+  // its offset is the same on every rank and big gradients are all-reduced there with no staging
+  // copies (as DDP's gradient_as_bucket_view). AccumulateGrad adds into the slot in place.
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> offset(params_.size(), -1);
+  int64_t total = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].is_cpu()) continue;
+    offset[i] = total;
+    total += (params_[i].numel() * params_[i].element_size() + 63) / 64 * 64;
+  }
+  if (total == 0) return;
+  arena_ = alloc_buffer_tensor(*group_, total, torch::kUInt8);
+  views_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (offset[i] < 0) continue;
+    const auto& p = params_[i];
+    // detach(): a plain tensor on the arena's memory, not an autograd view, so zero_grad() may detach_() it.
+    views_[i] = arena_.narrow(0, offset[i], p.numel() * p.element_size())
+                    .view(p.scalar_type())
+                    .view(p.sizes())
+                    .detach();
+    auto& g = params_[i].mutable_grad();
+    if (g.defined()) views_[i].copy_(g);
+    g = views_[i];
+  }
+}
+
 void DistributedOptimizer::on_ready(size_t index) {
+  // A gradient that left its arena slot (zero_grad(set_to_none), or replaced by the user) moves
+  // back: copied once, then accumulated in place again.
+  if (index < views_.size() && views_[index].defined()) {
+    auto& g = params_[index].mutable_grad();
+    if (!is_bound_to(g, views_[index])) {
+      torch::NoGradGuard no_grad;
+      views_[index].copy_(g);
+      g = views_[index];
+    }
+  }
   if (++passes_[index] < options_.backward_passes_per_step) return;
   bool all = false;
   {

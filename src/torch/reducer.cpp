@@ -31,14 +31,6 @@ class Reducer::ReadyHook : public torch::autograd::FunctionPostHook {
   size_t index_;
 };
 
-namespace {
-// True when a gradient already lives in its bucket slice (bound earlier, maybe re-wrapped).
-bool shares_memory(const torch::Tensor& g, const torch::Tensor& view) {
-  return g.defined() && g.data_ptr() == view.data_ptr() && g.sizes() == view.sizes() &&
-         g.strides() == view.strides();
-}
-}  // namespace
-
 std::shared_ptr<Reducer> Reducer::create(NamedParams params, comm::CommPtr group, ReducerOptions options) {
   std::shared_ptr<Reducer> r(new Reducer(std::move(params), std::move(group), std::move(options)));
   r->install_hooks();
@@ -115,7 +107,10 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     for (size_t i : bk.params) total += params_[i].numel();
     const auto& p0 = params_[bk.params.front()];
     bk.grad.index = b;
-    bk.grad.buffer = torch::zeros({total}, p0.options().requires_grad(false));
+    // CPU buckets live in memory the group reduces in place without staging copies (the shm backend
+    // maps every rank's bucket into every rank). Collective: every rank builds the same buckets.
+    auto opts = p0.options().requires_grad(false);
+    bk.grad.buffer = p0.is_cpu() ? alloc_buffer_tensor(*group_, total, opts) : torch::zeros({total}, opts);
     int64_t off = 0;
     for (size_t i : bk.params) {
       auto n = params_[i].numel();
@@ -198,7 +193,7 @@ void Reducer::mark_ready(size_t index, bool zero) {
   const auto& g = params_[index].grad();
   if (zero || !g.defined()) {
     view.zero_();
-  } else if (!shares_memory(g, view)) {
+  } else if (!is_bound_to(g, view)) {
     view.copy_(g);
     if (options_.gradient_as_bucket_view) bind_grad(index);
   }
@@ -271,7 +266,7 @@ void Reducer::finalize_backward() {
     if (ug && !ug[i]) continue;  // unused on every rank: leave .grad as it was
     auto& g = params_[i].mutable_grad();
     if (options_.gradient_as_bucket_view) {
-      if (!shares_memory(g, views_[i])) g = views_[i];
+      if (!is_bound_to(g, views_[i])) g = views_[i];
     } else if (!g.defined()) {
       g = views_[i].clone();
     } else {

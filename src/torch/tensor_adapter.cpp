@@ -62,4 +62,18 @@ void TensorSpan::finish() {
   }
 }
 
+torch::Tensor alloc_buffer_tensor(comm::Communicator& group, int64_t numel,
+                                  const torch::TensorOptions& options) {
+  const size_t bytes =
+      static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  auto mem = group.alloc_buffer(bytes);
+  return torch::from_blob(
+      mem.get(), {numel}, [mem](void*) {}, options.requires_grad(false));
+}
+
+bool is_bound_to(const torch::Tensor& grad, const torch::Tensor& view) {
+  return grad.defined() && grad.data_ptr() == view.data_ptr() && grad.sizes() == view.sizes() &&
+         grad.strides() == view.strides();
+}
+
 }  // namespace gz

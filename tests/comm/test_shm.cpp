@@ -2,6 +2,7 @@
 // plus ordering, mismatch detection, abort, timeouts, sub-groups and point-to-point.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -287,6 +288,47 @@ TEST_P(ShmWorld, DefaultChunksLargeMessages) {
   });
 }
 
+// alloc_buffer blocks: the all-reduce reads and writes the peers' blocks directly. Sub-ranges at
+// odd offsets, every op, several dtypes; bytes outside the range stay as they were.
+TEST_P(ShmWorld, AllocBufferAllreduceInPlace) {
+  const int world = GetParam();
+  const size_t count = kSanitized ? 9001 : 50001;
+  test::run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    std::shared_ptr<void> outlives;  // freed after the communicator: the deleter must cope
+    auto c = create_shm_communicator(rank, world, store, small_chunks(4096));
+    for (DType t : {DType::f32, DType::bf16, DType::i64}) {
+      const size_t es = dtype_size(t);
+      const size_t bytes = (count + 40) * es;
+      auto mem = c->alloc_buffer(bytes);
+      auto* base = static_cast<uint8_t*>(mem.get());
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(base) % 64, 0u);
+      for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(base[i], 0) << "alloc_buffer memory is zero-filled";
+      for (ReduceOp op : kAllOps)
+        for (size_t skip : {size_t(0), size_t(3), size_t(37)}) {
+          const size_t n = count - skip;
+          std::vector<Buf> ins;
+          std::vector<const void*> ptrs;
+          for (int q = 0; q < world; ++q) ins.push_back(make_input(t, q, n, op, skip));
+          for (auto& b : ins) ptrs.push_back(b.data());
+          Buf want(n * es + 1);
+          reference(t, ptrs, want.data(), n, op);
+          std::memset(base, 0xA5, bytes);
+          std::memcpy(base + skip * es, ins[rank].data(), n * es);
+          c->barrier();  // peers write into this block: nobody may start before everyone has filled
+          c->allreduce(base + skip * es, n, t, op);
+          expect_bytes(base + skip * es, want.data(), n * es,
+                       ctx("allreduce of alloc_buffer memory", world, rank, t, n, reduce_op_name(op)));
+          for (size_t i = 0; i < skip * es; ++i)
+            ASSERT_EQ(base[i], 0xA5) << "byte " << i << " before the range";
+          for (size_t i = (skip + n) * es; i < bytes; ++i)
+            ASSERT_EQ(base[i], 0xA5) << "byte " << i << " after";
+          c->barrier();  // and nobody refills before everyone has checked
+        }
+      outlives = mem;
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, ShmWorld, ::testing::ValuesIn(test::world_sizes()),
                          [](const ::testing::TestParamInfo<int>& i) { return "n" + std::to_string(i.param); });
 
@@ -318,6 +360,15 @@ TEST(Shm, StreamingStoresForLargeOutputs) {
       Buf b = rank == 1 ? ins[1] : Buf(ins[1].size());
       c->broadcast(b.data(), count, t, 1);
       expect_bytes(b.data(), ins[1].data(), count * es, ctx("broadcast streaming", world, rank, t, count));
+      // alloc_buffer memory: the result leaves a scratch piece by streaming stores into every block.
+      auto mem = c->alloc_buffer(count * es + 64);
+      auto* blk = static_cast<uint8_t*>(mem.get());
+      std::memcpy(blk + skew, ins[rank].data(), count * es);
+      c->barrier();
+      c->allreduce(blk + skew, count, t, ReduceOp::sum);
+      expect_bytes(blk + skew, want.data(), count * es,
+                   ctx("allreduce streaming, alloc_buffer", world, rank, t, count));
+      c->barrier();
     }
   });
   unsetenv("GZ_SHM_STREAM_BYTES");
@@ -392,6 +443,55 @@ TEST(Shm, MismatchIsDetectedOnEveryRank) {
     for (double x : d) ASSERT_EQ(x, 6.0);
   });
   EXPECT_EQ(caught.load(), 2 * world);
+}
+
+TEST(Shm, AllocBufferRanksMustPassTheSameRange) {
+  const int world = 3;
+  std::atomic<int> caught{0};
+  test::run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = create_shm_communicator(rank, world, store, small_chunks(512, 10));
+    auto mem = c->alloc_buffer(64 << 10);
+    auto* f = static_cast<float*>(mem.get());
+    std::vector<float> plain(16384, 1.0f);
+    for (int k = 0; k < 2; ++k) {
+      try {
+        // First rank 1 passes another offset of the block, then rank 2 ordinary memory.
+        float* p = k == 0 && rank == 1 ? f + 16 : k == 1 && rank == 2 ? plain.data() : f;
+        c->allreduce(p, 8192, DType::f32, ReduceOp::sum);
+      } catch (const InvalidArgument& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("rank 0 allreduce(f32 x 8192, sum, alloc_buffer block 0 at byte 0) vs rank " +
+                         std::string(k == 0 ? "1 allreduce(f32 x 8192, sum, alloc_buffer block 0 at byte 64)"
+                                            : "2 allreduce(f32 x 8192, sum)")),
+                  std::string::npos)
+            << m;
+        ++caught;
+      }
+    }
+    // Still usable, and a second block gets the next number.
+    auto mem2 = c->alloc_buffer(64 << 10);
+    auto* g = static_cast<float*>(mem2.get());
+    for (int i = 0; i < 8192; ++i) g[i] = static_cast<float>(rank + i);
+    c->barrier();
+    c->allreduce(g, 8192, DType::f32, ReduceOp::sum);
+    for (int i = 0; i < 8192; ++i) ASSERT_EQ(g[i], 3.0f + 3.0f * i);
+  });
+  EXPECT_EQ(caught.load(), 2 * world);
+}
+
+TEST(Shm, AllocBufferFallsBackWhenOneRankCannotShare) {
+  const int world = 3;
+  test::run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    ShmOptions o = small_chunks(512, 10);
+    o.zero_copy = rank != 1;  // as if rank 1's /dev/shm were full
+    auto c = create_shm_communicator(rank, world, store, o);
+    auto mem = c->alloc_buffer(64 << 10);
+    // Ordinary memory everywhere now: different offsets on different ranks are fine.
+    auto* f = static_cast<float*>(mem.get()) + rank * 16;
+    for (int i = 0; i < 8192; ++i) f[i] = static_cast<float>(rank);
+    c->allreduce(f, 8192, DType::f32, ReduceOp::sum);
+    for (int i = 0; i < 8192; ++i) ASSERT_EQ(f[i], 3.0f);
+  });
 }
 
 TEST(Shm, AbortWakesBlockedPeers) {

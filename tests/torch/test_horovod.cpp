@@ -176,6 +176,53 @@ TEST(Horovod, StallNamesTheMissingRanks) {
   }
 }
 
+// Gradients live in one arena from alloc_buffer (all-reduced there, no staging copies, for the
+// 2 MiB weight here). A gradient set to none (LibTorch 2's zero_grad default) moves back into it.
+TEST(Horovod, GradientsLiveInTheArenaAndSurviveSetToNone) {
+  const int world = 3, steps = 4;
+  auto make = [] {
+    torch::manual_seed(7);
+    return torch::nn::Sequential(torch::nn::Linear(512, 1024), torch::nn::Tanh(), torch::nn::Linear(1024, 2));
+  };
+  auto ref = make();
+  std::vector<torch::nn::Sequential> models;  // built here: manual_seed is process-wide
+  for (int r = 0; r < world; ++r) models.push_back(make());
+  std::vector<torch::Tensor> xs, ys;
+  for (int s = 0; s < steps; ++s) {
+    xs.push_back(torch::randn({world * kB, 512}));
+    ys.push_back(torch::randn({world * kB, 2}));
+  }
+  {
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(ref->forward(xs[s]), ys[s]).backward();
+      opt.step();
+    }
+  }
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    DistributedOptimizer opt(
+        std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1)), named(*m),
+        DistributedOptimizerOptions{}, g);
+    for (int s = 0; s < steps; ++s) {
+      if (s % 2) {
+        for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+      } else {
+        opt.zero_grad();
+      }
+      torch::mse_loss(m->forward(shard(xs[s], r, kB)), shard(ys[s], r, kB)).backward();
+      opt.step();
+      const auto* arena = m->parameters()[0].grad().storage().unsafeGetStorageImpl();
+      for (auto& p : m->parameters()) ASSERT_EQ(p.grad().storage().unsafeGetStorageImpl(), arena);
+    }
+    auto a = m->parameters(), b = ref->parameters();
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-6)) << "parameter " << i << " on rank " << r;
+  });
+}
+
 TEST(Horovod, BackwardPassesPerStepAccumulates) {
   const int world = 2, micro = 2, steps = 4;
   auto models = make_mlps(world + 1);

@@ -77,6 +77,7 @@ class DistributedOptimizer {
  private:
   class Hook;
   void on_ready(size_t index);
+  void bind_arena();
   void run_cycles();
   void reduce_fused(const std::vector<size_t>& idx);
 
@@ -89,6 +90,8 @@ class DistributedOptimizer {
   std::vector<uintptr_t> hook_keys_;
   std::shared_ptr<std::atomic<DistributedOptimizer*>> alive_;
   torch::Tensor fusion_;
+  torch::Tensor arena_;               // CPU gradients, one slot each in name order (alloc_buffer)
+  std::vector<torch::Tensor> views_;  // per parameter: its arena slot, param-shaped (undefined: not CPU)
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -36,6 +36,15 @@ class TensorSpan {
   bool write_back_;
 };
 
+/// @brief Memory from group.alloc_buffer() as a flat tensor of `numel` elements (zero-filled);
+/// the tensor keeps the memory alive. Collective, like alloc_buffer. CPU only.
+torch::Tensor alloc_buffer_tensor(comm::Communicator& group, int64_t numel,
+                                  const torch::TensorOptions& options);
+
+/// @brief True when `grad` is exactly `view` (same memory, shape and strides): a gradient bound to
+/// its slot of a communication buffer, maybe re-wrapped by the optimizer or autograd.
+bool is_bound_to(const torch::Tensor& grad, const torch::Tensor& view);
+
 /// @brief Throws gz::InvalidArgument unless `tensor` may be used with `group` (device check).
 void check_device(const torch::Tensor& tensor, const comm::Communicator& group, const char* op);
 

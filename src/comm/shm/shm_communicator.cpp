@@ -26,6 +26,7 @@
 #include "comm/shm/reduce_kernels.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
+#include "gz/core/log.h"
 #include "gz/store/prefix_store.h"
 
 namespace gz::comm::shm {
@@ -39,6 +40,7 @@ constexpr size_t kDefaultChunk = 512 * 1024;   // per step: half of L2; three sl
 constexpr size_t kDefaultSmall = 16 * 1024;    // at or below: one step, every rank reduces everything
 constexpr size_t kMaxP2P = 64 * 1024;
 constexpr int kDefaultSpinUs = 50;
+constexpr size_t kScratch = 32 * 1024;  // streamed zero-copy all-reduce: one piece, in L1/L2
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
@@ -144,6 +146,9 @@ std::string describe(const OpDesc& d) {
   if (k == OpKind::allgatherv) os << " total, counts hash " << std::hex << d.extra << std::dec;
   if (k == OpKind::allreduce || k == OpKind::reduce || k == OpKind::reduce_scatter)
     os << ", " << reduce_op_name(static_cast<ReduceOp>(d.op));
+  if (k == OpKind::allreduce && d.extra)
+    os << ", alloc_buffer block " << (d.extra >> 40) - 1 << " at byte "
+       << (d.extra & ((uint64_t(1) << 40) - 1));
   if (k == OpKind::broadcast || k == OpKind::reduce) os << ", root " << d.root;
   os << ")";
   return os.str();
@@ -206,9 +211,11 @@ ShmCommunicator::ShmCommunicator(int rank, int size, std::shared_ptr<Store> stor
   oversubscribed_ = static_cast<unsigned>(size) > cores;
   small_bytes_ = reinterpret_cast<const Header*>(base_)->small_bytes;
   stream_bytes_ = static_cast<size_t>(env.get_int("GZ_SHM_STREAM_BYTES", 16ll << 20));
+  zero_copy_ = options.zero_copy && env.get_int("GZ_SHM_ZERO_COPY", 1) != 0;
   send_head_.assign(size, 0);
   recv_tail_.assign(size, 0);
   srcs_.assign(size, nullptr);
+  scratch_.resize(kScratch);
 }
 
 ShmCommunicator::~ShmCommunicator() { shutdown_executor(); }
@@ -417,9 +424,158 @@ void ShmCommunicator::reduce_impl(char* data, size_t count, DType dtype, ReduceO
 
 void ShmCommunicator::do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
   guarded([&] {
-    OpCtx ctx = begin_op(OpKind::allreduce, count, 0, dtype, op, -1);
+    // alloc_buffer memory beyond the latency path: reduce straight between the ranks' blocks. The
+    // descriptor carries block and offset, so ranks passing different memory fail with a mismatch.
+    const size_t bytes = count * dtype_size(dtype);
+    const bool small = bytes <= small_bytes_ && bytes <= layout_.slot_bytes;
+    size_t offset = 0;
+    std::shared_ptr<Shared> blk;
+    if (size_ > 1 && !small && bytes < (size_t(1) << 40)) blk = find_shared(data, bytes, &offset);
+    const uint64_t tag = blk ? ((blk->id + 1) << 40) | offset : 0;
+    OpCtx ctx = begin_op(OpKind::allreduce, count, tag, dtype, op, -1);
     // One rank: every op (avg divides by 1) leaves the data as it is; skip two passes over it.
-    if (size_ > 1) reduce_impl(static_cast<char*>(data), count, dtype, op, -1, ctx);
+    if (size_ == 1) return;
+    if (blk)
+      allreduce_shared(*blk, offset, count, dtype, op, ctx);
+    else
+      reduce_impl(static_cast<char*>(data), count, dtype, op, -1, ctx);
+  });
+}
+
+void ShmCommunicator::allreduce_shared(const Shared& b, size_t offset, size_t count, DType dtype, ReduceOp op,
+                                       OpCtx& ctx) {
+  const size_t es = dtype_size(dtype);
+  const int n = size_;
+  step(ctx);  // every rank's block holds its input, and the descriptors agree
+  // My part: read it from every rank's block, write the result into every rank's block. Two
+  // passes over the data per rank instead of four through the slots. Pieces of a slot's size keep
+  // the result in cache for the copies to the third and later ranks. Far beyond the caches the
+  // result goes through a small scratch and out with streaming stores, which skip reading the
+  // output lines first and leave the caches to the training step.
+  const Part mine = part_of(count, n, rank_, es);
+  const bool stream = count * es >= stream_bytes_;
+  const size_t piece = std::max<size_t>(1, (stream ? scratch_.size() : layout_.slot_bytes) / es);
+  for (size_t done = 0; done < mine.len; done += piece) {
+    const size_t len = std::min(piece, mine.len - done);
+    const size_t at = offset + (mine.off + done) * es;
+    for (int q = 0; q < n; ++q) srcs_[q] = b.base[q] + at;
+    if (stream) {
+      reduce_n(scratch_.data(), nullptr, srcs_.data(), n, len, dtype, op, n);
+      for (int q = 0; q < n; ++q) copy_streaming(b.base[q] + at, scratch_.data(), len * es);
+      continue;
+    }
+    char* me = b.base[rank_] + at;
+    // Each vector step loads every source before it stores, so both outputs may be sources.
+    reduce_n(me, n == 2 ? b.base[1 - rank_] + at : nullptr, srcs_.data(), n, len, dtype, op, n);
+    for (int q = 0; n > 2 && q < n; ++q)
+      if (q != rank_) copy_cached(b.base[q] + at, me, len * es);
+  }
+  step(ctx);  // every block holds the whole result
+}
+
+std::shared_ptr<ShmCommunicator::Shared> ShmCommunicator::find_shared(const void* p, size_t bytes,
+                                                                      size_t* offset) const {
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  for (auto& b : shared_->items) {
+    const char* start = b->base[rank_];
+    if (c >= start && c + bytes <= start + b->bytes) {
+      *offset = static_cast<size_t>(c - start);
+      return b;
+    }
+  }
+  return nullptr;
+}
+
+std::shared_ptr<void> ShmCommunicator::do_alloc_buffer(size_t bytes) {
+  if (size_ == 1 || bytes == 0) return Communicator::do_alloc_buffer(bytes);
+  const uint64_t id = buffers_++;
+  const size_t rounded = round_up(bytes, 4096);
+  const Deadline deadline = op_deadline();
+  const std::string key = "gz_shm_buf/" + group_id_ + "/" + std::to_string(id) + "/";
+  auto name_of = [&](int r) {
+    return "/gz-shm-" + group_id_ + "-b" + std::to_string(id) + "-r" + std::to_string(r);
+  };
+  auto b = std::make_shared<Shared>();
+  b->id = id;
+  b->bytes = rounded;
+  b->maps.resize(size_);
+  b->base.resize(size_);
+  std::string why;
+  bool off = false;  // some rank has zero copy switched off: fall back quietly
+  // Every rank learns whether every other rank managed, so all fall back together (a small
+  // /dev/shm, as in containers, must cost speed, not a failed run).
+  auto agree = [&](const std::string& round, const char* mine) {
+    store_->set(key + round + std::to_string(rank_), to_bytes(mine));
+    bool ok = std::string(mine) == "ok";
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      const std::string v = to_string(store_->get(key + round + std::to_string(q), deadline));
+      if (v == "ok") continue;
+      if (v == "off")
+        off = true;
+      else if (why.empty())
+        why = "rank " + std::to_string(q) + " failed to share its block";
+      ok = false;
+    }
+    return ok;
+  };
+  // Whatever happens below (a peer that never answers throws), the name leaves /dev/shm.
+  struct Unlink {
+    const std::shared_ptr<Segment>& seg;
+    ~Unlink() {
+      try {
+        if (seg) Segment::unlink(seg->name());
+      } catch (const std::exception& e) {
+        GZ_LOG(warn, e.what());
+      }
+    }
+  } unlink_own{b->maps[rank_]};
+  const char* state = "off";
+  if (zero_copy_) {
+    try {
+      b->maps[rank_] = Segment::create(name_of(rank_), rounded);
+      state = "ok";
+    } catch (const std::exception& e) {
+      why = e.what();
+      state = "fail";
+    }
+  } else {
+    off = true;
+  }
+  bool ok = agree("created/", state);
+  if (ok) {
+    state = "fail";
+    try {
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_) b->maps[q] = Segment::open(name_of(q), rounded);
+      state = "ok";
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    ok = agree("mapped/", state);
+  }
+  if (!ok) {
+    if (!why.empty())
+      GZ_LOG(warn, "shm rank ", rank_, ": alloc_buffer(", bytes, ") falls back to ordinary memory (", why,
+             "); all-reduces of it stage through the shared slots");
+    else if (off)
+      GZ_LOG(debug, "shm rank ", rank_, ": alloc_buffer(", bytes, "): zero copy is off on some rank");
+    return Communicator::do_alloc_buffer(bytes);
+  }
+  for (int q = 0; q < size_; ++q) b->base[q] = b->maps[q]->data();
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->items.push_back(b);
+  }
+  std::weak_ptr<SharedTable> table = shared_;
+  char* mine = b->base[rank_];
+  return std::shared_ptr<void>(mine, [table, b](void*) mutable {
+    if (auto t = table.lock()) {
+      std::lock_guard<std::mutex> lock(t->mu);
+      t->items.erase(std::remove(t->items.begin(), t->items.end(), b), t->items.end());
+    }
+    b.reset();  // unmaps this process's view of every rank's block
   });
 }
 
@@ -639,6 +795,7 @@ std::shared_ptr<Communicator> ShmCommunicator::new_group(const std::vector<int>&
   opts.timeout = timeout();
   opts.chunk_bytes = layout_.slot_bytes;
   opts.spin_us = spin_us_;
+  opts.zero_copy = zero_copy_;
   return create_shm_communicator(static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), sub_store, opts);
 }
 

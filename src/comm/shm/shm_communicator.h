@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,8 @@ class ShmCommunicator : public Communicator {
   void do_send(const void* data, size_t count, DType dtype, int peer, int tag) override;
   void do_recv(void* data, size_t count, DType dtype, int peer, int tag) override;
   void do_abort(const std::string& reason) override;
+  /// Memory every rank maps: an all-reduce of it reduces straight between the ranks' buffers.
+  std::shared_ptr<void> do_alloc_buffer(size_t bytes) override;
 
  public:
   struct OpCtx;  // per-op context for waits and messages (defined in the .cpp)
@@ -77,6 +80,21 @@ class ShmCommunicator : public Communicator {
   std::string where(const OpCtx& ctx) const;
 
   void reduce_impl(char* data, size_t count, DType dtype, ReduceOp op, int root, OpCtx& ctx);
+
+  /// One alloc_buffer() block: this rank's object and its mappings of every rank's object.
+  struct Shared {
+    uint64_t id;  ///< alloc_buffer call number, the same on every rank
+    size_t bytes;
+    std::vector<char*> base;  ///< per rank: where this process sees that rank's block
+    std::vector<std::shared_ptr<Segment>> maps;
+  };
+  struct SharedTable {
+    std::mutex mu;
+    std::vector<std::shared_ptr<Shared>> items;
+  };
+  /// The block holding [p, p + bytes), or null; *offset = p - block start.
+  std::shared_ptr<Shared> find_shared(const void* p, size_t bytes, size_t* offset) const;
+  void allreduce_shared(const Shared& b, size_t offset, size_t count, DType dtype, ReduceOp op, OpCtx& ctx);
 
   RankCtrl& ctrl(int r) const;
   ChannelCtrl& channel(int src, int dst) const;
@@ -102,7 +120,11 @@ class ShmCommunicator : public Communicator {
   std::vector<uint32_t> send_head_;  ///< per destination: chunks sent
   std::vector<uint32_t> recv_tail_;  ///< per source: chunks received
   std::vector<const void*> srcs_;    ///< scratch: reduction sources in rank order (no per-op malloc)
+  std::vector<char> scratch_;        ///< one piece of a streamed zero-copy all-reduce
   std::exception_ptr broken_;        ///< first timeout / peer failure: later ops rethrow it
+  bool zero_copy_;                   ///< alloc_buffer maps peers' memory (GZ_SHM_ZERO_COPY, default on)
+  uint64_t buffers_ = 0;             ///< alloc_buffer calls so far (same on every rank)
+  std::shared_ptr<SharedTable> shared_ = std::make_shared<SharedTable>();  ///< outlives us in deleters
 };
 
 }  // namespace gz::comm::shm
