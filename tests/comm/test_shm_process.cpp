@@ -139,6 +139,45 @@ TEST(ShmProcess, KilledRankBecomesPeerErrorOnSurvivors) {
   EXPECT_TRUE(shm_entries_of(pids).empty());
 }
 
+// alloc_buffer blocks across processes: every rank maps every block at its own address. The
+// zero-copy all-reduce is exact, a killed rank becomes gz::PeerError on the survivors, and no
+// block is left in /dev/shm.
+TEST(ShmProcess, AllocBufferAcrossProcessesAndAKilledRank) {
+  std::vector<pid_t> pids;
+  auto codes = run_processes(
+      3,
+      [](int rank, Communicator& c) {
+        const size_t n = 300001;
+        auto mem = c.alloc_buffer(n * sizeof(float));
+        auto* f = static_cast<float*>(mem.get());
+        for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 1000);
+        c.barrier();
+        c.allreduce(f, n, DType::f32, ReduceOp::sum);
+        for (size_t i = 0; i < n; ++i)
+          if (f[i] != 6.0f * static_cast<float>(i % 1000)) return 1;
+        c.barrier();
+        if (rank == 2) raise(SIGKILL);
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+          c.allreduce(f, n, DType::f32, ReduceOp::sum);
+          return 5;
+        } catch (const PeerError& e) {
+          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::string m = e.what();
+          if (m.find("peer rank 2") == std::string::npos || m.find("allreduce") == std::string::npos) {
+            std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
+            return 6;
+          }
+          return s < 5.0 ? 0 : 7;
+        }
+      },
+      30, &pids);
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+  EXPECT_EQ(codes[2], -SIGKILL);
+  EXPECT_TRUE(shm_entries_of(pids).empty());
+}
+
 TEST(ShmProcess, StoppedRankBecomesTimeoutNamingIt) {
   auto codes = run_processes(
       3,

@@ -493,8 +493,9 @@ std::shared_ptr<void> ShmCommunicator::do_alloc_buffer(size_t bytes) {
   const size_t rounded = round_up(bytes, 4096);
   const Deadline deadline = op_deadline();
   const std::string key = "gz_shm_buf/" + group_id_ + "/" + std::to_string(id) + "/";
+  // group_id_ ends with rank 0's pid, as the segment's name does (tests look for leftovers by it).
   auto name_of = [&](int r) {
-    return "/gz-shm-" + group_id_ + "-b" + std::to_string(id) + "-r" + std::to_string(r);
+    return "/gz-shm-b" + std::to_string(id) + "-r" + std::to_string(r) + "-" + group_id_;
   };
   auto b = std::make_shared<Shared>();
   b->id = id;
