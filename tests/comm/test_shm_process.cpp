@@ -90,6 +90,25 @@ std::vector<int> run_processes(int world, const std::function<int(int, Communica
   return codes;
 }
 
+// For a survivor after rank 2 was SIGKILLed: `allreduce` must fail with gz::PeerError naming peer
+// rank 2 and the all-reduce, well before the 30 s timeout. Returns the child's exit code: 0 as
+// expected, 5 it succeeded, 6 another message, 7 too slow.
+int allreduce_fails_naming_rank_2(int rank, const std::function<void()>& allreduce) {
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    allreduce();
+    return 5;
+  } catch (const PeerError& e) {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string m = e.what();
+    if (m.find("peer rank 2") == std::string::npos || m.find("allreduce") == std::string::npos) {
+      std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
+      return 6;
+    }
+    return s < 5.0 ? 0 : 7;
+  }
+}
+
 TEST(ShmProcess, AllreduceAcrossProcessesLeavesDevShmClean) {
   std::vector<pid_t> pids;
   auto codes = run_processes(
@@ -116,20 +135,9 @@ TEST(ShmProcess, KilledRankBecomesPeerErrorOnSurvivors) {
         c.allreduce(&x, 1, DType::f32, ReduceOp::sum);
         if (x != 3) return 1;
         if (rank == 2) raise(SIGKILL);
-        auto t0 = std::chrono::steady_clock::now();
-        try {
-          std::vector<float> v(50000, 1.0f);
-          c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum);
-          return 5;  // must not succeed
-        } catch (const PeerError& e) {
-          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          std::string m = e.what();
-          if (m.find("peer rank 2") == std::string::npos || m.find("allreduce") == std::string::npos) {
-            std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
-            return 6;
-          }
-          return s < 5.0 ? 0 : 7;  // well before the 30 s timeout
-        }
+        std::vector<float> v(50000, 1.0f);
+        return allreduce_fails_naming_rank_2(
+            rank, [&] { c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum); });
       },
       30, &pids);
   EXPECT_EQ(codes[0], 0);
@@ -157,19 +165,7 @@ TEST(ShmProcess, AllocBufferAcrossProcessesAndAKilledRank) {
           if (f[i] != 6.0f * static_cast<float>(i % 1000)) return 1;
         c.barrier();
         if (rank == 2) raise(SIGKILL);
-        auto t0 = std::chrono::steady_clock::now();
-        try {
-          c.allreduce(f, n, DType::f32, ReduceOp::sum);
-          return 5;
-        } catch (const PeerError& e) {
-          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          std::string m = e.what();
-          if (m.find("peer rank 2") == std::string::npos || m.find("allreduce") == std::string::npos) {
-            std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, m.c_str());
-            return 6;
-          }
-          return s < 5.0 ? 0 : 7;
-        }
+        return allreduce_fails_naming_rank_2(rank, [&] { c.allreduce(f, n, DType::f32, ReduceOp::sum); });
       },
       30, &pids);
   EXPECT_EQ(codes[0], 0);
