@@ -152,16 +152,18 @@ void DistributedOptimizer::on_ready(size_t index) {
     }
   }
   if (++passes_[index] < options_.backward_passes_per_step) return;
-  bool all = false;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (submitted_[index]) return;
     submitted_[index] = 1;
-    all = ++num_submitted_ == params_.size();
+    wake = ++num_submitted_ == params_.size();
+    if (!plan_.empty()) wake = --plan_left_[plan_group_of_[index]] == 0 || wake;
     if (!loop_) loop_ = group_->submit([this] { run_cycles(); });
   }
-  // The cycle loop waits out its cycle time; only the last gradient of the step cuts that short.
-  if (all) cv_.notify_all();
+  // The loop waits out its cycle time (or, replaying, for its next group); only the last gradient
+  // of the step or of a replayed group cuts that short.
+  if (wake) cv_.notify_all();
 }
 
 void DistributedOptimizer::run_cycles() {
@@ -176,20 +178,57 @@ void DistributedOptimizer::run_cycles() {
   bool stall_flag = false;
   auto last_progress = Clock::now();
   auto next_cycle = last_progress;  // the first cycle starts at once
+  std::vector<std::vector<size_t>> executed;  // the groups reduced this step, in order
+  // Every rank holds the same plan (built from agreed groups after the same steps), so every rank
+  // replays, or negotiates, alike. A rank waits at most `patience` for its next group before it
+  // confirms anyway: the group then fails everywhere and the stall report takes over.
+  std::vector<std::vector<size_t>> plan;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    plan = plan_;
+  }
+  bool replay = !plan.empty();
+  size_t next_group = 0;
+  const auto patience = std::min({options_.stall_warning, stall_error, group_->timeout()}) / 2;
   while (ndone < n) {
     {
-      // Cycles start at least cycle_time apart, so the gradients that become ready in between are
-      // negotiated and reduced together: one allgather and one fused all-reduce for many tensors
-      // (Horovod's background loop does the same) instead of a rendezvous of every rank per ready
-      // gradient. Once every local gradient is submitted, go at once: the step is waiting.
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_until(lock, next_cycle, [&] { return num_submitted_ == n; });
+      if (replay) {
+        // Replaying, a cycle costs every rank a rendezvous: enter one only when this rank holds the
+        // whole next group (as a DDP bucket), or when backward is over and it never will.
+        cv_.wait_for(lock, patience, [&] { return plan_left_[next_group] == 0 || closing_; });
+      } else {
+        // Cycles start at least cycle_time apart, so the gradients that become ready in between
+        // are negotiated and reduced together: one allgather and one fused all-reduce for many
+        // tensors (Horovod's background loop does the same) instead of a rendezvous of every rank
+        // per ready gradient. Once every local gradient is submitted, go at once: the step waits.
+        cv_.wait_until(lock, next_cycle, [&] { return num_submitted_ == n; });
+      }
       for (size_t i = 0; i < n; ++i) msg[i] = submitted_[i] && !done[i];
     }
     next_cycle = Clock::now() + options_.cycle_time;
     msg[n] = stall_flag;
     group_->allgather(msg.data(), all.data(), n + 1, DType::u8);
     ++cycles;
+    auto everywhere = [&](size_t i) {
+      for (int r = 0; r < world; ++r)
+        if (!all[r * (n + 1) + i]) return false;
+      return true;
+    };
+    if (replay) {
+      const auto& next = plan[next_group];
+      if (std::all_of(next.begin(), next.end(), everywhere)) {
+        reduce_fused(next);
+        executed.push_back(next);
+        for (size_t i : next) done[i] = 1;
+        ndone += next.size();
+        ++next_group;
+        last_progress = Clock::now();
+        continue;
+      }
+      // Some rank lacks part of the group (no flag is set while replaying): negotiate the rest.
+      replay = false;
+    }
     std::vector<size_t> agreed;
     bool any_stall = false;
     auto now = Clock::now();
@@ -241,11 +280,43 @@ void DistributedOptimizer::run_cycles() {
       GZ_THROW(TimeoutError, "DistributedOptimizer: rank ", group_->rank(), ": stalled after ", cycles,
                " negotiation cycles: ", os.str());
     }
-    if (!agreed.empty()) reduce_fused(agreed);
+    if (!agreed.empty()) {
+      reduce_fused(agreed);
+      executed.push_back(agreed);
+    }
     for (size_t i : agreed) done[i] = 1;
     ndone += agreed.size();
   }
   last_cycles_ = cycles;
+  last_replayed_ = replay;
+  record_schedule(executed);
+}
+
+void DistributedOptimizer::record_schedule(const std::vector<std::vector<size_t>>& executed) {
+  // The next step replays this one's groups, merged in order into buckets as DDP's. Merging is
+  // idempotent, so a replayed step records the plan it ran. Groups hold agreed indices only, so the
+  // plan is the same on every rank.
+  std::vector<std::vector<size_t>> plan;
+  if (options_.replay_schedule) {
+    size_t bytes = 0, cap = std::min(options_.replay_bucket_bytes, size_t(1) << 20);
+    for (const auto& g : executed) {
+      size_t gb = 0;
+      for (size_t i : g) gb += static_cast<size_t>(params_[i].numel() * params_[i].element_size());
+      if (plan.empty() || bytes + gb > cap) {
+        if (!plan.empty()) cap = options_.replay_bucket_bytes;
+        plan.emplace_back();
+        bytes = 0;
+      }
+      plan.back().insert(plan.back().end(), g.begin(), g.end());
+      bytes += gb;
+    }
+  }
+  std::vector<size_t> group_of(params_.size());
+  for (size_t k = 0; k < plan.size(); ++k)
+    for (size_t i : plan[k]) group_of[i] = k;
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_ = std::move(plan);
+  plan_group_of_ = std::move(group_of);
 }
 
 namespace {
@@ -318,7 +389,9 @@ void DistributedOptimizer::synchronize() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     loop = loop_;
+    closing_ = true;  // no more gradients this step: a replayed group still incomplete never will be
   }
+  cv_.notify_all();
   std::exception_ptr err;
   if (loop) {
     try {
@@ -332,6 +405,10 @@ void DistributedOptimizer::synchronize() {
     loop_.reset();
     std::fill(submitted_.begin(), submitted_.end(), 0);
     num_submitted_ = 0;
+    closing_ = false;
+    if (err) plan_.clear();  // a failed step's schedule means nothing; negotiate the next one
+    plan_left_.resize(plan_.size());
+    for (size_t k = 0; k < plan_.size(); ++k) plan_left_[k] = plan_[k].size();
   }
   std::fill(passes_.begin(), passes_.end(), 0);
   if (err) std::rethrow_exception(err);

@@ -1,6 +1,7 @@
 // Horovod-style DistributedOptimizer: equivalence, different gradient orders per rank, stall
 // report, backward_passes_per_step, parameter and optimizer-state broadcast.
 #include <algorithm>
+#include <thread>
 
 #include "gz/core/error.h"
 #include "gz/torch/collectives.h"
@@ -146,10 +147,14 @@ TEST(Horovod, DifferentGradientOrderPerRank) {
   });
 }
 
-TEST(Horovod, StallNamesTheMissingRanks) {
-  const int world = 3;
+// Rank 1 skips the unused.* gradients in the last step: every rank fails with a report naming the
+// tensors and rank 1, whether that step was negotiated (the first) or replayed (after good steps).
+class HorovodStall : public ::testing::TestWithParam<int> {};
+
+TEST_P(HorovodStall, NamesTheMissingRanks) {
+  const int world = 3, good_steps = GetParam();
   auto models = make_mlps(world, /*extra=*/true);
-  auto d = make_data(1, world * kB);
+  auto d = make_data(good_steps + 1, world * kB);
   std::vector<std::string> errors(world);
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store, std::chrono::seconds(10));
@@ -159,21 +164,83 @@ TEST(Horovod, StallNamesTheMissingRanks) {
     o.stall_error = std::chrono::milliseconds(500);
     DistributedOptimizer opt(std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1)),
                              named(*m), o, g);
-    auto out = m->forward(shard(d.x[0], r, kB));
-    if (r != 1) out = m->unused->forward(out);  // rank 1 never produces unused.* gradients
-    torch::mse_loss(out, shard(d.y[0], r, kB)).backward();
-    Stopwatch sw;
-    try {
-      opt.step();
-    } catch (const TimeoutError& e) {
-      errors[r] = e.what();
+    for (int s = 0; s <= good_steps; ++s) {
+      opt.zero_grad();
+      auto out = m->forward(shard(d.x[s], r, kB));
+      if (r != 1 || s < good_steps) out = m->unused->forward(out);
+      torch::mse_loss(out, shard(d.y[s], r, kB)).backward();
+      Stopwatch sw;
+      try {
+        opt.step();
+      } catch (const TimeoutError& e) {
+        errors[r] = e.what();
+      }
+      EXPECT_LT(sw.seconds(), 5.0);
+      if (s < good_steps) {
+        ASSERT_EQ(errors[r], "") << "step " << s;
+        EXPECT_EQ(opt.last_step_replayed(), s > 0) << "step " << s;
+      }
     }
-    EXPECT_LT(sw.seconds(), 5.0);
   });
   for (int r = 0; r < world; ++r) {
     EXPECT_NE(errors[r].find("unused.weight' missing on ranks [1]"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("unused.bias' missing on ranks [1]"), std::string::npos) << errors[r];
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(GoodStepsBefore, HorovodStall, ::testing::Values(0, 2));
+
+// Gradients arrive a few ms apart (one negotiation cycle each), so the first step's schedule has
+// several groups; later steps replay it while each rank's gradient order flips every step, and a
+// rank that lingers past the patience (half the stall warning) in backward sends the step back to
+// negotiation. Results must equal the single process throughout.
+TEST(Horovod, ReplayedScheduleSurvivesNewOrdersAndLateRanks) {
+  const int world = 3, steps = 8;
+  std::vector<TwoBranch> models;
+  for (int i = 0; i <= world; ++i) models.emplace_back();
+  auto d = make_data(steps, world * kB);
+  {
+    auto& ref = models[world];
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(ref->forward(d.x[s], true), d.y[s]).backward();
+      opt.step();
+    }
+  }
+  const int late_step = 5;
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    int step = 0;
+    for (auto& it : m->named_parameters()) {
+      const bool linger = it.key() == "a.weight";
+      it.value().register_hook([&step, r, linger](torch::Tensor grad) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(4));
+        if (linger && r == 2 && step == late_step)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        return grad;
+      });
+    }
+    DistributedOptimizerOptions o;
+    o.fusion_bytes = 16;                        // one tensor per all-reduce
+    o.replay_bucket_bytes = 1;                  // every negotiated group is a bucket of its own
+    o.stall_warning = std::chrono::seconds(1);  // patience 0.5 s
+    DistributedOptimizer opt(
+        std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1)), named(*m), o, g);
+    for (step = 0; step < steps; ++step) {
+      opt.zero_grad();
+      torch::mse_loss(m->forward(shard(d.x[step], r, kB), (r + step) % 2 == 0), shard(d.y[step], r, kB))
+          .backward();
+      opt.step();
+      const bool replayed = step > 0 && step != late_step;
+      EXPECT_EQ(opt.last_step_replayed(), replayed) << "rank " << r << " step " << step;
+      if (replayed) EXPECT_LE(opt.last_cycles(), 4) << "rank " << r << " step " << step;
+    }
+    auto pa = m->parameters(), pb = models[world]->parameters();
+    for (size_t i = 0; i < pa.size(); ++i)
+      EXPECT_TRUE(torch::allclose(pa[i], pb[i], 1e-5, 1e-6)) << "rank " << r;
+  });
 }
 
 // Gradients live in one arena from alloc_buffer (all-reduced there, no staging copies, for the

@@ -44,6 +44,15 @@ struct DistributedOptimizerOptions {
   /// become ready within one cycle are fused into one all-reduce. The last cycle of a step starts
   /// as soon as every local gradient is ready.
   std::chrono::microseconds cycle_time{1000};
+  /// @brief Replay the last step's schedule (Horovod's response cache, taken further): once a step
+  /// has been negotiated, the next one all-reduces the same groups in the same order, each as soon
+  /// as this rank holds all of its gradients, with one allgather per group to confirm every rank
+  /// holds it, instead of a negotiation every cycle_time. A group some rank lacks (a gradient
+  /// skipped, a new order) switches the rest of the step back to negotiation cycles.
+  bool replay_schedule = true;
+  /// @brief Replayed groups are merged, in order, into buckets of up to this many bytes (the first
+  /// up to 1 MiB, so communication starts early in backward), as DDP's bucket_cap.
+  size_t replay_bucket_bytes = size_t(25) << 20;
 };
 
 /// @brief Averages gradients across a group as backward produces them, then steps the optimizer.
@@ -73,6 +82,8 @@ class DistributedOptimizer {
   const comm::CommPtr& group() const { return group_; }
   /// @brief Negotiation cycles run in the last synchronised step (for tests and tuning).
   int last_cycles() const { return last_cycles_; }
+  /// @brief Whether the last synchronised step ran entirely from the replayed schedule.
+  bool last_step_replayed() const { return last_replayed_; }
 
  private:
   class Hook;
@@ -80,6 +91,7 @@ class DistributedOptimizer {
   void bind_arena();
   void run_cycles();
   void reduce_fused(const std::vector<size_t>& idx);
+  void record_schedule(const std::vector<std::vector<size_t>>& executed);
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   comm::CommPtr group_;
@@ -98,8 +110,16 @@ class DistributedOptimizer {
   std::vector<int> passes_;          // backward passes seen per tensor this step
   std::vector<uint8_t> submitted_;   // guarded by mu_
   size_t num_submitted_ = 0;         // guarded by mu_
+  bool closing_ = false;             // guarded by mu_: synchronize() was called, backward is over
+  // The schedule replayed this step: groups of tensor indices (a partition, identical on every rank
+  // because it is built from agreed groups), each tensor's group, and per group how many of its
+  // tensors this rank has not submitted yet. Written only between steps; guarded by mu_.
+  std::vector<std::vector<size_t>> plan_;
+  std::vector<size_t> plan_group_of_;
+  std::vector<size_t> plan_left_;
   comm::WorkPtr loop_;
   int last_cycles_ = 0;
+  bool last_replayed_ = false;
 };
 
 /// @brief Broadcast parameters (in place) from root; every rank passes the same names in the same order.
