@@ -8,7 +8,9 @@
 #
 #   bench/run_train_bench.sh [BUILD_DIR]
 #   env: REPEATS (3), CNN_STEPS (200), BERT_STEPS (30), WARMUP (5), CNN_BATCH (64), BERT_BATCH (8),
-#        SEQ (128), MODELS ("cnn bert-small"), CSV (write the medians there too)
+#        SEQ (128), MODELS ("cnn bert-small"), CSV (write the medians there too),
+#        SCALING_ONLY (1: only the rows that bound DDP's scaling: single, the pair, DDP at 1 and 2
+#        ranks, DDP without the all-reduce; the others print n/a)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
@@ -24,6 +26,7 @@ BERT_BATCH=${BERT_BATCH:-8}
 SEQ=${SEQ:-128}
 MODELS=${MODELS:-"cnn bert-small"}
 CSV=${CSV:-}
+SCALING_ONLY=${SCALING_ONLY:-0}
 for f in "$gzrun" "$bench"; do
   [ -x "$f" ] || { echo "missing $f: build first (scripts/build.sh)" >&2; exit 1; }
 done
@@ -77,7 +80,7 @@ run_pair() {
   res[$name]="${res[$name]:-} $v"
   printf '  %-30s %10s samples/s\n' "$name" "$v" >&2
 }
-median() { echo "$1" | tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
+median() { echo "$1" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 
 for rep in $(seq 1 "$REPEATS"); do
   for model in $MODELS; do
@@ -87,9 +90,9 @@ for rep in $(seq 1 "$REPEATS"); do
     run "$model/gz-single-1" "$bench" train "${common[@]}" --mode single
     run_pair "$model/gz-single-pair" "$bench" train "${common[@]}" --mode single
     for n in 1 2; do
-      for mode in ddp horovod; do
-        run "$model/gz-$mode-$n" "$gzrun" --nproc-per-node "$n" --master-port 0 -- "$bench" train "${common[@]}" --mode "$mode"
-      done
+      run "$model/gz-ddp-$n" "$gzrun" --nproc-per-node "$n" --master-port 0 -- "$bench" train "${common[@]}" --mode ddp
+      [ "$SCALING_ONLY" = 1 ] && continue
+      run "$model/gz-horovod-$n" "$gzrun" --nproc-per-node "$n" --master-port 0 -- "$bench" train "${common[@]}" --mode horovod
       # The same DDP with LibTorch's own AdamW and dropout (bert-small; cnn uses neither).
       [ "$model" = cnn ] || run "$model/gz-ddp_stock-$n" "$gzrun" --nproc-per-node "$n" --master-port 0 -- \
         "$bench" train "${common[@]}" --mode ddp --kernels torch
@@ -100,13 +103,23 @@ for rep in $(seq 1 "$REPEATS"); do
     # overhead, between it and gz-ddp-2 the cost of communication.
     run "$model/gz-ddp_nocomm-2" "$gzrun" --nproc-per-node 2 --master-port 0 -- "$bench" train "${common[@]}" \
       --mode ddp --hook none
-    run "$model/gz-dp-2" "$bench" train "${common[@]}" --mode dp
+    [ "$SCALING_ONLY" = 1 ] || run "$model/gz-dp-2" "$bench" train "${common[@]}" --mode dp
   done
 done
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.3f", a / b }'; }
 scal() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.3f", a / (2 * b) }'; }
 m() { median "${res[$1]:-}"; }
+# per_round NUM DEN [K]: NUM's run i / (K x DEN's run i) for every round (runs of one round are
+# minutes apart, so these ratios see less of the VM's slow phases than ratios of medians), then
+# their median.
+per_round() {
+  local v
+  v=$(awk -v a="${res[$1]:-}" -v b="${res[$2]:-}" -v k="${3:-2}" 'BEGIN {
+    n = split(a, x, " "); split(b, y, " ");
+    for (i = 1; i <= n; ++i) printf "%s%s", (i > 1 ? " " : ""), (x[i] == "nan" || y[i] == "nan" || y[i] == 0) ? "nan" : sprintf("%.3f", x[i] / (k * y[i])) }')
+  echo "[ $v ] median $(median "$v")"
+}
 echo
 echo "medians of $REPEATS runs; per-run values in brackets"
 printf '%-11s %-14s %12s %12s %9s %14s\n' model impl "1-rank s/s" "2-rank s/s" scaling "vs torch 2-rk"
@@ -127,7 +140,11 @@ for model in $MODELS; do
   [ -z "$CSV" ] || echo "$model,single_pair,$a,$b,$(scal "$b" "$a"),$(ratio "$b" "$t2")" >>"$CSV"
   printf '%-11s %-14s %s\n' "$model" "" "gz single (1 process, no DDP): $(m "$model/gz-single-1") [${res[$model/gz-single-1]} ]"
   printf '%-11s %-14s %s\n' "$model" "" "horovod/ddp (2 ranks): $(ratio "$(m "$model/gz-horovod-2")" "$(m "$model/gz-ddp-2")")"
-  printf '%-11s %-14s %s\n' "$model" "" "ceiling: two single processes at once, no communication: $(m "$model/gz-single-pair") samples/s = $(scal "$(m "$model/gz-single-pair")" "$(m "$model/gz-single-1")") of 2 x single"
+  printf '%-11s %-14s %s\n' "$model" "" "ceiling: two single processes at once, no communication: $(m "$model/gz-single-pair") samples/s = $(scal "$(m "$model/gz-single-pair")" "$(m "$model/gz-single-1")") of 2 x single, $(scal "$(m "$model/gz-single-pair")" "$(m "$model/gz-ddp-1")") of 2 x ddp-1"
+  printf '%-11s %-14s %s\n' "$model" "" "per round: ddp-2 / 2 x ddp-1 $(per_round "$model/gz-ddp-2" "$model/gz-ddp-1")"
+  printf '%-11s %-14s %s\n' "$model" "" "per round: ddp_nocomm-2 / 2 x ddp-1 $(per_round "$model/gz-ddp_nocomm-2" "$model/gz-ddp-1")"
+  printf '%-11s %-14s %s\n' "$model" "" "per round: single-pair / 2 x single $(per_round "$model/gz-single-pair" "$model/gz-single-1")"
+  printf '%-11s %-14s %s\n' "$model" "" "per round: ddp-2 / ddp_nocomm-2 $(per_round "$model/gz-ddp-2" "$model/gz-ddp_nocomm-2" 1)"
   for k in "${!res[@]}"; do
     if [[ $k == $model/* ]]; then printf '%-11s   %-26s [%s ]\n' "$model" "${k#*/}" "${res[$k]}"; fi
   done | sort
