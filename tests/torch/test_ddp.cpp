@@ -84,16 +84,8 @@ TEST(DDP, NoSyncAccumulationEqualsBigBatch) {
   const int world = 2, micro = 3, steps = 5;
   auto models = make_mlps(world + 1);
   auto d = make_data(steps * micro, world * kB);
-  {
-    auto& ref = models[world];
-    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < steps; ++s) {
-      opt.zero_grad();
-      for (int k = 0; k < micro; ++k)
-        torch::mse_loss(ref->forward(d.x[s * micro + k]), d.y[s * micro + k]).backward();
-      opt.step();
-    }
-  }
+  train_reference(
+      *models[world], d, steps, [&](const torch::Tensor& x) { return models[world]->forward(x); }, micro);
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store);
     auto& m = models[r];
@@ -134,15 +126,8 @@ TEST(DDP, BucketsAreRebuiltFromTheObservedOrder) {
   std::vector<Swapped> models;
   for (int i = 0; i <= world; ++i) models.emplace_back();
   auto d = make_data(steps, world * kB);
-  {
-    auto& ref = models[world];
-    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < steps; ++s) {
-      opt.zero_grad();
-      torch::mse_loss(ref->forward(d.x[s]), d.y[s]).backward();
-      opt.step();
-    }
-  }
+  train_reference(*models[world], d, steps,
+                  [&](const torch::Tensor& x) { return models[world]->forward(x); });
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store);
     auto& m = models[r];

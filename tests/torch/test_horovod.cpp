@@ -109,15 +109,8 @@ TEST(Horovod, DifferentGradientOrderPerRank) {
   std::vector<TwoBranch> models;
   for (int i = 0; i <= world; ++i) models.emplace_back();
   auto d = make_data(steps, world * kB);
-  {
-    auto& ref = models[world];
-    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < steps; ++s) {
-      opt.zero_grad();
-      torch::mse_loss(ref->forward(d.x[s], true), d.y[s]).backward();
-      opt.step();
-    }
-  }
+  train_reference(*models[world], d, steps,
+                  [&](const torch::Tensor& x) { return models[world]->forward(x, true); });
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store);
     auto& m = models[r];
@@ -199,15 +192,8 @@ TEST(Horovod, ReplayedScheduleSurvivesNewOrdersAndLateRanks) {
   std::vector<TwoBranch> models;
   for (int i = 0; i <= world; ++i) models.emplace_back();
   auto d = make_data(steps, world * kB);
-  {
-    auto& ref = models[world];
-    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < steps; ++s) {
-      opt.zero_grad();
-      torch::mse_loss(ref->forward(d.x[s], true), d.y[s]).backward();
-      opt.step();
-    }
-  }
+  train_reference(*models[world], d, steps,
+                  [&](const torch::Tensor& x) { return models[world]->forward(x, true); });
   const int late_step = 5;
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store);
@@ -294,15 +280,8 @@ TEST(Horovod, BackwardPassesPerStepAccumulates) {
   const int world = 2, micro = 2, steps = 4;
   auto models = make_mlps(world + 1);
   auto d = make_data(steps * micro, world * kB);
-  {
-    auto& ref = models[world];
-    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < steps; ++s) {
-      opt.zero_grad();
-      for (int k = 0; k < micro; ++k) torch::mse_loss(ref->forward(d.x[s * micro + k]), d.y[s * micro + k]).backward();
-      opt.step();
-    }
-  }
+  train_reference(
+      *models[world], d, steps, [&](const torch::Tensor& x) { return models[world]->forward(x); }, micro);
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store);
     auto& m = models[r];

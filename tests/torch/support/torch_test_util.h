@@ -77,4 +77,17 @@ inline Data make_data(int steps, int64_t rows, uint64_t seed = 7) {
 /// @brief Rows [r*b, (r+1)*b) of t.
 inline torch::Tensor shard(const torch::Tensor& t, int r, int64_t b) { return t.narrow(0, r * b, b); }
 
+/// @brief The single-process reference: `steps` SGD(0.1) steps on the whole batch, each summing the
+/// MSE gradients of `micro` consecutive batches of d; `forward(x)` runs the model.
+template <typename Forward>
+void train_reference(torch::nn::Module& m, const Data& d, int steps, Forward forward, int micro = 1) {
+  torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.1));
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    for (int k = 0; k < micro; ++k)
+      torch::mse_loss(forward(d.x[s * micro + k]), d.y[s * micro + k]).backward();
+    opt.step();
+  }
+}
+
 }  // namespace gz::test
