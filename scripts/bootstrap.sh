@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what Guozhuang needs on Debian 12 (idempotent; quiet when everything is present).
 #   scripts/bootstrap.sh          build + demo dependencies
-#   scripts/bootstrap.sh test     + test tools (clang for the fuzz target, iproute2 for netns tests)
+#   scripts/bootstrap.sh test     + test tools (clang for the fuzz target and the ASan+UBSan build, iproute2 for netns tests)
 #   scripts/bootstrap.sh bench    + python3-torch for the PyTorch DDP comparison
 set -euo pipefail
 pkgs=(g++ cmake make git ca-certificates pkg-config ccache

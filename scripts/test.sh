@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: bootstrap, build, ctest; then ASan+UBSan and TSan builds of the
 # LibTorch-free layers with their tests; then the store wire-decoder fuzz target for a while.
+# The release and TSan builds use GCC; ASan+UBSan uses clang, which keeps the LibTorch-free layers
+# (the shm reduce kernels' vector extensions and CPU dispatch included) building with clang too.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -10,9 +12,10 @@ scripts/build.sh
 echo "== ctest (release)"
 (cd build && ctest --output-on-failure -j "${GZ_TEST_JOBS:-2}" --timeout 600)
 if [ "${GZ_SKIP_SANITIZERS:-0}" != 1 ]; then
-  echo "== ASan+UBSan build of core/store/comm + their tests"
-  GZ_BUILD_DIR=$root/build-asan GZ_BUILD_TYPE=Debug scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_SANITIZE=address,undefined
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L unit --timeout 600)
+  echo "== ASan+UBSan build (clang) of core/store/comm + their tests"
+  CC=clang CXX=clang++ GZ_BUILD_DIR=$root/build-asan-clang GZ_BUILD_TYPE=Debug scripts/build.sh -DGZ_WITH_TORCH=OFF \
+    -DGZ_SANITIZE=address,undefined
+  (cd build-asan-clang && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L unit --timeout 600)
   echo "== TSan build of the comm tests"
   GZ_BUILD_DIR=$root/build-tsan GZ_BUILD_TYPE=RelWithDebInfo scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_SANITIZE=thread
   (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --output-on-failure -j 2 -L tsan --timeout 900)

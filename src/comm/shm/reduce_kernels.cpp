@@ -9,6 +9,7 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define GZ_SHM_X86 1
 #endif
@@ -63,7 +64,12 @@ __attribute__((target("avx,f16c"))) void f16_store_hw(uint16_t* d, const float* 
                      _mm256_cvtps_ph(_mm256_loadu_ps(a + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   for (; i < m; ++i) d[i] = float_to_half(a[i]);
 }
-const bool kHaveF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+// CPUID leaf 1, ECX bit 29. Not __builtin_cpu_supports("f16c"): clang before 15 rejects that name.
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1);
+}
+const bool kHaveF16c = __builtin_cpu_supports("avx") && cpu_has_f16c();
 #else
 const bool kHaveF16c = false;
 #endif
@@ -145,14 +151,17 @@ void run(void* dst_v, void* dst2_v, const void* const* srcs_v, int n, size_t cou
 template <typename T, typename Op>
 __attribute__((always_inline)) inline void native_loop(T* dst, T* dst2, const T* const* s, int n, size_t count, Op op,
                                                        bool avg, int div) {
+  // V reads and writes memory at any alignment; values live in VA (natural alignment), so the ops,
+  // which take references, never see an under-aligned vector (clang warns, and may assume 32).
   typedef T V __attribute__((vector_size(32), aligned(1), may_alias));
+  typedef T VA __attribute__((vector_size(32)));
   constexpr size_t W = 32 / sizeof(T);
   const T d = static_cast<T>(div);
   size_t i = 0;
   if (n == 2) {
     for (; i + W <= count; i += W) {
-      V v = *reinterpret_cast<const V*>(s[0] + i);
-      const V x = *reinterpret_cast<const V*>(s[1] + i);
+      VA v = *reinterpret_cast<const V*>(s[0] + i);
+      const VA x = *reinterpret_cast<const V*>(s[1] + i);
       op(v, x);
       if (avg) v = v / d;
       *reinterpret_cast<V*>(dst + i) = v;
@@ -160,9 +169,9 @@ __attribute__((always_inline)) inline void native_loop(T* dst, T* dst2, const T*
     }
   } else {
     for (; i + W <= count; i += W) {
-      V v = *reinterpret_cast<const V*>(s[0] + i);
+      VA v = *reinterpret_cast<const V*>(s[0] + i);
       for (int j = 1; j < n; ++j) {
-        const V x = *reinterpret_cast<const V*>(s[j] + i);
+        const VA x = *reinterpret_cast<const V*>(s[j] + i);
         op(v, x);
       }
       if (avg) v = v / d;
