@@ -33,6 +33,11 @@ class DistributedOptimizer::Hook : public torch::autograd::FunctionPostHook {
 };
 
 namespace {
+// Gradients at least this big are all-reduced where they are: packing them would cost two copies
+// of the tensor and save only one collective's fixed cost (Horovod, too, skips the fusion buffer
+// for a lone tensor).
+constexpr int64_t kInPlaceBytes = int64_t(1) << 20;
+
 c10::ScalarType wire_type(Compression c, c10::ScalarType grad) {
   if (!c10::isFloatingType(grad)) return grad;
   switch (c) {
@@ -80,13 +85,20 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimiz
   }
   passes_.assign(params_.size(), 0);
   submitted_.assign(params_.size(), 0);
-  // One fusion buffer for the whole run, big enough for the largest tensor.
-  size_t largest = 0;
-  for (auto& p : params_) largest = std::max(largest, static_cast<size_t>(p.numel()) * 8);
-  size_t bytes = std::max(options_.fusion_bytes, largest);
-  size_t total = 0;
-  for (auto& p : params_) total += static_cast<size_t>(p.numel()) * 8;
-  bytes = std::min(bytes, std::max<size_t>(total, 8));
+  // One fusion buffer for the whole run, big enough for the largest tensor that may pass through
+  // it. Uncompressed CPU gradients of kInPlaceBytes or more never do: they live contiguous in the
+  // arena and are all-reduced there, so they need no room here (for bert-small that is 5 MB of
+  // buffer instead of 64 MiB, in /dev/shm on every rank).
+  size_t largest = 0, total = 0;
+  for (auto& p : params_) {
+    const size_t b = static_cast<size_t>(p.numel()) * p.element_size();
+    if (p.is_cpu() && wire_type(options_.compression, p.scalar_type()) == p.scalar_type() &&
+        b >= static_cast<size_t>(kInPlaceBytes))
+      continue;
+    largest = std::max(largest, b);
+    total += b;
+  }
+  const size_t bytes = std::min(std::max(options_.fusion_bytes, largest), std::max<size_t>(total, 8));
   // Memory the group can all-reduce in place (shm: mapped by every rank), so a fused all-reduce
   // costs no staging copies. Same size on every rank: the same named parameters everywhere.
   fusion_ = alloc_buffer_tensor(*group_, static_cast<int64_t>(bytes), torch::kUInt8);
@@ -319,13 +331,6 @@ void DistributedOptimizer::record_schedule(const std::vector<std::vector<size_t>
   plan_group_of_ = std::move(group_of);
 }
 
-namespace {
-// Gradients at least this big are all-reduced where they are: packing them would cost two copies
-// of the tensor and save only one collective's fixed cost (Horovod, too, skips the fusion buffer
-// for a lone tensor).
-constexpr int64_t kInPlaceBytes = int64_t(1) << 20;
-}  // namespace
-
 void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
   torch::NoGradGuard no_grad;
   const double world = group_->size();
@@ -374,6 +379,11 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
       off += g.numel();
       ++k;
     }
+    // The buffer holds every tensor that can come here (see the constructor); fail, never spin.
+    if (k == start)
+      GZ_THROW(Error, "DistributedOptimizer: gradient of '", names_[idx[k]], "' (",
+               g0.numel() * c10::elementSize(wtype), " bytes on the wire) does not fit the ", fusion_.numel(),
+               "-byte fusion buffer");
     average(buf.narrow(0, 0, off), gtype);
     off = 0;
     for (size_t j = start; j < k; ++j) {

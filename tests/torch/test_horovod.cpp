@@ -276,6 +276,46 @@ TEST(Horovod, GradientsLiveInTheArenaAndSurviveSetToNone) {
   });
 }
 
+// Compressed, a big gradient is packed through the fusion buffer (only uncompressed CPU gradients
+// of 1 MiB or more skip it), so the buffer is sized for it even when fusion_bytes is tiny.
+TEST(Horovod, CompressedBigGradientsFitTheFusionBuffer) {
+  const int world = 2, steps = 2;
+  auto make = [] {
+    torch::manual_seed(11);
+    return torch::nn::Sequential(torch::nn::Linear(512, 1024), torch::nn::Tanh(), torch::nn::Linear(1024, 2));
+  };
+  auto ref = make();
+  std::vector<torch::nn::Sequential> models;
+  for (int r = 0; r < world; ++r) models.push_back(make());
+  torch::manual_seed(3);
+  auto x = torch::randn({world * kB, 512}), y = torch::randn({world * kB, 2});
+  {
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(ref->forward(x), y).backward();
+      opt.step();
+    }
+  }
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    DistributedOptimizerOptions o;
+    o.compression = Compression::bf16;
+    o.fusion_bytes = 1024;
+    DistributedOptimizer opt(
+        std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1)), named(*m), o, g);
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(m->forward(shard(x, r, kB)), shard(y, r, kB)).backward();
+      opt.step();
+    }
+    auto a = m->parameters(), b = ref->parameters();
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(torch::allclose(a[i], b[i], 2e-2, 1e-3)) << "parameter " << i << " on rank " << r;
+  });
+}
+
 TEST(Horovod, BackwardPassesPerStepAccumulates) {
   const int world = 2, micro = 2, steps = 4;
   auto models = make_mlps(world + 1);
