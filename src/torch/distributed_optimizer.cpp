@@ -49,6 +49,12 @@ c10::ScalarType wire_type(Compression c, c10::ScalarType grad) {
       return grad;
   }
 }
+
+// Whether a contiguous gradient of this type and size is all-reduced where it is, never packed
+// into the fusion buffer: uncompressed and at least kInPlaceBytes.
+bool reduced_in_place(Compression c, c10::ScalarType type, int64_t bytes) {
+  return wire_type(c, type) == type && bytes >= kInPlaceBytes;
+}
 }  // namespace
 
 DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
@@ -86,17 +92,15 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimiz
   passes_.assign(params_.size(), 0);
   submitted_.assign(params_.size(), 0);
   // One fusion buffer for the whole run, big enough for the largest tensor that may pass through
-  // it. Uncompressed CPU gradients of kInPlaceBytes or more never do: they live contiguous in the
-  // arena and are all-reduced there, so they need no room here (for bert-small that is 5 MB of
-  // buffer instead of 64 MiB, in /dev/shm on every rank).
+  // it. CPU gradients live contiguous in the arena, so those reduced_in_place() never do and need
+  // no room here (for bert-small that is 5 MB of buffer instead of 64 MiB, in /dev/shm on every
+  // rank).
   size_t largest = 0, total = 0;
   for (auto& p : params_) {
-    const size_t b = static_cast<size_t>(p.numel()) * p.element_size();
-    if (p.is_cpu() && wire_type(options_.compression, p.scalar_type()) == p.scalar_type() &&
-        b >= static_cast<size_t>(kInPlaceBytes))
-      continue;
-    largest = std::max(largest, b);
-    total += b;
+    const int64_t b = p.numel() * static_cast<int64_t>(p.element_size());
+    if (p.is_cpu() && reduced_in_place(options_.compression, p.scalar_type(), b)) continue;
+    largest = std::max(largest, static_cast<size_t>(b));
+    total += static_cast<size_t>(b);
   }
   const size_t bytes = std::min(std::max(options_.fusion_bytes, largest), std::max<size_t>(total, 8));
   // Memory the group can all-reduce in place (shm: mapped by every rank), so a fused all-reduce
@@ -352,8 +356,8 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
   };
   // Uncompressed, contiguous and big: reduced where it is.
   auto in_place = [&](const torch::Tensor& g) {
-    return wire_type(options_.compression, g.scalar_type()) == g.scalar_type() && g.is_contiguous() &&
-           g.numel() * g.element_size() >= kInPlaceBytes;
+    return g.is_contiguous() && reduced_in_place(options_.compression, g.scalar_type(),
+                                                 g.numel() * static_cast<int64_t>(g.element_size()));
   };
   size_t k = 0;
   while (k < idx.size()) {
