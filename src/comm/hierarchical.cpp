@@ -204,10 +204,50 @@ class HierarchicalCommunicator : public Communicator {
     return s;
   }
 
-  // One deadline for the whole hierarchical op: each step gets what is left of it.
-  Communicator& within(const CommPtr& c) {
-    c->set_timeout(std::max(op_deadline_.remaining(), Duration(1)));
-    return *c;
+  // One deadline for the whole hierarchical op: each step gets what is left of it, passed with
+  // the step's own options (the sub-communicator's timeout stays as it is).
+  struct Within {
+    Communicator& c;
+    OpOptions o;
+    void allreduce(void* d, size_t n, DType t, ReduceOp op) { c.allreduce(d, n, t, op, o); }
+    void broadcast(void* d, size_t n, DType t, int root) { c.broadcast(d, n, t, root, o); }
+    void allgather(const void* s, void* r, size_t n, DType t) { c.allgather(s, r, n, t, o); }
+    void allgatherv(const void* s, void* r, const std::vector<size_t>& n, DType t) { c.allgatherv(s, r, n, t, o); }
+    void reduce_scatter(const void* s, void* r, size_t n, DType t, ReduceOp op) {
+      c.reduce_scatter(s, r, n, t, op, o);
+    }
+    void reduce(void* d, size_t n, DType t, ReduceOp op, int root) { c.reduce(d, n, t, op, root, o); }
+    void barrier() { c.barrier(o); }
+    void send(const void* d, size_t n, DType t, int peer, int tag) {
+      OpOptions p = o;
+      p.tag = tag;
+      c.send(d, n, t, peer, p);
+    }
+    void recv(void* d, size_t n, DType t, int peer, int tag) {
+      OpOptions p = o;
+      p.tag = tag;
+      c.recv(d, n, t, peer, p);
+    }
+  };
+  Within within(const CommPtr& c) {
+    sub_ = c.get();
+    return Within{*c, OpOptions::until(op_deadline())};
+  }
+
+  // Global rank of position `peer` in the sub-communicator the current step runs on.
+  int global_peer(int peer) const {
+    if (peer < 0 || !sub_) return -1;
+    if (sub_ == flat_.get()) return peer;
+    if (sub_ == local_.get()) {
+      const auto& mine = layout_.ranks_of_node[node_];
+      return peer < static_cast<int>(mine.size()) ? mine[peer] : -1;
+    }
+    // Leaders and rails are sorted member lists of one rank per node.
+    std::vector<int> members;
+    const int j = sub_ == leaders_.get() ? 0 : local_->rank();
+    for (const auto& n : layout_.ranks_of_node) members.push_back(n[j]);
+    std::sort(members.begin(), members.end());
+    return peer < static_cast<int>(members.size()) ? members[peer] : -1;
   }
 
   bool sub_aborted() const {
@@ -228,37 +268,44 @@ class HierarchicalCommunicator : public Communicator {
     }
   }
 
+  // Runs one hierarchical op. A failed step is rethrown as the same error type, with the step
+  // named, the sub-group's peer mapped to its global rank and the original error kept as cause.
   template <typename F>
   void guarded(const char* op, F&& fn) {
     check_aborted();
-    op_deadline_ = op_deadline();
     step_ = Step::none;
+    sub_ = nullptr;
     Stopwatch sw;
-    auto where = [&] {
-      return detail::concat("hier ", op, " #", current_seq(), " on rank ", rank_, "/", size(), " (node ", node_,
-                            ") failed after ", format_duration(sw.elapsed()),
-                            step_ == Step::none ? std::string() : " in the " + step_text() + " (ranks after this point are positions in that sub-group)", ": ");
+    auto where = [&](const Error& e) {
+      const int peer = global_peer(e.peer());
+      return detail::concat(op_failure(op, peer, sw.elapsed()), " (node ", node_, ")",
+                            step_ == Step::none ? std::string()
+                                                : " in the " + step_text() +
+                                                      " (ranks below are positions in that sub-group)",
+                            ": ");
     };
     try {
       fn();
-    } catch (const Aborted& e) {
-      if (aborted() || sub_aborted()) throw;
-      std::string w = where();
-      poison(w + e.what());
-      throw PeerError(w + "a peer gave up: " + e.what());
-    } catch (const TimeoutError& e) {
-      std::string w = where();
-      poison(w + e.what());
-      throw TimeoutError(w + e.what());
-    } catch (const PeerError& e) {
-      std::string w = where();
-      poison(w + e.what());
-      throw PeerError(w + e.what());
     } catch (const InvalidArgument&) {
       throw;
+    } catch (const Aborted& e) {
+      if (aborted() || sub_aborted()) throw;  // this op was aborted, or an earlier one poisoned us
+      // A sub-communicator aborted without us: a peer gave up (or its rank died) mid-step.
+      std::string w = where(e);
+      poison(w + e.what());
+      throw PeerError(w + "a peer gave up: " + e.what(), global_peer(e.peer()), std::current_exception());
+    } catch (const TimeoutError& e) {
+      std::string w = where(e);
+      poison(w + e.what());
+      throw TimeoutError(w + e.what(), global_peer(e.peer()), std::current_exception());
+    } catch (const PeerError& e) {
+      std::string w = where(e);
+      poison(w + e.what());
+      throw PeerError(w + e.what(), global_peer(e.peer()), std::current_exception());
     } catch (const Error& e) {
-      poison(where() + e.what());
-      throw;
+      std::string w = where(e);
+      poison(w + e.what());
+      throw Error(w + e.what(), global_peer(e.peer()), std::current_exception());
     }
   }
 
@@ -271,7 +318,7 @@ class HierarchicalCommunicator : public Communicator {
   enum class Step { none, local_reduce_scatter, rail_allreduce, local_allgather, local_reduce, leaders_allreduce, local_broadcast };
   Step step_ = Step::none;
   std::vector<uint8_t> padded_, shard_;  // allreduce scratch
-  Deadline op_deadline_ = Deadline::after(Duration(0));
+  Communicator* sub_ = nullptr;           // sub-communicator of the step now running
 };
 
 }  // namespace

@@ -87,9 +87,12 @@ TEST(HierLayout, LostPeerFailsEveryRankPromptly) {
       c->allreduce(&x, 1, DType::f32, comm::ReduceOp::sum);
       ADD_FAILURE() << "rank " << rank << ": allreduce without rank 3 succeeded";
     } catch (const PeerError& e) {
-      EXPECT_NE(std::string(e.what()).find("hier allreduce #1"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("allreduce #1 on rank"), std::string::npos) << e.what();
+      // The failed peer is named by its global rank, and the sub-group's error is kept.
+      EXPECT_TRUE(e.peer() >= 0 && e.peer() < 4 && e.peer() != rank) << e.peer() << ": " << e.what();
+      EXPECT_NE(e.cause(), nullptr);
     } catch (const TimeoutError& e) {
-      EXPECT_NE(std::string(e.what()).find("hier allreduce #1"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("allreduce #1 on rank"), std::string::npos) << e.what();
     }
     EXPECT_LT(sw.seconds(), 2.0 + 2.0) << "rank " << rank;
   });

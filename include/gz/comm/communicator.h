@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "gz/comm/op_options.h"
 #include "gz/comm/types.h"
 #include "gz/comm/work.h"
 #include "gz/core/deadline.h"
@@ -26,8 +27,12 @@ namespace gz::comm {
 /// methods a backend implements. Synchronous calls run on the caller's thread; *_async calls run
 /// in issue order on one progress thread per communicator, and a synchronous call first waits for
 /// earlier async ones, so every rank sees the same op order. One user thread per communicator.
-/// Every op fails with gz::TimeoutError / gz::PeerError naming op, peer, sequence and elapsed time
-/// rather than hanging; abort() makes every blocked and later op throw gz::Aborted.
+///
+/// The per-op contract: every op carries its own deadline and tag (OpOptions; by default the
+/// communicator's timeout from when the op is issued) and fails with gz::TimeoutError /
+/// gz::PeerError naming op, peer, sequence and elapsed time rather than hanging. abort() completes
+/// every queued and running op with gz::Aborted and makes every later op throw it. Destroying a
+/// communicator with ops still pending aborts them and waits until they have returned.
 class Communicator {
  public:
   explicit Communicator(Duration timeout) : timeout_(timeout) {}
@@ -41,29 +46,40 @@ class Communicator {
   virtual std::string backend() const = 0;
 
   /// @brief In place: data (count elements) becomes the reduction over ranks.
-  void allreduce(void* data, size_t count, DType dtype, ReduceOp op);
+  void allreduce(void* data, size_t count, DType dtype, ReduceOp op, const OpOptions& opts = {});
   /// @brief In place: every rank gets root's data.
-  void broadcast(void* data, size_t count, DType dtype, int root);
+  void broadcast(void* data, size_t count, DType dtype, int root, const OpOptions& opts = {});
   /// @brief recv (size()*count elements) = concatenation of every rank's send in rank order.
   /// send may point into recv at offset rank()*count (in place).
-  void allgather(const void* send, void* recv, size_t count, DType dtype);
+  void allgather(const void* send, void* recv, size_t count, DType dtype, const OpOptions& opts = {});
   /// @brief Variable sizes: rank r contributes recv_counts[r] elements; recv holds their sum.
-  void allgatherv(const void* send, void* recv, const std::vector<size_t>& recv_counts, DType dtype);
+  void allgatherv(const void* send, void* recv, const std::vector<size_t>& recv_counts, DType dtype,
+                  const OpOptions& opts = {});
   /// @brief send holds size()*recv_count elements; rank r gets the reduction of block r.
-  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op);
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op,
+                      const OpOptions& opts = {});
   /// @brief In place on root; other ranks' buffers are left unspecified.
-  void reduce(void* data, size_t count, DType dtype, ReduceOp op, int root);
-  void barrier();
-  /// @brief Point-to-point; matched by (peer, tag) in order.
-  void send(const void* data, size_t count, DType dtype, int peer, int tag = 0);
-  void recv(void* data, size_t count, DType dtype, int peer, int tag = 0);
+  void reduce(void* data, size_t count, DType dtype, ReduceOp op, int root, const OpOptions& opts = {});
+  void barrier(const OpOptions& opts = {});
+  /// @brief Point-to-point; matched by (peer, opts.tag) in order.
+  void send(const void* data, size_t count, DType dtype, int peer, const OpOptions& opts);
+  void recv(void* data, size_t count, DType dtype, int peer, const OpOptions& opts);
+  /// @brief send/recv with tag `tag` and the default deadline.
+  void send(const void* data, size_t count, DType dtype, int peer, int tag = 0) {
+    send(data, count, dtype, peer, OpOptions::tagged(tag));
+  }
+  void recv(void* data, size_t count, DType dtype, int peer, int tag = 0) {
+    recv(data, count, dtype, peer, OpOptions::tagged(tag));
+  }
 
-  WorkPtr allreduce_async(void* data, size_t count, DType dtype, ReduceOp op);
-  WorkPtr broadcast_async(void* data, size_t count, DType dtype, int root);
-  WorkPtr allgather_async(const void* send, void* recv, size_t count, DType dtype);
-  WorkPtr reduce_scatter_async(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op);
-  /// @brief Run any sequence of ops of this communicator on the progress thread, in order.
-  WorkPtr submit(std::function<void()> fn);
+  WorkPtr allreduce_async(void* data, size_t count, DType dtype, ReduceOp op, const OpOptions& opts = {});
+  WorkPtr broadcast_async(void* data, size_t count, DType dtype, int root, const OpOptions& opts = {});
+  WorkPtr allgather_async(const void* send, void* recv, size_t count, DType dtype, const OpOptions& opts = {});
+  WorkPtr reduce_scatter_async(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op,
+                               const OpOptions& opts = {});
+  /// @brief Run any sequence of ops of this communicator on the progress thread, in order. The
+  /// Work's deadline (opts) bounds wait(); the ops inside carry their own.
+  WorkPtr submit(std::function<void()> fn, const OpOptions& opts = {});
 
   /// @brief Zero-filled memory (64-byte aligned) for a buffer this group all-reduces in place
   /// again and again, such as DDP's gradient buckets.
@@ -79,12 +95,13 @@ class Communicator {
   /// @brief Sub-group of the given ranks (ranks of this group, ascending order = new ranks).
   /// Collective over all ranks of this group; returns nullptr on ranks not in `ranks`.
   virtual std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) = 0;
-  /// @brief Fail every blocked and future op with gz::Aborted (and tell peers where possible).
+  /// @brief Complete every queued and running op with gz::Aborted, fail every later one, and
+  /// tell peers where the backend can (closing connections, poisoning shared state).
   void abort(const std::string& reason);
   bool aborted() const { return aborted_.load(); }
 
+  /// @brief Default timeout of an op issued without its own (fixed at construction).
   Duration timeout() const { return timeout_; }
-  void set_timeout(Duration t) { timeout_ = t; }
   /// @brief Number of ops issued so far (the next op's sequence number).
   uint64_t sequence() const { return seq_.load(); }
 
@@ -105,22 +122,33 @@ class Communicator {
 
   /// @brief Throws gz::Aborted when abort() was called; backends call it in wait loops.
   void check_aborted() const;
-  /// @brief Deadline for an op starting now.
-  Deadline op_deadline() const { return Deadline::after(timeout_); }
+  /// @brief Deadline of the op now running (its OpOptions, fixed when it was issued).
+  Deadline op_deadline() const { return current_deadline_; }
+  /// @brief Tag of the op now running.
+  int op_tag() const { return current_tag_; }
   /// @brief Sequence number of the op now running (for messages and mismatch checks).
   uint64_t current_seq() const { return current_seq_; }
-  /// @brief Stop the progress thread; derived destructors call it before tearing down state.
+  /// @brief "<backend> <op> #<seq> on rank r/n[ with peer p] failed after <t>": the one prefix
+  /// every backend's op errors start with.
+  std::string op_failure(const std::string& op, int peer, Duration elapsed) const;
+  /// @brief Abort the async ops still queued or running (none once the owner waited for its
+  /// Works) and stop the progress thread. Derived destructors call it first, before tearing down
+  /// state: the base destructor can no longer reach the backend's do_abort().
   void shutdown_executor();
 
  private:
   void check_rank(int r, const char* what) const;
-  void begin_sync();
-  WorkPtr enqueue(std::function<void()> fn);
+  void begin_sync(const OpOptions& opts);
+  void start_op(Deadline deadline, int tag);
+  WorkPtr enqueue(std::function<void()> fn, Deadline deadline);
+  void fail_queued(const std::string& why);
   void executor_loop();
 
   Duration timeout_;
   std::atomic<uint64_t> seq_{0};
   uint64_t current_seq_ = 0;
+  Deadline current_deadline_ = Deadline::after(Duration(0));
+  int current_tag_ = 0;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;
 
@@ -129,10 +157,16 @@ class Communicator {
   std::condition_variable idle_cv_;
   std::deque<std::pair<std::function<void()>, WorkPtr>> queue_;
   size_t in_flight_ = 0;  // queued + running async ops
+  bool executor_stopped_ = false;
   bool stop_ = false;
   std::thread executor_;
 };
 
 using CommPtr = std::shared_ptr<Communicator>;
+
+/// @brief For owners of memory an async op uses: wait for `work` within its own deadline; if it
+/// has not finished by then, abort `comm` (which completes it) and wait until it has returned.
+/// Never throws; the op's failure, if any, is dropped (the caller is tearing down).
+void finish_or_abort(Communicator& comm, Work& work, const std::string& why) noexcept;
 
 }  // namespace gz::comm

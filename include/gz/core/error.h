@@ -2,15 +2,31 @@
 // sequence number and elapsed time where they are known (see ErrorContext).
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
 namespace gz {
 
 /// @brief Base of every exception Guozhuang throws.
+///
+/// Besides its message an error may name the peer rank involved (in the group of the op that
+/// raised it) and keep the error that caused it, so a layer that adds context (the hierarchical
+/// backend naming its sub-step) rethrows the same type with the cause attached, never a string.
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
+  /// @brief With the peer rank involved (-1: none or unknown) and the error it wraps (may be null).
+  Error(const std::string& what, int peer, std::exception_ptr cause = nullptr)
+      : std::runtime_error(what), peer_(peer), cause_(std::move(cause)) {}
+  /// @brief Rank of the peer that failed, in the group of the op that raised this; -1 if unknown.
+  int peer() const { return peer_; }
+  /// @brief The error this one wraps, or null.
+  std::exception_ptr cause() const { return cause_; }
+
+ private:
+  int peer_ = -1;
+  std::exception_ptr cause_;
 };
 
 /// @brief A blocking call passed its deadline (a peer is missing, stuck or slow).

@@ -8,6 +8,7 @@
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/pair.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <arpa/inet.h>
@@ -50,6 +51,13 @@ void ignore_sigpipe_once() {
       signal(SIGPIPE, SIG_IGN);
   });
 }
+
+// tcp::Pair keeps signalExceptionExternal() protected (Gloo's own buffers call it when they time
+// out). It is what puts a pair into its error state and wakes everything waiting on it; a derived
+// class may name it, and the member pointer then applies to any tcp::Pair.
+struct PairErrorAccess : ::gloo::transport::tcp::Pair {
+  static constexpr auto signal_error = &PairErrorAccess::signalExceptionExternal;
+};
 
 class GlooCommunicator : public Communicator {
  public:
@@ -120,7 +128,6 @@ class GlooCommunicator : public Communicator {
     std::string key = "gloo_group/" + std::to_string(id);
     for (int r : ranks) key += "_" + std::to_string(r);
     GlooOptions sub = options_;
-    sub.timeout = timeout();
     return std::make_shared<GlooCommunicator>(static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
                                               std::make_shared<PrefixStore>(key, store_), sub);
   }
@@ -134,7 +141,7 @@ class GlooCommunicator : public Communicator {
         set_output(o, data, count, dtype);
         o.setReduceFunction(make_reduce_fn(dtype, op));
         o.setTag(tag());
-        o.setTimeout(timeout());
+        o.setTimeout(op_timeout());
         ::gloo::allreduce(o);
       }
     });
@@ -148,7 +155,7 @@ class GlooCommunicator : public Communicator {
       o.setOutput<uint8_t>(static_cast<uint8_t*>(data), count * dtype_size(dtype));
       o.setRoot(root);
       o.setTag(tag());
-      o.setTimeout(timeout());
+      o.setTimeout(op_timeout());
       ::gloo::broadcast(o);
     });
   }
@@ -181,7 +188,7 @@ class GlooCommunicator : public Communicator {
       }
       o.setOutput<uint8_t>(out, bytes);
       o.setTag(tag());
-      o.setTimeout(timeout());
+      o.setTimeout(op_timeout());
       ::gloo::allgatherv(o);
     });
   }
@@ -234,7 +241,7 @@ class GlooCommunicator : public Communicator {
         o.setRoot(root);
         o.setReduceFunction(make_reduce_fn(dtype, op));
         o.setTag(tag());
-        o.setTimeout(timeout());
+        o.setTimeout(op_timeout());
         ::gloo::reduce(o);
       }
     });
@@ -246,7 +253,7 @@ class GlooCommunicator : public Communicator {
     run("barrier", -1, [&] {
       ::gloo::BarrierOptions o(context_);
       o.setTag(tag());
-      o.setTimeout(timeout());
+      o.setTimeout(op_timeout());
       ::gloo::barrier(o);
     });
   }
@@ -260,23 +267,25 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_abort(const std::string& reason) override {
-    {
-      std::lock_guard<std::mutex> lock(p2p_mu_);
-      if (p2p_buf_) {
-        p2p_buf_->abortWaitSend();
-        p2p_buf_->abortWaitRecv();
+    // Gloo's algorithms wait on buffers we never see. Putting every pair into its error state
+    // wakes each of them (pending sends and receives, bound or not) with an exception, which run()
+    // turns into gz::Aborted; it also closes the sockets, so peers blocked on us fail now instead
+    // of at their own deadlines.
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      try {
+        if (auto* pair = dynamic_cast<::gloo::transport::tcp::Pair*>(context_->getPair(j).get()))
+          (pair->*PairErrorAccess::signal_error)("gz: communicator aborted: " + reason);
+      } catch (...) {
       }
-    }
-    // Closing the sockets makes peers blocked on us fail now instead of at their timeout.
-    try {
-      context_->closeConnections();
-    } catch (...) {
     }
   }
 
  private:
   // Collective tags count collectives only: send/recv advance the sequence on some ranks only.
   uint32_t tag() { return coll_tag_++; }
+  // What is left of this op's own deadline (at least 1 ms: Gloo treats 0 as "use the default").
+  Duration op_timeout() const { return std::max(op_deadline().remaining(), Duration(1)); }
 
   template <typename Opts>
   void set_output(Opts& o, void* data, size_t count, DType dtype) {
@@ -296,25 +305,14 @@ class GlooCommunicator : public Communicator {
     uint64_t slot = kP2PSlotPrefix | static_cast<uint32_t>(tag);
     run(op, peer, [&] {
       auto buf = context_->createUnboundBuffer(ptr, n);
-      {
-        std::lock_guard<std::mutex> lock(p2p_mu_);
-        p2p_buf_ = buf.get();
-      }
-      struct Clear {
-        GlooCommunicator* self;
-        ~Clear() {
-          std::lock_guard<std::mutex> lock(self->p2p_mu_);
-          self->p2p_buf_ = nullptr;
-        }
-      } clear{this};
       check_aborted();
       bool ok;
       if (is_send) {
         buf->send(peer, slot);
-        ok = buf->waitSend(timeout());
+        ok = buf->waitSend(op_timeout());
       } else {
         buf->recv(peer, slot);
-        ok = buf->waitRecv(timeout());
+        ok = buf->waitRecv(op_timeout());
       }
       if (!ok) GZ_THROW(Aborted, "gloo ", op, " aborted");
     });
@@ -345,11 +343,13 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  // "peer 3" when the Gloo message names a known peer address, else "".
-  std::string peer_in(const std::string& msg) const {
+  // "peer rank 3 (addr)" when the Gloo message names a known peer address (and *rank = 3), else "".
+  std::string peer_in(const std::string& msg, int* rank) const {
     for (size_t j = 0; j < peer_addrs_.size(); ++j)
-      if (!peer_addrs_[j].empty() && msg.find(peer_addrs_[j]) != std::string::npos)
+      if (!peer_addrs_[j].empty() && msg.find(peer_addrs_[j]) != std::string::npos) {
+        *rank = static_cast<int>(j);
         return detail::concat("peer rank ", j, " (", peer_addrs_[j], ")");
+      }
     return std::string();
   }
 
@@ -358,36 +358,39 @@ class GlooCommunicator : public Communicator {
   void run(const char* op, int peer, F&& fn) {
     check_aborted();
     Stopwatch sw;
-    auto where = [&] {
-      return detail::concat("gloo ", op, " #", current_seq(), " on rank ", rank_, "/", size_,
-                            peer >= 0 ? detail::concat(" with peer ", peer) : std::string(), " failed after ",
-                            format_duration(sw.elapsed()));
-    };
+    const Duration budget = op_timeout();
     try {
       fn();
     } catch (const Aborted&) {
       throw;
     } catch (const gz::Error&) {
       throw;
-    } catch (const ::gloo::IoException& e) {
-      translate(where(), e.what());
-    } catch (const ::gloo::EnforceNotMet& e) {
-      translate(where(), e.what());
-    } catch (const ::gloo::Exception& e) {
-      translate(where(), e.what());
+    } catch (const ::gloo::Exception& e) {  // IoException, EnforceNotMet, ...
+      translate(op_failure(op, peer, sw.elapsed()), budget, e.what(), peer);
     }
   }
 
-  [[noreturn]] void translate(const std::string& where, const std::string& msg) {
-    if (aborted()) check_aborted();
+  [[noreturn]] void translate(const std::string& where, Duration budget, const std::string& msg, int op_peer) {
+    auto cause = std::make_exception_ptr(std::runtime_error("Gloo: " + msg));
+    if (aborted()) {
+      try {
+        check_aborted();
+      } catch (const Aborted& a) {
+        throw Aborted(where + ": " + a.what(), op_peer, cause);
+      }
+    }
     bool timed_out = msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos ||
                      msg.find("timeout") != std::string::npos;
-    std::string peer = peer_in(msg);
+    int peer = op_peer;
+    std::string who = peer_in(msg, &peer);
     if (timed_out)
-      GZ_THROW(TimeoutError, where, " (timeout ", format_duration(timeout()), "; ",
-               peer.empty() ? std::string("a peer") : peer, " is dead, stuck or slow; Gloo: ", msg, ")");
-    GZ_THROW(PeerError, where, ": connection to ", peer.empty() ? std::string("a peer") : peer,
-             " lost (Gloo: ", msg, ")");
+      throw TimeoutError(detail::concat(where, " (deadline ", format_duration(budget), "; ",
+                                        who.empty() ? std::string("a peer") : who,
+                                        " is dead, stuck or slow; Gloo: ", msg, ")"),
+                         peer, cause);
+    throw PeerError(detail::concat(where, ": connection to ", who.empty() ? std::string("a peer") : who,
+                                   " lost (Gloo: ", msg, ")"),
+                    peer, cause);
   }
 
   int rank_;
@@ -402,8 +405,6 @@ class GlooCommunicator : public Communicator {
   std::vector<std::string> peer_addrs_;  // peer rank -> its socket address as Gloo prints it
   int groups_ = 0;
   uint32_t coll_tag_ = 0;
-  std::mutex p2p_mu_;
-  ::gloo::transport::UnboundBuffer* p2p_buf_ = nullptr;
 };
 
 }  // namespace

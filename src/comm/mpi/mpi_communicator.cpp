@@ -252,9 +252,7 @@ class MpiCommunicator : public Communicator {
 
   void check_rc(int rc, const char* op, const Stopwatch& sw, int peer = -1) {
     if (rc == MPI_SUCCESS) return;
-    GZ_THROW(PeerError, "mpi ", op, " #", current_seq(), " on rank ", rank_, "/", size_,
-             peer >= 0 ? detail::concat(" with peer ", peer) : std::string(), " failed after ",
-             format_duration(sw.elapsed()), ": ", mpi_error_text(rc));
+    throw PeerError(op_failure(op, peer, sw.elapsed()) + ": " + mpi_error_text(rc), peer);
   }
 
   // Start a non-blocking op and poll it until done, deadline or abort.
@@ -272,18 +270,34 @@ class MpiCommunicator : public Communicator {
       check_rc(MPI_Test(&req, &done, &st), op, sw, peer);
       if (done) return;
       if (aborted() || dl.expired()) {
-        broken_ = true;  // the request stays in MPI: the buffers may still be touched
+        // A receive can be cancelled, and then MPI no longer touches its buffer. A collective or a
+        // send cannot: the request stays inside MPI, so the communicator is poisoned for good.
+        if (std::strcmp(op, "recv") != 0 || !cancel(req)) broken_ = true;
         check_aborted();
-        GZ_THROW(TimeoutError, "mpi ", op, " #", current_seq(), " on rank ", rank_, "/", size_,
-                 peer >= 0 ? detail::concat(" with peer ", peer) : std::string(), " timed out after ",
-                 format_duration(sw.elapsed()), " (timeout ", format_duration(timeout()),
-                 "): a peer is dead, stuck or slow, or the ranks issued different ops");
+        throw TimeoutError(op_failure(op, peer, sw.elapsed()) + ": deadline passed; a peer is dead, stuck or "
+                           "slow, or the ranks issued different ops", peer);
       }
       // Spin briefly, then back off to at most 200 us between polls.
       if (pause < std::chrono::microseconds(200)) pause += std::chrono::microseconds(10);
       if (pause > std::chrono::microseconds(50)) std::this_thread::sleep_for(pause);
       else std::this_thread::yield();
     }
+  }
+
+  // For a receive (cancelling a collective is erroneous in MPI): true once the request is
+  // cancelled and complete, so MPI no longer touches its buffer.
+  static bool cancel(MPI_Request& req) {
+    if (MPI_Cancel(&req) != MPI_SUCCESS) return false;
+    // Open MPI completes a cancelled receive at once; a send or collective it cannot cancel would
+    // block here, so poll briefly instead of MPI_Wait.
+    for (int i = 0; i < 1000; ++i) {
+      int done = 0;
+      MPI_Status st;
+      if (MPI_Test(&req, &done, &st) != MPI_SUCCESS) return false;
+      if (done) return true;  // cancelled or completed: either way the buffer is free
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return false;
   }
 
   MPI_Comm comm_;
