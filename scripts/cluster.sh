@@ -200,7 +200,7 @@ do_up() {
       trap "" INT HUP
       hostname "$1" &&
         mount -t tmpfs -o size="$2",mode=1777 gzshm /dev/shm &&
-        mount --bind "$3" /etc/hosts &&
+        { [ ! -e /etc/hosts ] || mount --bind "$3" /etc/hosts; } &&
         : >"$4" && exec sleep infinity' sh "h$i" "$shm_size" "$state/hosts" "$state/ready.$i" \
       </dev/null >/dev/null 2>"$state/holder.$i.err" &
     echo $! >"$state/holder.$i"
