@@ -109,7 +109,7 @@ measure() {
   fi
 }
 
-# best KEY FILES...: the smallest of the values (empty ones ignored).
+# best VALUES...: the smallest (words, so empty results drop out; intended splitting below).
 best() { printf '%s\n' "$@" | awk 'NF && ($1 < b || b == "") { b = $1 } END { print b }'; }
 
 one_rate() {

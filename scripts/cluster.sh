@@ -119,13 +119,13 @@ set_rate() {  # host rate|off: both directions of host I's link
 
 # Everything of cluster $id, found by name, so it also cleans up after a crash that lost $state.
 do_down() {
-  local ns pids k
+  local ns pids
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${NS_PREFIX}${id}_(sw|h[0-9]+)$"); do
     # Every process in the namespace: holders, and whatever was started on the host and outlived
     # its caller (they all live in namespaces this script made).
     pids=$(ip netns pids "$ns" 2>/dev/null)
     [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-    for k in $(seq 50); do
+    for _ in $(seq 50); do
       [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && break
       sleep 0.1
     done
@@ -208,9 +208,9 @@ do_up() {
   echo "$n" >"$state/n"
   echo "$rate" >"$state/rate"
 
-  local k
+  local _
   for ((i = 0; i < n; ++i)); do
-    for k in $(seq 100); do
+    for _ in $(seq 100); do
       [ -f "$state/ready.$i" ] && break
       kill -0 "$(cat "$state/holder.$i")" 2>/dev/null || break
       sleep 0.05
@@ -221,7 +221,7 @@ do_up() {
   # anyone uses the cluster.
   local out
   for ((i = 1; i < n; ++i)); do
-    for k in $(seq 50); do
+    for _ in $(seq 50); do
       out=$(nsenter -t "$(cat "$state/holder.$i")" -n timeout 1 bash -c "exec 3<>/dev/tcp/$SUBNET_PREFIX.1/9" 2>&1)
       [[ $? = 0 || $out == *refused* ]] && break
       sleep 0.1

@@ -50,7 +50,7 @@ rc=$?
 [ $rc = 124 ] || bad "link 2 down: connecting to host 2 ended with $rc ($out), want a timeout (124)"
 "${C[@]}" link 2 up
 ok=0
-for k in $(seq 30); do
+for _ in $(seq 30); do
   out=$("${C[@]}" run 1 timeout 1 bash -c "exec 3<>/dev/tcp/$("${C[@]}" ip 2)/9" 2>&1)
   [[ $out == *refused* ]] && { ok=1; break; }
   sleep 0.1
