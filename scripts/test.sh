@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: bootstrap, build, ctest; then ASan+UBSan and TSan builds of the
-# LibTorch-free layers with their tests; then the store wire-decoder fuzz target for a while.
+# The whole test suite: bootstrap, build, ctest; then a link-only build of the NCCL backend (where
+# CUDA + NCCL are installed); then ASan+UBSan and TSan builds of the LibTorch-free layers with
+# their tests; then the store wire-decoder fuzz target for a while.
 # The release and TSan builds use GCC; ASan+UBSan uses clang, which keeps the LibTorch-free layers
 # (the shm reduce kernels' vector extensions and CPU dispatch included) building with clang too.
 set -euo pipefail
@@ -11,6 +12,47 @@ echo "== build (release)"
 scripts/build.sh
 echo "== ctest (release)"
 (cd build && ctest --output-on-failure -j "${GZ_TEST_JOBS:-2}" --timeout 600)
+echo "== NCCL backend build (link only)"
+# Compiles and links the NCCL backend and test_nccl against a CUDA + NCCL install when there is
+# one (no GPU needed); test_nccl's multi-rank tests skip with their reason where no GPU is
+# visible. Machines without CUDA/NCCL (a fresh Debian 12) skip the stage with a message.
+find_cuda_nccl() {  # prints "<cuda prefix> <nccl prefix>", or nothing
+  local p d cuda="" nccl=""
+  for p in ${CUDA_HOME:-} ${CUDA_PATH:-} /usr/local/cuda /usr/local/cuda-* /usr; do
+    for d in lib64 lib lib/x86_64-linux-gnu; do
+      if [ -z "$cuda" ] && [ -f "$p/include/cuda_runtime.h" ] && [ -e "$p/$d/libcudart.so" ]; then cuda=$p; fi
+      if [ -z "$nccl" ] && [ -f "$p/include/nccl.h" ] && [ -e "$p/$d/libnccl.so" ]; then nccl=$p; fi
+    done
+  done
+  for p in ${NCCL_ROOT:-} ${NCCL_HOME:-}; do
+    [ -z "$nccl" ] && [ -f "$p/include/nccl.h" ] && nccl=$p
+  done
+  if [ -n "$cuda" ] && [ -n "$nccl" ]; then echo "$cuda $nccl"; fi
+}
+cuda_nccl=$(find_cuda_nccl)
+if [ "${GZ_SKIP_NCCL:-0}" = 1 ]; then
+  echo "skipped: GZ_SKIP_NCCL=1"
+elif [ -z "$cuda_nccl" ]; then
+  echo "skipped: no CUDA toolkit/NCCL at \$CUDA_HOME, /usr/local/cuda, /usr/local/cuda-*, /usr" \
+       "(need include/cuda_runtime.h + libcudart.so and include/nccl.h + libnccl.so)"
+else
+  read -r cuda_root nccl_root <<<"$cuda_nccl"
+  echo "CUDA at $cuda_root, NCCL at $nccl_root"
+  cmake -S "$root" -B build-nccl-ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGZ_WITH_TORCH=OFF -DGZ_WITH_NCCL=ON \
+    -DGZ_WITH_GLOO=OFF -DGZ_WITH_MPI=OFF -DGZ_BUILD_TESTS=ON -DCUDAToolkit_ROOT="$cuda_root" \
+    -DNCCL_ROOT="$nccl_root" >/dev/null
+  if ! cmake --build build-nccl-ci --target test_nccl -j "$(nproc)" >build-nccl-ci/build.log 2>&1; then
+    grep -E -B2 -A6 'error|Error' build-nccl-ci/build.log | tail -n 60
+    echo "NCCL backend build failed (log: build-nccl-ci/build.log)" >&2
+    exit 1
+  fi
+  # Where no GPU is visible the multi-rank tests are skipped; print the summary and one reason.
+  (cd build-nccl-ci && ctest --output-on-failure -L nccl --timeout 300 >ctest.log 2>&1) ||
+    { cat build-nccl-ci/ctest.log; exit 1; }
+  grep -E 'tests passed' build-nccl-ci/ctest.log
+  echo "$(grep -c '(Skipped)' build-nccl-ci/ctest.log || true) test(s) skipped"
+  build-nccl-ci/tests/comm/test_nccl --gtest_filter='Nccl.InitTimesOutNamingTheMissingRank' | grep -m1 -A1 'Skipped' || true
+fi
 if [ "${GZ_SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "== ASan+UBSan build (clang) of core/store/comm + their tests"
   CC=clang CXX=clang++ GZ_BUILD_DIR=$root/build-asan-clang GZ_BUILD_TYPE=Debug scripts/build.sh -DGZ_WITH_TORCH=OFF \
