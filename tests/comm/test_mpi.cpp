@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "comm/test_gloo_common.h"
 #include "gz/comm/factory.h"
@@ -111,6 +112,36 @@ TEST(Mpi, MissingPeerTimesOut) {
     std::this_thread::sleep_for(1500ms);
     c->barrier(comm::OpOptions::within(10s));  // completes: rank 0's abandoned request is still posted
   }
+  main->barrier();
+}
+
+// Every rank but the last enters an all-reduce the last never joins, and aborts 200 ms later:
+// each leaves within 1 s of its abort (not at the 30 s deadline), and later ops throw Aborted.
+TEST(Mpi, AbortWakesBlockedOpsOnEveryRank) {
+  World w = world_from_env();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  comm::MpiOptions o;
+  o.timeout = 30s;
+  auto c = comm::create_mpi_communicator(w.rank, w.size, o);
+  auto main = comm::create_mpi_communicator(w.rank, w.size, {});
+  std::vector<float> v(1024, 1.0f);  // outlives the request the aborted ranks leave inside MPI
+  if (w.rank != w.size - 1) {
+    Stopwatch since_abort;
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(200ms);
+      since_abort.reset();
+      c->abort("test abort");
+    });
+    EXPECT_THROW(c->allreduce(v.data(), v.size(), DType::f32, comm::ReduceOp::sum), Aborted);
+    const double waited = since_abort.seconds();
+    aborter.join();
+    EXPECT_LT(waited, 1.0) << "rank " << w.rank;
+    int32_t x = 0;
+    EXPECT_THROW(c->recv(&x, 1, DType::i32, w.size - 1), Aborted);
+  }
+  main->barrier();
+  // The last rank joins late, which completes the requests the others abandoned.
+  if (w.rank == w.size - 1) c->allreduce(v.data(), v.size(), DType::f32, comm::ReduceOp::sum, comm::OpOptions::within(10s));
   main->barrier();
 }
 

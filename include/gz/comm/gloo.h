@@ -12,7 +12,8 @@ namespace gz::comm {
 
 /// @brief Knobs of the Gloo backend.
 struct GlooOptions {
-  /// @brief Per-op timeout (also the connect timeout; Gloo itself allows 5x this for connect).
+  /// @brief Default per-op timeout (also the connect timeout; Gloo itself allows 5x this for
+  /// connect). An op's own OpOptions override it for that op.
   Duration timeout = default_timeout();
   /// @brief Address this rank listens on and advertises to peers. Empty = derived from `iface`,
   /// else GZ_IFACE, else 127.0.0.1 (single machine).
@@ -25,10 +26,10 @@ struct GlooOptions {
 /// it with the same store (already namespaced for this group). Throws InvalidArgument when the
 /// build has no Gloo, TimeoutError when peers do not show up before the timeout.
 ///
-/// abort(): Gloo has no cancellation of a running collective. abort() sets the flag (every later
-/// op throws gz::Aborted), wakes a blocked send/recv, and closes the TCP connections so that
-/// peers blocked in a collective with this rank fail promptly; a collective blocked on this rank
-/// returns with gz::Aborted once Gloo notices the closed sockets or its own timeout passes.
+/// abort(): every pair of this rank is put into Gloo's error state. That wakes whatever waits on
+/// it, Gloo's own algorithms included, so a blocked op returns with gz::Aborted at once; it also
+/// closes the TCP connections, so peers blocked on this rank fail promptly (gz::PeerError). Every
+/// later op throws gz::Aborted.
 ///
 /// Gloo writes to sockets without MSG_NOSIGNAL, so the first Gloo communicator sets SIGPIPE to
 /// SIG_IGN when it still has the default disposition (a dead peer is then an error, not a crash).
