@@ -118,12 +118,16 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimiz
 
 DistributedOptimizer::~DistributedOptimizer() {
   alive_->store(nullptr);
-  if (loop_) {
-    try {
-      loop_->wait();
-    } catch (...) {
-    }
+  // The negotiation loop runs on the progress thread with `this`: it must have returned before
+  // any member goes. No more gradients will come, so let it stop waiting for them.
+  comm::WorkPtr loop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loop = loop_;
+    closing_ = true;
   }
+  cv_.notify_all();
+  if (loop) comm::finish_or_abort(*group_, *loop, "DistributedOptimizer destroyed while its step was still running");
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
@@ -413,6 +417,9 @@ void DistributedOptimizer::synchronize() {
     } catch (...) {
       err = std::current_exception();
     }
+    // Past its deadline and still running: abort, so it returns before the next step reuses state.
+    if (!loop->is_completed())
+      comm::finish_or_abort(*group_, *loop, "DistributedOptimizer: a step's reduction outlived its deadline");
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -216,15 +216,23 @@ void Reducer::launch_ready_buckets() {
   }
 }
 
-void Reducer::wait_all_buckets() noexcept {
-  for (auto& b : buckets_) {
-    if (!b.work) continue;
-    try {
-      b.work->wait();
-    } catch (...) {
-    }
-    b.work.reset();
+// The bucket ops capture pointers into this Reducer (bucket, hook, divisor): a Work is dropped
+// only once its op has returned. One still running past its deadline is aborted first.
+void Reducer::settle(Bucket& b, std::exception_ptr* first_error) noexcept {
+  if (!b.work) return;
+  try {
+    b.work->wait();
+  } catch (...) {
+    if (first_error && !*first_error) *first_error = std::current_exception();
   }
+  if (!b.work->is_completed())
+    comm::finish_or_abort(*group_, *b.work,
+                          "DistributedDataParallel: a bucket all-reduce still running past its deadline");
+  b.work.reset();
+}
+
+void Reducer::wait_all_buckets() noexcept {
+  for (auto& b : buckets_) settle(b, nullptr);
 }
 
 void Reducer::finalize_backward() {
@@ -251,14 +259,7 @@ void Reducer::finalize_backward() {
     group_->allreduce(used_global.data_ptr(), params_.size(), DType::u8, comm::ReduceOp::max);
   }
   std::exception_ptr err;
-  for (auto& b : buckets_) {
-    try {
-      if (b.work) b.work->wait();
-    } catch (...) {
-      if (!err) err = std::current_exception();
-    }
-    b.work.reset();
-  }
+  for (auto& b : buckets_) settle(b, &err);
   if (err) std::rethrow_exception(err);
   torch::NoGradGuard no_grad;
   const uint8_t* ug = used_global.defined() ? used_global.data_ptr<uint8_t>() : nullptr;

@@ -1,6 +1,8 @@
 // DistributedDataParallel: equivalence with single-process training on the whole batch, no_sync,
 // bucket rebuild, unused parameters, join for uneven inputs, compression hooks.
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "gz/core/error.h"
 #include "gz/torch/ddp.h"
@@ -273,5 +275,39 @@ TEST(DDP, BuffersFollowRankZero) {
       EXPECT_TRUE(m->stat.equal(torch::full({3}, bcast ? 10.0 : 10.0 + r))) << "broadcast_buffers " << bcast;
     });
   }
+}
+}  // namespace
+
+namespace {
+// A bucket op that outlives its deadline: backward gives up waiting for it, and the DDP object is
+// destroyed. The destructor must abort the group and wait until the op has returned, since the op
+// still uses the Reducer's bucket (heap-use-after-free under ASan before; here also checked
+// directly: the hook is never still running once the DDP object is gone).
+TEST(DDP, DestroyedWhileABucketOpOutlivesItsDeadline) {
+  const int world = 2;
+  auto models = make_mlps(world);
+  auto d = make_data(1, world * kB);
+  std::atomic<int> running_on[world] = {};
+  run_ranks(world, [&](int r, std::shared_ptr<gz::Store> store) {
+    auto g = make_comm(r, world, store, std::chrono::milliseconds(300));
+    auto& m = models[r];
+    auto& running = running_on[r];
+    gz::Stopwatch sw;
+    {
+      gz::DistributedDataParallel ddp(m.ptr(), g, small_buckets());
+      ddp.register_comm_hook([&](gz::comm::Communicator& group, gz::GradBucket& bucket) {
+        ++running;
+        // Far past the 300 ms op deadline, until the owner aborts the group.
+        for (int i = 0; i < 1000 && !group.aborted(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        bucket.buffer.add_(1.0);  // touches the Reducer's bucket
+        --running;
+      });
+      auto out = ddp.forward([&] { return m->forward(shard(d.x[0], r, kB)); });
+      EXPECT_ANY_THROW(torch::mse_loss(out, shard(d.y[0], r, kB)).backward());
+    }
+    EXPECT_EQ(running.load(), 0) << "a bucket hook still runs after its DDP object was destroyed";
+    EXPECT_TRUE(g->aborted());
+    EXPECT_LT(sw.seconds(), 8.0);
+  });
 }
 }  // namespace

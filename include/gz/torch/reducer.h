@@ -89,6 +89,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void mark_ready(size_t index, bool zero);
   void launch_ready_buckets();
   void finalize_backward();
+  void settle(Bucket& b, std::exception_ptr* first_error) noexcept;
   void wait_all_buckets() noexcept;
   void rebuild_buckets(int root);
   void bind_grad(size_t index);
