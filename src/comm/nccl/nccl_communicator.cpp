@@ -419,10 +419,9 @@ class NcclCommunicator final : public Communicator {
     if (aborted()) throw_aborted(op);
     if (!op.deadline.expired()) return;
     const std::string msg = detail::concat(
-        "nccl ", op.name, " #", op.seq, " on rank ", rank_, "/", size_, " (CUDA device ", device_, ") timed out after ",
-        format_duration(op.watch.elapsed()),
-        ": a peer did not take part (every rank must issue the same ops in the same order); the NCCL communicator "
-        "was aborted");
+        op_failure(op.name, -1, op.watch.elapsed()), " (CUDA device ", device_,
+        "): deadline passed; a peer did not take part (every rank must issue the same ops in the same order); the "
+        "NCCL communicator was aborted");
     abort(msg);  // flags queued and later ops as Aborted and calls do_abort -> ncclCommAbort
     abort_nccl();
     drain_stream();
@@ -435,15 +434,13 @@ class NcclCommunicator final : public Communicator {
     try {
       check_aborted();
     } catch (const Aborted& e) {
-      GZ_THROW(Aborted, "nccl ", op.name, " #", op.seq, " on rank ", rank_, "/", size_, " after ",
-               format_duration(op.watch.elapsed()), ": ", e.what());
+      GZ_THROW(Aborted, op_failure(op.name, -1, op.watch.elapsed()), ": ", e.what());
     }
     GZ_THROW(Aborted, "nccl ", op.name, " #", op.seq, " on rank ", rank_, ": the NCCL communicator was aborted");
   }
 
   [[noreturn]] void fail_nccl(const Op& op, ncclResult_t r, const std::string& text) {
-    const std::string msg = detail::concat("nccl ", op.name, " #", op.seq, " on rank ", rank_, "/", size_,
-                                           " failed after ", format_duration(op.watch.elapsed()), ": ", text);
+    const std::string msg = op_failure(op.name, -1, op.watch.elapsed()) + ": " + text;
     // NCCL documents ncclInvalidArgument as having no effect: the communicator stays usable.
     if (r == ncclInvalidArgument) GZ_THROW(InvalidArgument, msg);
     abort(msg + "; the NCCL communicator was aborted");
@@ -454,9 +451,8 @@ class NcclCommunicator final : public Communicator {
 
   void cuda(const Op& op, cudaError_t e, const char* call) {
     if (e == cudaSuccess) return;
-    const std::string msg = detail::concat("nccl ", op.name, " #", op.seq, " on rank ", rank_, " (CUDA device ",
-                                           device_, "): ", call, ": ", cudaGetErrorName(e), " (",
-                                           cudaGetErrorString(e), ")");
+    const std::string msg = detail::concat(op_failure(op.name, -1, op.watch.elapsed()), " (CUDA device ", device_,
+                                           "): ", call, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
     abort(msg);
     abort_nccl();
     GZ_THROW(Error, msg);
