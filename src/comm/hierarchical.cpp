@@ -82,6 +82,10 @@ class HierarchicalCommunicator : public Communicator {
   }
 
   void do_allgatherv(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype) override {
+    if (uniform_ && local_->size() > 1) {
+      guarded("allgatherv", [&] { rail_allgatherv(send, recv, counts, dtype); });
+      return;
+    }
     guarded("allgatherv", [&] {
       const size_t es = dtype_size(dtype);
       const auto& mine = layout_.ranks_of_node[node_];
@@ -111,6 +115,10 @@ class HierarchicalCommunicator : public Communicator {
   }
 
   void do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override {
+    if (uniform_ && local_->size() > 1) {
+      guarded("reduce_scatter", [&] { rail_reduce_scatter(send, recv, recv_count, dtype, op); });
+      return;
+    }
     guarded("reduce_scatter", [&] {
       const size_t es = dtype_size(dtype);
       std::vector<uint8_t> all(recv_count * size() * es + 1);
@@ -178,12 +186,100 @@ class HierarchicalCommunicator : public Communicator {
     if (op == ReduceOp::avg) gloo_impl::divide_in_place(data, count, dtype, size());
   }
 
+  // Uniform layouts (L ranks on each of N nodes): rail j links local rank j of every node, its
+  // members ordered by global rank. rail_pos()[j][k] is node k's position on rail j.
+  const std::vector<std::vector<int>>& rail_pos() {
+    if (rail_pos_.empty()) {
+      for (int j = 0; j < local_->size(); ++j) {
+        std::vector<int> members;
+        for (const auto& n : layout_.ranks_of_node) members.push_back(n[j]);
+        std::vector<int> sorted = members;
+        std::sort(sorted.begin(), sorted.end());
+        rail_pos_.emplace_back();
+        for (int m : members)
+          rail_pos_.back().push_back(static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), m) - sorted.begin()));
+      }
+    }
+    return rail_pos_;
+  }
+
+  // Reduce-scatter as two native reduce-scatters, no full all-reduce: local rank j first gets the
+  // node's sum of the blocks of rail j's members (a local reduce-scatter over blocks regrouped by
+  // rail), then each rail reduce-scatters those across nodes. Wire traffic per rank:
+  // (L-1)/L of the data inside the node, (N-1)/N of 1/L of it across nodes.
+  void rail_reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+    if (count == 0) return;
+    const ReduceOp inner = op == ReduceOp::avg ? ReduceOp::sum : op;
+    const size_t es = dtype_size(dtype), block = count * es;
+    const int L = local_->size(), N = layout_.num_nodes();
+    const auto& pos = rail_pos();
+    // Rail j's shard holds its members' N blocks in rail order, at block j * N.
+    padded_.resize(block * size());
+    for (int j = 0; j < L; ++j)
+      for (int k = 0; k < N; ++k) {
+        const size_t at = static_cast<size_t>(j * N + pos[j][k]);
+        std::memcpy(padded_.data() + at * block,
+                    static_cast<const uint8_t*>(send) + static_cast<size_t>(layout_.ranks_of_node[k][j]) * block, block);
+      }
+    shard_.resize(block * N);
+    step_ = Step::local_reduce_scatter;
+    within(local_).reduce_scatter(padded_.data(), shard_.data(), count * N, dtype, inner);
+    step_ = Step::rail_reduce_scatter;
+    if (rail_->size() > 1) {
+      within(rail_).reduce_scatter(shard_.data(), recv, count, dtype, inner);
+    } else {
+      std::memcpy(recv, shard_.data(), block);
+    }
+    if (op == ReduceOp::avg) gloo_impl::divide_in_place(recv, count, dtype, size());
+  }
+
+  // All-gather(v) the other way round: each rail gathers its members' blocks across nodes, then
+  // the node gathers its rails' shards; the result is put back in global rank order.
+  void rail_allgatherv(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype) {
+    const size_t es = dtype_size(dtype);
+    const int L = local_->size();
+    std::vector<size_t> offset(size() + 1, 0);
+    for (int r = 0; r < size(); ++r) offset[r + 1] = offset[r] + counts[r];
+    if (offset[size()] == 0) return;
+    // Rail j's members in rail position order, and the element counts of each rail.
+    std::vector<std::vector<int>> rail_members(L);
+    std::vector<size_t> rail_total(L, 0);
+    for (int j = 0; j < L; ++j) {
+      for (const auto& n : layout_.ranks_of_node) rail_members[j].push_back(n[j]);
+      std::sort(rail_members[j].begin(), rail_members[j].end());
+      for (int g : rail_members[j]) rail_total[j] += counts[g];
+    }
+    const int me = local_->rank();
+    std::vector<size_t> mine_counts;
+    for (int g : rail_members[me]) mine_counts.push_back(counts[g]);
+    shard_.resize(rail_total[me] * es + 1);
+    step_ = Step::rail_allgather;
+    if (rail_->size() > 1) {
+      within(rail_).allgatherv(send, shard_.data(), mine_counts, dtype);
+    } else if (counts[rank_]) {
+      std::memcpy(shard_.data(), send, counts[rank_] * es);
+    }
+    padded_.resize(offset[size()] * es + 1);
+    step_ = Step::local_allgather;
+    within(local_).allgatherv(shard_.data(), padded_.data(), rail_total, dtype);
+    size_t at = 0;
+    for (int j = 0; j < L; ++j)
+      for (int g : rail_members[j]) {
+        if (counts[g]) std::memcpy(static_cast<uint8_t*>(recv) + offset[g] * es, padded_.data() + at * es, counts[g] * es);
+        at += counts[g];
+      }
+  }
+
   std::string step_text() const {
     switch (step_) {
       case Step::local_reduce_scatter: return "local reduce-scatter among ranks " + node_ranks();
       case Step::rail_allreduce:
         return "cross-node all-reduce of rail " + std::to_string(local_->rank()) + " (ranks " + rail_ranks() + ")";
       case Step::local_allgather: return "local all-gather among ranks " + node_ranks();
+      case Step::rail_reduce_scatter:
+        return "cross-node reduce-scatter of rail " + std::to_string(local_->rank()) + " (ranks " + rail_ranks() + ")";
+      case Step::rail_allgather:
+        return "cross-node all-gather of rail " + std::to_string(local_->rank()) + " (ranks " + rail_ranks() + ")";
       case Step::local_reduce: return "local reduce among ranks " + node_ranks();
       case Step::leaders_allreduce: return "node leaders' all-reduce";
       case Step::local_broadcast: return "local broadcast among ranks " + node_ranks();
@@ -315,9 +411,20 @@ class HierarchicalCommunicator : public Communicator {
   CommPtr local_, flat_, leaders_, rail_;
   bool uniform_;
   // Which sub-step of allreduce runs now; turned into text only for error messages.
-  enum class Step { none, local_reduce_scatter, rail_allreduce, local_allgather, local_reduce, leaders_allreduce, local_broadcast };
+  enum class Step {
+    none,
+    local_reduce_scatter,
+    rail_allreduce,
+    rail_reduce_scatter,
+    rail_allgather,
+    local_allgather,
+    local_reduce,
+    leaders_allreduce,
+    local_broadcast
+  };
   Step step_ = Step::none;
-  std::vector<uint8_t> padded_, shard_;  // allreduce scratch
+  std::vector<uint8_t> padded_, shard_;  // scratch, reused across ops
+  std::vector<std::vector<int>> rail_pos_;  // see rail_pos()
   Communicator* sub_ = nullptr;           // sub-communicator of the step now running
 };
 

@@ -54,6 +54,8 @@ TEST_P(HierLayout, AllCollectivesMatchReference) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, HierLayout,
     ::testing::Values(Layout{"two_by_two", {"a", "a", "b", "b"}}, Layout{"interleaved", {"a", "b", "a", "b"}},
+                      // Rail 1 is (rank 3 of node a, rank 2 of node b): rail order differs from node order.
+                      Layout{"crossed", {"a", "b", "b", "a"}},
                       Layout{"four_plus_three", {"n0", "n0", "n0", "n0", "n1", "n1", "n1"}},
                       Layout{"mixed_uneven", {"x", "y", "y", "x", "z", "y", "z"}},
                       Layout{"one_plus_two", {"p", "q", "q"}}, Layout{"single_node", {"s", "s", "s"}},
