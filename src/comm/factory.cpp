@@ -94,22 +94,30 @@ CommPtr make_shm(int rank, int size, std::shared_ptr<Store> store, Duration time
   return create_shm_communicator(rank, size, std::move(store), s);
 }
 
-CommMaker inter_maker(const CommOptions& o, const Env& env) {
+InterMaker inter_maker(const CommOptions& o, const Env& env) {
 #ifdef GZ_HAVE_MPI
   if (under_mpirun(env) && env.get("GZ_INTER_BACKEND", "") != "gloo") {
     Duration t = o.timeout;
-    return [t](int rank, int size, std::shared_ptr<Store>) {
-      MpiOptions m;
-      m.timeout = t;
-      return create_mpi_communicator(rank, size, m);
+    // MPI sub-groups are split from MPI_COMM_WORLD, so the hierarchical backend keeps a flat one.
+    InterMaker m;
+    m.make = [t](int rank, int size, std::shared_ptr<Store>) {
+      MpiOptions mo;
+      mo.timeout = t;
+      return create_mpi_communicator(rank, size, mo);
     };
+    m.backend = "mpi";
+    return m;
   }
 #endif
 #ifdef GZ_HAVE_GLOO
   GlooOptions g = gloo_options(o, env, true);
-  return [g](int rank, int size, std::shared_ptr<Store> store) {
+  InterMaker m;
+  m.make = [g](int rank, int size, std::shared_ptr<Store> store) {
     return create_gloo_communicator(rank, size, std::move(store), g);
   };
+  m.backend = "gloo";
+  m.any_group = true;  // a Gloo group connects its members only: no mesh over every rank
+  return m;
 #else
   (void)o;
   (void)env;

@@ -37,7 +37,7 @@ namespace {
 class HierarchicalCommunicator : public Communicator {
  public:
   HierarchicalCommunicator(int rank, NodeLayout layout, CommPtr local, CommPtr flat, CommPtr leaders, CommPtr rail,
-                           Duration timeout)
+                           InterMaker inter, std::shared_ptr<Store> store, Duration timeout)
       : Communicator(timeout),
         rank_(rank),
         layout_(std::move(layout)),
@@ -46,17 +46,33 @@ class HierarchicalCommunicator : public Communicator {
         flat_(std::move(flat)),
         leaders_(std::move(leaders)),
         rail_(std::move(rail)),
-        uniform_(layout_.uniform()) {}
+        uniform_(layout_.uniform()),
+        inter_(std::move(inter)),
+        store_(std::move(store)) {
+    if (inter_.backend.empty() && flat_) inter_.backend = flat_->backend();
+  }
 
   ~HierarchicalCommunicator() override { shutdown_executor(); }
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(layout_.node_of_rank.size()); }
-  std::string backend() const override { return "hier(" + local_->backend() + "+" + flat_->backend() + ")"; }
+  std::string backend() const override { return "hier(" + local_->backend() + "+" + inter_.backend + ")"; }
 
   std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
     check_aborted();
-    return flat_->new_group(ranks);
+    if (flat_) return flat_->new_group(ranks);
+    // No mesh over all ranks: the group connects only its members, under a name every rank
+    // derives alike (new_group is collective, so the counter agrees).
+    GZ_CHECK_ARG(!ranks.empty(), "hier new_group: empty rank list");
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (ranks[i] < 0 || ranks[i] >= size() || (i > 0 && ranks[i] <= ranks[i - 1]))
+        GZ_THROW(InvalidArgument, "hier new_group: ranks must be ascending, unique and in [0, ", size(), ")");
+    std::string key = "hier/group/" + std::to_string(++groups_);
+    for (int r : ranks) key += "_" + std::to_string(r);
+    auto it = std::find(ranks.begin(), ranks.end(), rank_);
+    if (it == ranks.end()) return nullptr;
+    return inter_.make(static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
+                       std::make_shared<PrefixStore>(key, store_));
   }
 
  protected:
@@ -142,11 +158,17 @@ class HierarchicalCommunicator : public Communicator {
   }
 
   void do_send(const void* data, size_t count, DType dtype, int peer, int tag) override {
-    guarded("send", [&] { within(flat_).send(data, count, dtype, peer, tag); });
+    guarded("send", [&] {
+      int at = peer;
+      within(p2p_comm(peer, &at)).send(data, count, dtype, at, tag);
+    });
   }
 
   void do_recv(void* data, size_t count, DType dtype, int peer, int tag) override {
-    guarded("recv", [&] { within(flat_).recv(data, count, dtype, peer, tag); });
+    guarded("recv", [&] {
+      int at = peer;
+      within(p2p_comm(peer, &at)).recv(data, count, dtype, at, tag);
+    });
   }
 
   void do_abort(const std::string& reason) override { poison(reason); }
@@ -330,10 +352,27 @@ class HierarchicalCommunicator : public Communicator {
     return Within{*c, OpOptions::until(op_deadline())};
   }
 
+  // Point-to-point goes over the flat communicator where there is one, else over a two-rank one
+  // for this pair, connected on first use by both ends (only they take part). *at = peer's rank
+  // in the communicator returned.
+  const CommPtr& p2p_comm(int peer, int* at) {
+    if (flat_) return flat_;
+    auto it = pairs_.find(peer);
+    if (it == pairs_.end()) {
+      const int lo = std::min(rank_, peer), hi = std::max(rank_, peer);
+      auto st = std::make_shared<PrefixStore>("hier/p2p/" + std::to_string(lo) + "_" + std::to_string(hi), store_);
+      it = pairs_.emplace(peer, inter_.make(rank_ == lo ? 0 : 1, 2, std::move(st))).first;
+    }
+    *at = rank_ < peer ? 1 : 0;
+    return it->second;
+  }
+
   // Global rank of position `peer` in the sub-communicator the current step runs on.
   int global_peer(int peer) const {
     if (peer < 0 || !sub_) return -1;
     if (sub_ == flat_.get()) return peer;
+    for (const auto& [other, c] : pairs_)
+      if (sub_ == c.get()) return peer == (rank_ < other ? 1 : 0) ? other : rank_;
     if (sub_ == local_.get()) {
       const auto& mine = layout_.ranks_of_node[node_];
       return peer < static_cast<int>(mine.size()) ? mine[peer] : -1;
@@ -346,8 +385,14 @@ class HierarchicalCommunicator : public Communicator {
     return peer < static_cast<int>(members.size()) ? members[peer] : -1;
   }
 
+  std::vector<Communicator*> subs() const {
+    std::vector<Communicator*> v{local_.get(), flat_.get(), leaders_.get(), rail_.get()};
+    for (const auto& [peer, c] : pairs_) v.push_back(c.get());
+    return v;
+  }
+
   bool sub_aborted() const {
-    for (auto* c : {local_.get(), flat_.get(), leaders_.get(), rail_.get()})
+    for (auto* c : subs())
       if (c && c->aborted()) return true;
     return false;
   }
@@ -355,7 +400,7 @@ class HierarchicalCommunicator : public Communicator {
   // A failed step leaves peers blocked in later steps: abort every sub-communicator so they
   // fail now (the backends tell their peers) instead of at their own timeouts.
   void poison(const std::string& reason) {
-    for (auto* c : {local_.get(), flat_.get(), leaders_.get(), rail_.get()}) {
+    for (auto* c : subs()) {
       if (!c) continue;
       try {
         c->abort(reason);
@@ -426,13 +471,16 @@ class HierarchicalCommunicator : public Communicator {
   std::vector<uint8_t> padded_, shard_;  // scratch, reused across ops
   std::vector<std::vector<int>> rail_pos_;  // see rail_pos()
   Communicator* sub_ = nullptr;           // sub-communicator of the step now running
+  InterMaker inter_;
+  std::shared_ptr<Store> store_;
+  std::map<int, CommPtr> pairs_;  // two-rank communicators for point-to-point, by peer
+  int groups_ = 0;                // new_group calls so far (names their store namespace)
 };
 
 }  // namespace
 
 CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std::shared_ptr<Store> store,
-                                         const CommMaker& make_local, const CommMaker& make_inter,
-                                         Duration timeout) {
+                                         const CommMaker& make_local, const InterMaker& inter, Duration timeout) {
   const int size = static_cast<int>(layout.node_of_rank.size());
   GZ_CHECK_ARG(rank >= 0 && rank < size, "hierarchical: rank ", rank, " of ", size);
   GZ_CHECK_ARG(store != nullptr, "hierarchical: a store is required");
@@ -441,20 +489,39 @@ CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std
   const int local_rank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
   CommPtr local = make_local(local_rank, static_cast<int>(mine.size()),
                              std::make_shared<PrefixStore>("hier/local/" + std::to_string(node), store));
-  CommPtr flat = make_inter(rank, size, std::make_shared<PrefixStore>("hier/flat", store));
+  // Without a flat communicator (any_group), nothing connects every rank to every other: each
+  // rank connects only to its node and to its rail, N + L - 2 peers instead of N * L - 1.
+  CommPtr flat = inter.any_group ? nullptr : inter.make(rank, size, std::make_shared<PrefixStore>("hier/flat", store));
   CommPtr leaders, rail;
-  // Every rank creates every rail in the same order (new_group is collective over flat).
+  // Every rank takes part in building every rail in the same order (new_group is collective).
   const size_t rails = layout.uniform() ? mine.size() : 1;
   for (size_t j = 0; j < rails; ++j) {
     std::vector<int> members;
     for (const auto& n : layout.ranks_of_node) members.push_back(n[j]);
     std::sort(members.begin(), members.end());
-    CommPtr g = flat->new_group(members);
+    CommPtr g;
+    if (flat) {
+      g = flat->new_group(members);
+    } else if (static_cast<int>(j) == local_rank) {
+      const int at = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+      g = inter.make(at, static_cast<int>(members.size()),
+                     std::make_shared<PrefixStore>("hier/rail/" + std::to_string(j), store));
+    }
     if (g && j == 0) leaders = g;
     if (g && static_cast<int>(j) == local_rank) rail = g;
   }
   return std::make_shared<HierarchicalCommunicator>(rank, layout, std::move(local), std::move(flat),
-                                                    std::move(leaders), std::move(rail), timeout);
+                                                    std::move(leaders), std::move(rail), inter, std::move(store),
+                                                    timeout);
+}
+
+CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std::shared_ptr<Store> store,
+                                         const CommMaker& make_local, const CommMaker& make_inter,
+                                         Duration timeout) {
+  InterMaker inter;
+  inter.make = make_inter;
+  inter.any_group = false;
+  return create_hierarchical_communicator(rank, layout, std::move(store), make_local, inter, timeout);
 }
 
 }  // namespace gz::comm

@@ -130,5 +130,41 @@ TEST(Factory, SecondCommunicatorOnSameStore) {
   });
 }
 
+// Across nodes over Gloo the hierarchical backend builds no mesh over every rank: a new group
+// connects its members only and point-to-point connects a pair on first use.
+TEST(Factory, HierGroupsAndPointToPointWithoutAFlatMesh) {
+  run_ranks(4, [&](int rank, std::shared_ptr<Store> store) {
+    const std::vector<std::string> nodes = {"a", "a", "b", "b"};
+    auto c = comm::create_communicator(options(rank, 4, store, "auto", nodes[rank]));
+    ASSERT_EQ(c->backend(), "hier(shm+gloo)");
+    auto g = c->new_group({1, 2, 3});
+    if (rank == 0) {
+      EXPECT_EQ(g, nullptr);
+    } else {
+      ASSERT_NE(g, nullptr);
+      EXPECT_EQ(g->size(), 3);
+      int64_t v = rank;
+      g->allreduce(&v, 1, DType::i64, comm::ReduceOp::sum);
+      EXPECT_EQ(v, 6);
+    }
+    // Cross-node pairs (0,3) and (1,2), each with two messages on different tags.
+    const int peer = 3 - rank;
+    int32_t a = rank * 10, b = rank * 10 + 1, got_a = -1, got_b = -1;
+    if (rank < peer) {
+      c->send(&a, 1, DType::i32, peer, 7);
+      c->send(&b, 1, DType::i32, peer, 8);
+      c->recv(&got_a, 1, DType::i32, peer, 9);
+      EXPECT_EQ(got_a, peer * 10);
+    } else {
+      c->recv(&got_a, 1, DType::i32, peer, 7);
+      c->recv(&got_b, 1, DType::i32, peer, 8);
+      EXPECT_EQ(got_a, peer * 10);
+      EXPECT_EQ(got_b, peer * 10 + 1);
+      c->send(&a, 1, DType::i32, peer, 9);
+    }
+    c->barrier();
+  });
+}
+
 }  // namespace
 }  // namespace gz::test

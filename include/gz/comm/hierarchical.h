@@ -28,6 +28,18 @@ struct NodeLayout {
 /// @brief Builds one backend communicator: (rank, size, store namespaced for it).
 using CommMaker = std::function<CommPtr(int rank, int size, std::shared_ptr<Store> store)>;
 
+/// @brief How the inter-node communicators of a hierarchical one are built.
+struct InterMaker {
+  CommMaker make;
+  /// @brief Its backend's name ("gloo", "mpi"), for backend(); empty = taken from the flat one.
+  std::string backend;
+  /// @brief True when `make` can build a communicator over any subset of ranks from a store
+  /// namespaced for it (Gloo). Then no communicator over all ranks is built: each rank connects to
+  /// its rail only, point-to-point connects a pair on first use, and new_group connects only its
+  /// members. False when sub-groups must be split from one over all ranks (MPI).
+  bool any_group = false;
+};
+
 /// @brief Create the hierarchical communicator of `rank`. Collective over all ranks.
 ///
 /// Builds, under prefixes of `store`: the local communicator of this rank's node with
@@ -39,5 +51,8 @@ using CommMaker = std::function<CommPtr(int rank, int size, std::shared_ptr<Stor
 CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std::shared_ptr<Store> store,
                                          const CommMaker& make_local, const CommMaker& make_inter,
                                          Duration timeout);
+/// @brief As above, with the inter-node maker's capabilities (see InterMaker::any_group).
+CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std::shared_ptr<Store> store,
+                                         const CommMaker& make_local, const InterMaker& inter, Duration timeout);
 
 }  // namespace gz::comm
