@@ -42,17 +42,14 @@ bool under_mpirun(const Env& env) { return env.has("OMPI_COMM_WORLD_SIZE") || en
 // Every rank publishes its node id; returns all of them in rank order.
 std::vector<std::string> exchange_node_ids(Store& store, int rank, int size, const std::string& mine,
                                            Duration timeout) {
-  store.set("node_id/" + std::to_string(rank), to_bytes(mine));
+  // One gather (a constant number of store round trips per rank, whatever the world size).
   std::vector<std::string> ids(size);
-  Deadline dl = Deadline::after(timeout);
-  for (int r = 0; r < size; ++r) {
-    try {
-      ids[r] = r == rank ? mine : to_string(store.get("node_id/" + std::to_string(r), dl));
-    } catch (const TimeoutError& e) {
-      GZ_THROW(TimeoutError, "create_communicator: rank ", rank, "/", size, " did not hear from rank ", r,
-               " within ", format_duration(timeout), " (is every rank started with the same world size?): ",
-               e.what());
-    }
+  try {
+    auto all = store_allgather(store, "node_id", rank, size, to_bytes(mine), Deadline::after(timeout));
+    for (int r = 0; r < size; ++r) ids[r] = to_string(all[r]);
+  } catch (const TimeoutError& e) {
+    GZ_THROW(TimeoutError, "create_communicator: rank ", rank, "/", size, " did not hear from every rank within ",
+             format_duration(timeout), " (is every rank started with the same world size?): ", e.what());
   }
   return ids;
 }

@@ -160,6 +160,17 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   return sum;
 }
 
+int64_t FileStore::append(const std::string& key, const Bytes& value) {
+  std::lock_guard<std::mutex> g(mu_);
+  Lock l(fd_, LOCK_EX, path_);
+  refresh();
+  auto it = data_.find(key);
+  std::string v = it == data_.end() ? std::string() : it->second;
+  v += as_str(value);
+  append_set(key, v);
+  return static_cast<int64_t>(v.size());
+}
+
 Bytes FileStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   std::lock_guard<std::mutex> g(mu_);
   Lock l(fd_, LOCK_EX, path_);

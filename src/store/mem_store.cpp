@@ -41,6 +41,18 @@ int64_t MemStore::add(const std::string& key, int64_t delta) {
   return v;
 }
 
+int64_t MemStore::append(const std::string& key, const Bytes& value) {
+  int64_t len;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& v = data_[key];
+    v.insert(v.end(), value.begin(), value.end());
+    len = static_cast<int64_t>(v.size());
+  }
+  cv_.notify_all();
+  return len;
+}
+
 Bytes MemStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = data_.find(key);

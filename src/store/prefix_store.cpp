@@ -20,6 +20,7 @@ std::vector<std::string> PrefixStore::k(const std::vector<std::string>& keys) co
 void PrefixStore::set(const std::string& key, const Bytes& value) { base_->set(k(key), value); }
 Bytes PrefixStore::get(const std::string& key, Deadline d) { return base_->get(k(key), d); }
 int64_t PrefixStore::add(const std::string& key, int64_t delta) { return base_->add(k(key), delta); }
+int64_t PrefixStore::append(const std::string& key, const Bytes& value) { return base_->append(k(key), value); }
 Bytes PrefixStore::compare_set(const std::string& key, const Bytes& e, const Bytes& d) {
   return base_->compare_set(k(key), e, d);
 }

@@ -147,6 +147,15 @@ StoreState::Outcome StoreState::apply(const Message& req, Message& reply) {
     case Op::num_keys:
       reply.num = static_cast<int64_t>(data_.size());
       return Outcome::done;
+    case Op::append: {
+      if (!need(2)) return Outcome::done;
+      auto it = data_.find(req.parts[0]);
+      std::string v = it == data_.end() ? std::string() : it->second;
+      v += req.parts[1];
+      const int64_t len = static_cast<int64_t>(v.size());
+      if (put(req.parts[0], v, reply)) reply.num = len;
+      return Outcome::done;
+    }
     case Op::hello:
       reply = reply_of(Reply::invalid, "hello is only valid as the first message");
       return Outcome::done;

@@ -25,6 +25,8 @@ namespace gz {
 
 namespace {
 
+std::atomic<uint64_t> g_requests{0};  // see TcpStore::requests_sent()
+
 // Room for keys and framing on top of the largest value.
 constexpr size_t kFrameSlack = 1u << 20;
 // Clients accept replies up to this size (the server enforces its own, smaller, limits).
@@ -630,6 +632,7 @@ struct TcpStore::Impl {
 
   // Send one request and return an ok reply; maps every other reply to an exception.
   wire::Message request(const wire::Message& req, Deadline deadline, const std::string& what) {
+    g_requests.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu);
     Stopwatch sw;
     if (fd < 0) connect(deadline);
@@ -704,6 +707,13 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
       .num;
 }
 
+int64_t TcpStore::append(const std::string& key, const Bytes& value) {
+  check_size(key, value.size());
+  return impl_->request(make(static_cast<uint8_t>(wire::Op::append), 0, {key, as_str(value)}),
+                        Deadline::after(timeout_), "append('" + printable(key) + "')")
+      .num;
+}
+
 Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   check_size(key, expected.size() + desired.size());
   auto rep = impl_->request(make(static_cast<uint8_t>(wire::Op::compare_set), 0, {key, as_str(expected), as_str(desired)}),
@@ -728,6 +738,8 @@ bool TcpStore::delete_key(const std::string& key) {
                         "delete_key('" + printable(key) + "')")
              .num != 0;
 }
+
+uint64_t TcpStore::requests_sent() { return g_requests.load(std::memory_order_relaxed); }
 
 int64_t TcpStore::num_keys() {
   return impl_->request(make(static_cast<uint8_t>(wire::Op::num_keys)), Deadline::after(timeout_), "num_keys").num;

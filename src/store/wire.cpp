@@ -36,6 +36,7 @@ bool arity_ok(uint8_t code, size_t n) {
     case Op::check: return true;
     case Op::delete_key: return n == 1;
     case Op::num_keys: return n == 0;
+    case Op::append: return n == 2;
   }
   return false;
 }
@@ -54,7 +55,7 @@ uint32_t read_u32(const uint8_t* p) {
          (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
 }
 
-bool is_request_code(uint8_t code) { return code >= 1 && code <= 9; }
+bool is_request_code(uint8_t code) { return code >= 1 && code <= 10; }
 bool is_reply_code(uint8_t code) { return code >= 128 && code <= 132; }
 
 std::string code_name(uint8_t code) {
@@ -68,6 +69,7 @@ std::string code_name(uint8_t code) {
     case 7: return "check";
     case 8: return "delete_key";
     case 9: return "num_keys";
+    case 10: return "append";
     case 128: return "ok";
     case 129: return "timeout";
     case 130: return "invalid";

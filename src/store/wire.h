@@ -30,6 +30,7 @@ enum class Op : uint8_t {
   check = 7,        ///< parts: keys
   delete_key = 8,   ///< parts: [key]
   num_keys = 9,     ///< no parts
+  append = 10,      ///< parts: [key, value]; reply num: the new length
 };
 
 enum class Reply : uint8_t {

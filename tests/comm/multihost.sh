@@ -38,7 +38,7 @@ master=$("${C[@]}" ip 0)
 world=$((hosts * ranks))
 
 # What the worker must see.
-expect=(GTEST_COLOR=no GZ_TEST_FULL=1 GZ_EXPECT_HOSTS="$hosts" GZ_TIMEOUT_S=30 GZ_LOG_LEVEL="${GZ_LOG_LEVEL:-warn}")
+expect=(GTEST_COLOR=no GZ_TEST_FULL="${GZ_TEST_FULL:-1}" GZ_EXPECT_HOSTS="$hosts" GZ_TIMEOUT_S=30 GZ_LOG_LEVEL="${GZ_LOG_LEVEL:-warn}")
 case $backend in
   auto) expect+=(GZ_TEST_BACKEND=auto GZ_EXPECT_BACKEND="hier(shm+gloo)") ;;
   gloo) expect+=(GZ_TEST_BACKEND=gloo GZ_EXPECT_BACKEND=gloo GZ_EXPECT_SHM=0) ;;
@@ -54,7 +54,7 @@ status=0
 case $backend in
   auto | gloo)
     for ((i = 0; i < hosts; ++i)); do
-      "${C[@]}" run "$i" env -u GZ_NODE_ID "${expect[@]}" timeout 50 "$gzrun" --nnodes "$hosts" --node-rank "$i" \
+      "${C[@]}" run "$i" env -u GZ_NODE_ID "${expect[@]}" timeout "${MH_TIMEOUT_S:-50}" "$gzrun" --nnodes "$hosts" --node-rank "$i" \
         --master-addr "$master" --master-port 29500 --nproc-per-node "$ranks" --rdzv-timeout 30 -- "$worker" \
         >"$logs/host$i.log" 2>&1 &
       pids+=($!)
@@ -93,4 +93,7 @@ if [ $status != 0 ]; then
 fi
 grep -h -m1 'hosts by rank' "$logs"/host*.log | sed 's/^\[[0-9]*\] //'
 grep -h 'backend' "$logs"/host*.log | grep -v GZ_ | sed 's/^\[[0-9]*\] //' | sort | head -n "$world"
+# Store round trips per rank for rendezvous + connect (the most any rank made).
+trips=$(cat "$logs"/host*.log | sed -n 's/.*store round trips \([0-9]*\).*/\1/p' | sort -n | tail -n 1)
+echo "store round trips per rank: max ${trips:-?}"
 echo "PASS: $hosts hosts x $ranks ranks, backend $backend, every op x dtype matches the reference (${ms} ms)"

@@ -22,6 +22,7 @@
 #include "gz/comm/factory.h"
 #include "gz/core/env.h"
 #include "gz/store/rendezvous.h"
+#include "gz/store/tcp_store.h"
 
 namespace gz::test {
 namespace {
@@ -55,6 +56,7 @@ TEST(MultiHost, CollectivesMatchReference) {
   InitOptions io;
   io.timeout = 40s;
   Rendezvous rdz = rendezvous(io, env);
+  const uint64_t rdz_trips = TcpStore::requests_sent();
   comm::CommOptions o;
   o.backend = backend;
   o.rank = rdz.world.rank;
@@ -62,7 +64,11 @@ TEST(MultiHost, CollectivesMatchReference) {
   o.store = rdz.store;
   o.timeout = 30s;
   auto c = comm::create_communicator(o);
+  // Store round trips of this rank for rendezvous and connecting (the launcher's TCP store).
+  const uint64_t trips = TcpStore::requests_sent();
   std::fprintf(stderr, "rank %d/%d on %s: backend %s\n", c->rank(), c->size(), host.c_str(), c->backend().c_str());
+  std::fprintf(stderr, "rank %d: store round trips %llu (rendezvous %llu)\n", c->rank(),
+               static_cast<unsigned long long>(trips), static_cast<unsigned long long>(rdz_trips));
   if (auto want = env.get("GZ_EXPECT_BACKEND")) EXPECT_EQ(c->backend(), *want);
 
   // Every rank's hostname, gathered through the communicator under test.

@@ -1,4 +1,5 @@
 // Every Store operation, on every implementation (MemStore, FileStore, TcpStore, PrefixStore).
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -201,6 +202,47 @@ TEST_P(StoreOps, BarrierAcrossClients) {
   EXPECT_EQ(bad.load(), 0);
   // A barrier short of one participant times out.
   EXPECT_THROW(store_barrier(*store_, "b1", 2, Deadline::after(200ms)), TimeoutError);
+}
+
+TEST_P(StoreOps, AppendIsAtomicAcrossClients) {
+  EXPECT_EQ(store_->append("log", to_bytes("ab")), 2);
+  EXPECT_EQ(store_->append("log", to_bytes("c")), 3);
+  EXPECT_EQ(to_string(store_->get("log", Deadline::after(1s))), "abc");
+  const int threads = 6, appends = 50;
+  std::vector<std::thread> ts;
+  for (int i = 0; i < threads; ++i)
+    ts.emplace_back([&, i] {
+      auto c = env_.client();
+      for (int j = 0; j < appends; ++j) c->append("many", to_bytes(std::string(1, static_cast<char>('a' + i))));
+    });
+  for (auto& t : ts) t.join();
+  const std::string all = to_string(store_->get("many", Deadline::after(1s)));
+  ASSERT_EQ(all.size(), static_cast<size_t>(threads * appends)) << "an append was lost";
+  for (int i = 0; i < threads; ++i)
+    EXPECT_EQ(std::count(all.begin(), all.end(), static_cast<char>('a' + i)), appends);
+}
+
+TEST_P(StoreOps, AllgatherReturnsEveryRankInOrderAndNamesTheMissing) {
+  const int world = 7;
+  std::vector<std::vector<Bytes>> got(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto c = env_.client();
+      got[r] = store_allgather(*c, "g", r, world, to_bytes(std::string(static_cast<size_t>(r), 'x')), Deadline::after(10s));
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(got[r].size(), static_cast<size_t>(world));
+    for (int q = 0; q < world; ++q) EXPECT_EQ(to_string(got[r][q]), std::string(static_cast<size_t>(q), 'x'));
+  }
+  // Rank 1 of 3 never comes: rank 0 times out naming it.
+  try {
+    store_allgather(*store_, "h", 0, 3, to_bytes("a"), Deadline::after(200ms));
+    ADD_FAILURE() << "allgather short of two ranks succeeded";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1, 2"), std::string::npos) << e.what();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllStores, StoreOps,

@@ -23,6 +23,7 @@ class FileStore : public Store {
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key, Deadline deadline) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  int64_t append(const std::string& key, const Bytes& value) override;
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   void wait(const std::vector<std::string>& keys, Deadline deadline) override;
   bool check(const std::vector<std::string>& keys) override;

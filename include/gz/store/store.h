@@ -32,6 +32,10 @@ class Store {
   /// @brief If key's value equals expected (or key is missing and expected is empty) set it to
   /// desired. Returns the value now stored.
   virtual Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
+  /// @brief Append value to key's bytes (missing = empty) in one step; returns the new length.
+  /// Lets N ranks gather records under one key in one round trip each (store_allgather). The
+  /// default is a compare-and-set loop; the TCP, file and memory stores do it natively.
+  virtual int64_t append(const std::string& key, const Bytes& value);
   /// @brief Wait until every key exists.
   virtual void wait(const std::vector<std::string>& keys, Deadline deadline) = 0;
   void wait(const std::vector<std::string>& keys) { wait(keys, Deadline::after(timeout_)); }
@@ -52,5 +56,25 @@ class Store {
 
 /// @brief Barrier over a store: every one of `world` participants calls it with the same name.
 void store_barrier(Store& store, const std::string& name, int world, Deadline deadline);
+
+/// @brief An all-gather of small records through a store, in two halves: the constructor
+/// publishes this rank's record (append + add: two round trips), collect() waits for every rank's
+/// and returns them in rank order (wait + get: two more). Four round trips per rank whatever the
+/// world size, where reading one key per rank takes `world`. `name` is used once per group.
+class StoreAllgather {
+ public:
+  StoreAllgather(Store& store, std::string name, int rank, int world, const Bytes& mine);
+  /// @brief Every rank's record, in rank order; TimeoutError naming the ranks not heard from.
+  std::vector<Bytes> collect(Deadline deadline);
+
+ private:
+  Store& store_;
+  std::string name_;
+  int rank_, world_;
+};
+
+/// @brief StoreAllgather in one call.
+std::vector<Bytes> store_allgather(Store& store, const std::string& name, int rank, int world, const Bytes& mine,
+                                   Deadline deadline);
 
 }  // namespace gz

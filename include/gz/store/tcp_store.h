@@ -46,6 +46,7 @@ class TcpStore : public Store {
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key, Deadline deadline) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  int64_t append(const std::string& key, const Bytes& value) override;
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   void wait(const std::vector<std::string>& keys, Deadline deadline) override;
   bool check(const std::vector<std::string>& keys) override;
@@ -53,6 +54,10 @@ class TcpStore : public Store {
   int64_t num_keys() override;
   using Store::get;
   using Store::wait;
+
+  /// @brief Requests (round trips to the server) this process's TcpStore clients have made, for
+  /// checking that rendezvous costs each rank a number of round trips independent of the world.
+  static uint64_t requests_sent();
 
   struct Impl;
 

@@ -83,7 +83,7 @@ class GlooCommunicator : public Communicator {
       device_ = ::gloo::transport::tcp::CreateDevice(attr);
       context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
       context_->setTimeout(options_.timeout);
-      gloo_impl::StoreAdapter adapter(store_, options_.timeout);
+      gloo_impl::StoreAdapter adapter(store_, options_.timeout, rank_, size_);
       context_->connectFullMesh(adapter, device_);
     } catch (const TimeoutError& e) {
       GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_, " gave up connecting after ",
@@ -325,13 +325,13 @@ class GlooCommunicator : public Communicator {
     std::string mine;
     for (int j = 0; j < size_; ++j)
       if (j != rank_) mine += std::to_string(j) + " " + context_->getPair(j)->address().str() + "\n";
-    store_->set("gloo_pair_addrs/" + std::to_string(rank_), to_bytes(mine));
+    // One gather: a constant number of store round trips per rank, whatever the group size.
+    auto all = store_allgather(*store_, "gloo_pair_addrs", rank_, size_, to_bytes(mine), Deadline::after(timeout()));
     peer_addrs_.assign(size_, std::string());
-    Deadline dl = Deadline::after(timeout());
     const std::string me = std::to_string(rank_) + " ";
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
-      std::string theirs = to_string(store_->get("gloo_pair_addrs/" + std::to_string(j), dl));
+      std::string theirs = to_string(all[j]);
       size_t pos = 0;
       while (pos < theirs.size()) {
         size_t nl = theirs.find('\n', pos);
