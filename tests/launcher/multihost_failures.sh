@@ -14,7 +14,7 @@
 #     restart    2 hosts, --max-restarts 1; rank 2 fails once: both nodes restart in round 1,
 #                every worker resumes from its checkpoint and the job completes
 #     exhausted  2 hosts, --max-restarts 1; rank 2 fails in every round: all exit 1
-# Env: HB (heartbeat timeout, default 3 s). Exit 77 (skip) where the cluster cannot be built.
+# Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR (copy the gzrun logs there). Exit 77 (skip) where the cluster cannot be built.
 set -uo pipefail
 [ $# = 4 ] || { echo "usage: multihost_failures.sh CLUSTER_SH GZRUN WORKER SCENARIO" >&2; exit 2; }
 cluster=$1 gzrun=$2 worker=$3 scenario=$4
@@ -55,6 +55,7 @@ cleanup() {
   done
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
   "${C[@]}" down
+  [ -n "${KEEP_LOGS:-}" ] && mkdir -p "$KEEP_LOGS" && cp "$dir"/host*.log "$KEEP_LOGS"/ 2>/dev/null
   rm -rf "$dir"
 }
 trap cleanup EXIT

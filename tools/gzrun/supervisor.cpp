@@ -65,7 +65,10 @@ int Supervisor::run() {
         return f == SupervisorConfig::Finish::done ? 0 : 1;
       }
     }
-    if (mon) mon->end_round();
+    if (mon) {
+      mon->end_round();
+      on_job_failure();  // the job-wide report, also when the local workers ended before it came
+    }
     if (out == Outcome::interrupted) return 128 + interrupt_sig_;
     // The job's failure (the first one recorded in the store) names the node, rank and cause.
     JobFailure jf = mon ? mon->failure() : JobFailure{};
