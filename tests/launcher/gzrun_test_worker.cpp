@@ -9,6 +9,12 @@
 //   fail-first CODE          exit CODE on attempt 0 (GZ_RESTART_COUNT), else print "ok" and exit 0
 //   progress                 '\r' progress updates, then a line without '\n'
 //   escape DIR               start a setsid()'d grandchild (pid in DIR/escaped_<rank>), exit 0
+//   job DIR FAILRANK CODE FAIL_AFTER_S STEPS FAIL_ATTEMPTS
+//                            a training job in miniature: resume from DIR/ckpt_<rank>, write
+//                            DIR/pid_<rank>, run STEPS steps of 100 ms saving the checkpoint after
+//                            each; rank FAILRANK exits CODE after FAIL_AFTER_S seconds on attempts
+//                            below FAIL_ATTEMPTS (GZ_RESTART_COUNT), writing the wall-clock time in
+//                            ns to DIR/failed_at first; prints "done rank=R attempt=A round=T ..."
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -20,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 namespace {
@@ -103,6 +110,49 @@ int mode_sleep(const char* dir, double seconds, bool ignore_term) {
   usleep(static_cast<useconds_t>(seconds * 1e6));
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
+  return 0;
+}
+
+long long wall_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    std::rename(tmp.c_str(), path.c_str());
+  }
+}
+
+int mode_job(const std::string& dir, int fail_rank, int code, double fail_after_s, int steps, int fail_attempts) {
+  const int rank = env_int("RANK");
+  const int attempt = env_int("GZ_RESTART_COUNT");
+  const std::string ckpt = dir + "/ckpt_" + std::to_string(rank);
+  int step = 0;
+  if (FILE* f = std::fopen(ckpt.c_str(), "r")) {
+    if (std::fscanf(f, "%d", &step) != 1) step = 0;
+    std::fclose(f);
+  }
+  const int resumed = step;
+  std::printf("start rank=%d attempt=%d resumed_at=%d\n", rank, attempt, resumed);
+  std::fflush(stdout);
+  write_file_atomically(dir + "/pid_" + std::to_string(rank), std::to_string(getpid()) + "\n");
+  const long long t0 = wall_ns();
+  for (; step < steps; ++step) {
+    if (rank == fail_rank && attempt < fail_attempts && wall_ns() - t0 >= static_cast<long long>(fail_after_s * 1e9)) {
+      write_file_atomically(dir + "/failed_at", std::to_string(wall_ns()) + "\n");
+      std::fprintf(stderr, "rank %d failing on purpose at step %d\n", rank, step);
+      return code;
+    }
+    usleep(100000);
+    write_file_atomically(ckpt, std::to_string(step + 1) + "\n");
+  }
+  const char* tc = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  std::printf("done rank=%d attempt=%d round=%s resumed_at=%d steps=%d\n", rank, attempt, tc ? tc : "?", resumed, step);
   return 0;
 }
 
@@ -191,6 +241,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 500 && ::access(path.c_str(), F_OK) != 0; ++i) usleep(10000);
     std::printf("escaped\n");
     return 0;
+  }
+  if (mode == "job" && argc >= 8) {
+    return mode_job(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atof(argv[5]), std::atoi(argv[6]),
+                    std::atoi(argv[7]));
   }
   if (mode == "progress") {
     write_str(1, "step 1/3\rstep 2/3\rstep 3/3\r\ndone");  // no final newline

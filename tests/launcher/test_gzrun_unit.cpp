@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include "gz/core/error.h"
+#include "job_monitor.h"
 #include "options.h"
 #include "output_relay.h"
 #include "process.h"
@@ -98,6 +99,40 @@ TEST(GzrunOptions, ErrorsNameTheOption) {
   EXPECT_NE(message({"--help=1"}).find("takes no value"), std::string::npos);
   EXPECT_NE(message({}).find("no program"), std::string::npos);
   EXPECT_NE(message({"--rdzv-endpoint", "nohostport", "p"}).find("HOST:PORT"), std::string::npos);
+}
+
+TEST(GzrunOptions, HeartbeatKnobs) {
+  auto d = parse({"prog"});
+  EXPECT_DOUBLE_EQ(d.heartbeat_timeout_s, 10.0);
+  EXPECT_DOUBLE_EQ(d.effective_heartbeat_interval_s(), 1.0);
+  auto o = parse({"--heartbeat-timeout", "3", "prog"});
+  EXPECT_DOUBLE_EQ(o.heartbeat_timeout_s, 3.0);
+  EXPECT_DOUBLE_EQ(o.effective_heartbeat_interval_s(), 0.3);
+  EXPECT_DOUBLE_EQ(parse({"--heartbeat_timeout=0.2", "prog"}).effective_heartbeat_interval_s(), 0.05);
+  EXPECT_DOUBLE_EQ(parse({"--heartbeat-interval", "5", "--heartbeat-timeout", "4", "prog"}).effective_heartbeat_interval_s(), 2.0);
+  EXPECT_THROW(parse({"--heartbeat-timeout", "0", "prog"}), InvalidArgument);
+  // The environment fills in what the command line left out, never more.
+  auto e = parse({"prog"});
+  apply_env_defaults(e, "2.5", "0.1");
+  EXPECT_DOUBLE_EQ(e.heartbeat_timeout_s, 2.5);
+  EXPECT_DOUBLE_EQ(e.effective_heartbeat_interval_s(), 0.1);
+  apply_env_defaults(o, "7", "");
+  EXPECT_DOUBLE_EQ(o.heartbeat_timeout_s, 3.0);
+  EXPECT_THROW(apply_env_defaults(d, "soon", ""), InvalidArgument);
+}
+
+TEST(GzrunJobFailure, RecordRoundTrip) {
+  JobFailure f;
+  f.kind = JobFailure::Kind::node_lost;
+  f.node = 2;
+  f.text = "node 2 lost: a|b";
+  JobFailure g = JobFailure::decode(f.encode());
+  EXPECT_EQ(g.kind, JobFailure::Kind::node_lost);
+  EXPECT_EQ(g.node, 2);
+  EXPECT_EQ(g.text, "node 2 lost: a|b");
+  JobFailure raw = JobFailure::decode("no separators");
+  EXPECT_TRUE(raw.failed());
+  EXPECT_EQ(raw.text, "no separators");
 }
 
 TEST(GzrunOptions, HelpAndVersionNeedNoProgram) {

@@ -4,6 +4,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,8 +14,10 @@
 
 #include "gz/core/env.h"
 #include "gz/core/error.h"
+#include "gz/store/store.h"
 #include "options.h"
 #include "output_relay.h"
+#include "job_monitor.h"
 #include "process.h"
 #include "store_host.h"
 #include "supervisor.h"
@@ -65,6 +68,12 @@ int run(int argc, char** argv) {
 
   SupervisorConfig cfg;
   try {
+    apply_env_defaults(o, env.get("GZ_HEARTBEAT_TIMEOUT_S", ""), env.get("GZ_HEARTBEAT_INTERVAL_S", ""));
+  } catch (const gz::Error& e) {
+    say(std::string("error: ") + e.what());
+    return 2;
+  }
+  try {
     cfg.program_path = resolve_program(o.program, env.get("PATH", ""));
   } catch (const gz::Error& e) {
     say(std::string("error: ") + e.what());
@@ -101,7 +110,17 @@ int run(int argc, char** argv) {
   cfg.store_port = store.port();
   cfg.cores = usable_cores();
   cfg.before_attempt = [&store](int attempt, const SupervisorConfig::Cancelled& c) { return store.meet(attempt, c); };
-  cfg.after_success = [&store](const SupervisorConfig::Cancelled& c) { return store.finish(c); };
+  cfg.after_success = [&store](int attempt, const SupervisorConfig::Cancelled& c, const std::function<bool()>& failed) {
+    return store.finish(attempt, c, failed);
+  };
+  // Several nodes: failures, lost nodes and restarts are decided job-wide through the store.
+  std::unique_ptr<JobMonitor> monitor;
+  if (o.nnodes > 1) {
+    monitor = std::make_unique<JobMonitor>(o, [&store] { return store.monitor_client(); }, store.where());
+    cfg.monitor = monitor.get();
+  }
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) == 0) cfg.hostname = host;
   Supervisor sup(o, std::move(cfg));
   return sup.run();
 }

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -26,7 +27,7 @@ constexpr Spec kSpecs[] = {
     {"master-addr", Kind::value},    {"master-port", Kind::value},  {"log-dir", Kind::value},
     {"rdzv-timeout", Kind::value},   {"max-restarts", Kind::value}, {"grace-period", Kind::value},
     {"rdzv-endpoint", Kind::value},  {"standalone", Kind::flag},    {"help", Kind::flag},
-    {"version", Kind::flag},
+    {"version", Kind::flag},         {"heartbeat-timeout", Kind::value}, {"heartbeat-interval", Kind::value},
 };
 
 const Spec* find_spec(const std::string& name) {
@@ -100,6 +101,11 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
     o.max_restarts = parse_bounded(v, name, 0, 1000000);
   } else if (name == "grace-period") {
     o.grace_period_s = parse_seconds(v, name, true);
+  } else if (name == "heartbeat-timeout") {
+    o.heartbeat_timeout_s = parse_seconds(v, name, false);
+    o.heartbeat_timeout_given = true;
+  } else if (name == "heartbeat-interval") {
+    o.heartbeat_interval_s = parse_seconds(v, name, false);
   }
 }
 
@@ -125,6 +131,20 @@ void validate(LaunchOptions& o) {
 }
 
 }  // namespace
+
+double LaunchOptions::effective_heartbeat_interval_s() const {
+  if (heartbeat_interval_s > 0) return std::min(heartbeat_interval_s, heartbeat_timeout_s / 2);
+  return std::clamp(heartbeat_timeout_s / 10, 0.05, 1.0);
+}
+
+void apply_env_defaults(LaunchOptions& o, const std::string& heartbeat_timeout, const std::string& heartbeat_interval) {
+  if (!o.heartbeat_timeout_given && !heartbeat_timeout.empty()) {
+    o.heartbeat_timeout_s = parse_seconds(heartbeat_timeout, "heartbeat-timeout (GZ_HEARTBEAT_TIMEOUT_S)", false);
+    o.heartbeat_timeout_given = true;
+  }
+  if (o.heartbeat_interval_s == 0 && !heartbeat_interval.empty())
+    o.heartbeat_interval_s = parse_seconds(heartbeat_interval, "heartbeat-interval (GZ_HEARTBEAT_INTERVAL_S)", false);
+}
 
 LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc) {
   LaunchOptions o;
@@ -220,8 +240,14 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
   --log-dir DIR            also write each rank's output to DIR/rank_<r>.log
   --rdzv-timeout SECONDS   how long nodes wait for each other (default 900); exported to
                            workers as GZ_RDZV_TIMEOUT_S
-  --max-restarts K         restart all local workers up to K times after a failure (default 0)
+  --max-restarts K         restart the job up to K times after a failure (default 0); with
+                           several nodes the budget and the round are job-wide (in the store)
   --grace-period SECONDS   SIGTERM -> SIGKILL delay when stopping workers (default 5)
+  --heartbeat-timeout S    several nodes: a node whose gzrun is silent this long is lost, and the
+                           deadline of the job monitor's store operations (default 10; env
+                           GZ_HEARTBEAT_TIMEOUT_S). Every node stops within it + 2 s
+  --heartbeat-interval S   heartbeat and job-state poll period (default timeout/10 in
+                           [0.05, 1]; env GZ_HEARTBEAT_INTERVAL_S)
   -h, --help               this text
   --version                print the version
 
@@ -238,9 +264,10 @@ exit status:
   128+N    gzrun received signal N (SIGINT/SIGTERM/SIGHUP), forwarded it to the workers and
            stopped them
 
-multi-node restarts are per node: they only work when every node's gzrun restarts too (a failure
-on one node normally makes the workers on the others fail, so each gzrun restarts its workers;
-the nodes meet again in the store before each attempt).
+several nodes: failures are decided job-wide through the store. A failed worker, a lost node
+(no heartbeat) or a lost store host stops the workers of every node within the heartbeat timeout
++ 2 s, and every gzrun names the node, rank and cause. Restarts happen on all nodes together, in
+a new round agreed in the store (GZ_RESTART_COUNT is the round), within the job-wide budget.
 )";
 }
 

@@ -22,6 +22,14 @@ struct LaunchOptions {
   int max_restarts = 0;
   bool standalone = false;
   double grace_period_s = 5;  ///< SIGTERM -> SIGKILL delay when stopping workers
+  /// @brief Multi-node failure detection: a node whose gzrun has not heartbeaten for this long is
+  /// lost, and it is also the deadline of every store operation of the job monitor (a store host
+  /// that does not answer for this long is lost). Every node stops within this + 2 s.
+  double heartbeat_timeout_s = 10;
+  bool heartbeat_timeout_given = false;
+  /// @brief How often each gzrun heartbeats and reads the job state; 0 = heartbeat_timeout / 10,
+  /// clamped to [0.05 s, 1 s].
+  double heartbeat_interval_s = 0;
   bool help = false;
   bool version = false;
   std::string program;            ///< as given (resolved through PATH later)
@@ -29,6 +37,8 @@ struct LaunchOptions {
 
   /// @brief Total number of workers in the job.
   int world_size() const { return nnodes * nproc_per_node; }
+  /// @brief The heartbeat interval in effect (see heartbeat_interval_s).
+  double effective_heartbeat_interval_s() const;
 };
 
 /// @brief Default store port when several nodes meet (torchrun's default).
@@ -37,6 +47,10 @@ constexpr int kDefaultMultiNodePort = 29500;
 /// @brief Parse argv (without argv[0]). Throws gz::InvalidArgument with a message naming the
 /// offending option. `auto_nproc` resolves "--nproc-per-node auto".
 LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc);
+
+/// @brief Apply GZ_HEARTBEAT_TIMEOUT_S / GZ_HEARTBEAT_INTERVAL_S where the options were not given.
+/// Throws gz::InvalidArgument naming the variable.
+void apply_env_defaults(LaunchOptions& o, const std::string& heartbeat_timeout, const std::string& heartbeat_interval);
 
 /// @brief Workers for "--nproc-per-node auto": GPUs (/dev/nvidia[0-9]*) when present, else cores.
 int detect_auto_nproc();

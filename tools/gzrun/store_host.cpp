@@ -11,6 +11,7 @@
 
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
+#include "gz/store/store.h"
 #include "output_relay.h"  // say()
 
 #if GZ_HAVE_TCP_STORE
@@ -117,12 +118,34 @@ std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, int port, const
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_s * 1000));
   // Node 0 talks to its own server over loopback unless an address was named.
   std::string host = (o.node_rank == 0 && !o.master_addr_given) ? std::string("127.0.0.1") : o.master_addr;
-  return std::make_unique<TcpStore>(host, port, co);
+  auto client = std::make_unique<TcpStore>(host, port, co);
+  // Connecting may take the whole rendezvous timeout (nodes start at different times); each
+  // operation after that is bounded by the heartbeat timeout, so a lost store host is noticed.
+  client->set_timeout(std::chrono::milliseconds(static_cast<long long>(o.heartbeat_timeout_s * 1000)));
+  return client;
 }
 }  // namespace
 #endif
 
-void StoreHost::node_barrier(const std::string& name, const Cancelled& cancelled) {
+std::string StoreHost::where() const {
+  std::string host = (o_.node_rank == 0 && !o_.master_addr_given) ? std::string("127.0.0.1") : o_.master_addr;
+  return host + ":" + std::to_string(port_);
+}
+
+std::unique_ptr<Store> StoreHost::monitor_client() const {
+#if GZ_HAVE_TCP_STORE
+  TcpStoreOptions co;
+  co.token = token_;
+  co.timeout = std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000));
+  std::string host = (o_.node_rank == 0 && !o_.master_addr_given) ? std::string("127.0.0.1") : o_.master_addr;
+  return std::make_unique<TcpStore>(host, port_, co);
+#else
+  GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
+#endif
+}
+
+bool StoreHost::node_barrier(const std::string& name, const Cancelled& cancelled,
+                             const std::function<bool()>& job_failed) {
 #if GZ_HAVE_TCP_STORE
   if (!impl_->client) impl_->client = connect_client(o_, port_, token_);
   TcpStore& s = *impl_->client;
@@ -132,6 +155,7 @@ void StoreHost::node_barrier(const std::string& name, const Cancelled& cancelled
   int64_t arrived = s.add(name + "/arrived", 1);
   if (arrived == o_.nnodes) s.set(released, to_bytes("1"));
   while (!s.check({released})) {
+    if (job_failed && job_failed()) return false;
     if (cancelled && cancelled())
       GZ_THROW(Aborted, "node ", o_.node_rank, ": cancelled while waiting for the other nodes (", name, ")");
     if (deadline.expired()) {
@@ -141,6 +165,7 @@ void StoreHost::node_barrier(const std::string& name, const Cancelled& cancelled
     }
     ::usleep(20000);  // short: node starts are not latency-critical, signals must stay responsive
   }
+  return true;
 #else
   GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
 #endif
@@ -161,30 +186,34 @@ std::string StoreHost::meet(int attempt, const Cancelled& cancelled) {
 #endif
 }
 
-bool StoreHost::finish(const Cancelled& cancelled) {
-  if (o_.nnodes == 1) return true;
+StoreHost::Finish StoreHost::finish(int attempt, const Cancelled& cancelled, const std::function<bool()>& job_failed) {
+  if (o_.nnodes == 1) return Finish::done;
+  // Per round: a node whose workers succeeded waits here, and takes part in the restart when
+  // another node's round fails meanwhile.
+  const std::string name = "gzrun/round" + std::to_string(attempt) + "/exit";
   try {
-    node_barrier("gzrun/exit", cancelled);
+    if (!node_barrier(name, cancelled, job_failed)) return Finish::job_failed;
   } catch (const Error& e) {
+    if (job_failed && job_failed()) return Finish::job_failed;
     say(std::string("error: this node's workers succeeded, but: ") + e.what());
-    return false;
+    return Finish::others_did_not_finish;
   }
 #if GZ_HAVE_TCP_STORE
   // Everyone finished. The host must not stop the server while another node still polls for
   // the release: each node checks out, and node 0 waits (briefly) for all check-outs.
   try {
-    int64_t departed = impl_->client->add("gzrun/exit/departed", 1);
+    int64_t departed = impl_->client->add(name + "/departed", 1);
     Deadline deadline = Deadline::after(std::chrono::seconds(10));
     while (o_.node_rank == 0 && departed < o_.nnodes && !deadline.expired() && !(cancelled && cancelled())) {
       ::usleep(10000);
-      departed = impl_->client->add("gzrun/exit/departed", 0);
+      departed = impl_->client->add(name + "/departed", 0);
     }
   } catch (const Error& e) {
     // The job is done; a store hiccup while leaving is not worth failing it.
     say(std::string("warning: while leaving the store: ") + e.what());
   }
 #endif
-  return true;
+  return Finish::done;
 }
 
 }  // namespace gz::launcher

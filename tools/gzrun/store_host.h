@@ -8,6 +8,10 @@
 
 #include "options.h"
 
+namespace gz {
+class Store;
+}
+
 namespace gz::launcher {
 
 /// @brief Hosts the TcpStoreServer (node rank 0) and synchronises the nodes' gzruns.
@@ -34,14 +38,24 @@ class StoreHost {
   /// @brief Multi-node only, after this node's workers all succeeded: wait (up to
   /// --rdzv-timeout) for the other nodes to finish too, so node 0 keeps serving the store while
   /// their workers still use it (torchrun's exit barrier). Returns false on timeout/cancel.
-  bool finish(const Cancelled& cancelled);
+  /// `job_failed` is polled while waiting: true when the round failed elsewhere (then
+  /// Finish::job_failed is returned and the node takes part in the job's restart or gives up).
+  enum class Finish { done, others_did_not_finish, job_failed };
+  Finish finish(int attempt, const Cancelled& cancelled, const std::function<bool()>& job_failed);
+  /// @brief A new client of the store whose every operation is bounded by the heartbeat timeout
+  /// (for the job monitor). Throws gz::Error when the store cannot be reached within it.
+  std::unique_ptr<Store> monitor_client() const;
+  /// @brief "ADDR:PORT" of the store, for messages.
+  std::string where() const;
   /// @brief Whether this build can host a store (the TcpStore implementation is linked).
   static bool available();
 
  private:
   struct Impl;
   /// @brief Barrier of the nodes' gzruns that polls, so signals are seen while waiting.
-  void node_barrier(const std::string& name, const Cancelled& cancelled);
+  /// `job_failed` (optional) ends the wait early: returns false then.
+  bool node_barrier(const std::string& name, const Cancelled& cancelled,
+                    const std::function<bool()>& job_failed = nullptr);
   const LaunchOptions& o_;
   std::string token_;
   int port_ = 0;

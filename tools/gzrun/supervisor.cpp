@@ -33,7 +33,8 @@ bool Supervisor::poll_interrupt() {
 
 int Supervisor::run() {
   const SupervisorConfig::Cancelled cancelled = [this] { return poll_interrupt(); };
-  for (int attempt = 0;; ++attempt) {
+  JobMonitor* mon = c_.monitor;
+  for (int attempt = 0;;) {
     if (poll_interrupt()) return 128 + interrupt_sig_;  // e.g. Ctrl-C between two attempts
     std::string run_id;
     try {
@@ -44,21 +45,82 @@ int Supervisor::run() {
       say(std::string("error: ") + e.what());
       return 1;
     }
+    attempt_ = attempt;
+    job_failure_seen_ = false;
+    if (mon) mon->start_round(attempt);
     Outcome out = run_attempt(attempt, run_id);
     if (out == Outcome::success) {
-      if (attempt > 0) say("all workers exited 0 (after " + std::to_string(attempt) + " restart(s))");
-      bool others_done = !c_.after_success || c_.after_success(cancelled);
-      if (interrupt_sig_) return 128 + interrupt_sig_;
-      return others_done ? 0 : 1;
+      SupervisorConfig::Finish f = SupervisorConfig::Finish::done;
+      if (c_.after_success) {
+        std::function<bool()> job_failed = [mon] { return mon && mon->failure().failed(); };
+        f = c_.after_success(attempt, cancelled, job_failed);
+      }
+      if (f == SupervisorConfig::Finish::job_failed) {
+        on_job_failure();
+        out = Outcome::failed;
+      } else {
+        if (mon) mon->end_round();
+        if (interrupt_sig_) return 128 + interrupt_sig_;
+        if (attempt > 0) say("all workers exited 0 (after " + std::to_string(attempt) + " restart(s))");
+        return f == SupervisorConfig::Finish::done ? 0 : 1;
+      }
+    }
+    if (mon) {
+      mon->end_round();
+      on_job_failure();  // the job-wide report, also when the local workers ended before it came
     }
     if (out == Outcome::interrupted) return 128 + interrupt_sig_;
-    if (attempt >= o_.max_restarts) {
-      if (o_.max_restarts > 0)
-        say("giving up after " + std::to_string(o_.max_restarts) + " restart(s); last failure: " + failure_);
+    // The job's failure (the first one recorded in the store) names the node, rank and cause.
+    JobFailure jf = mon ? mon->failure() : JobFailure{};
+    const std::string cause = jf.failed() ? jf.text : failure_;
+    if (jf.kind == JobFailure::Kind::store_lost || jf.kind == JobFailure::Kind::interrupted) {
+      say("giving up (no restart possible): " + cause);
       return 1;
     }
-    say("restarting all local workers (restart " + std::to_string(attempt + 1) + " of " +
-        std::to_string(o_.max_restarts) + ") after: " + failure_);
+    if (attempt >= o_.max_restarts) {
+      if (o_.max_restarts > 0)
+        say(std::string("giving up after ") + std::to_string(o_.max_restarts) + (mon ? " job-wide" : "") +
+            " restart(s); last failure: " + cause);
+      else if (mon)
+        say("job failed (no restarts allowed): " + cause);
+      return 1;
+    }
+    int next = attempt + 1;
+    if (mon) {
+      try {
+        next = mon->advance_round(attempt);
+      } catch (const std::exception& e) {
+        say(std::string("error: cannot agree on the next round through the store: ") + e.what());
+        return 1;
+      }
+    }
+    say(std::string("restarting all ") + (mon ? "nodes' " : "local ") + "workers (restart " +
+        std::to_string(next) + " of " + std::to_string(o_.max_restarts) + (mon ? ", job-wide round " : "") +
+        (mon ? std::to_string(next) : std::string()) + ") after: " + cause);
+    attempt = next;
+  }
+}
+
+void Supervisor::publish_local(int kind, const std::string& what) {
+  if (!c_.monitor) return;
+  JobFailure f;
+  f.kind = static_cast<JobFailure::Kind>(kind);
+  f.node = o_.node_rank;
+  f.text = "node " + std::to_string(o_.node_rank) + (c_.hostname.empty() ? "" : " (" + c_.hostname + ")") + ": " + what;
+  c_.monitor->report_local(std::move(f));
+}
+
+void Supervisor::on_job_failure() {
+  if (!c_.monitor || job_failure_seen_) return;
+  JobFailure f = c_.monitor->failure();
+  if (!f.failed()) return;
+  job_failure_seen_ = true;
+  say("job failure in round " + std::to_string(attempt_) + ": " + f.text);
+  if (failure_.empty()) failure_ = f.text;
+  if (!stopping_ && !all_reaped()) {
+    say("stopping the local workers (SIGTERM, then SIGKILL after " +
+        format_duration(std::chrono::milliseconds(static_cast<long long>(o_.grace_period_s * 1000))) + ")");
+    begin_stop(SIGTERM);
   }
 }
 
@@ -111,6 +173,7 @@ void Supervisor::start_workers(int attempt, const std::string& run_id) {
         if (fd >= 0) ::close(fd);
       failure_ = "rank " + std::to_string(rank) + " could not be started: " + e.what();
       say(failure_);
+      publish_local(static_cast<int>(JobFailure::Kind::worker), failure_);
       begin_stop(SIGTERM);
       return;
     }
@@ -145,6 +208,9 @@ void Supervisor::on_exit(Worker& w) {
   if (!stopping_) {
     failure_ = d;
     say(d);
+    publish_local(static_cast<int>(JobFailure::Kind::worker),
+                  "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) + ", pid " +
+                      std::to_string(w.pid) + ") " + describe_status(st));
     if (!all_reaped())
       say("stopping the other local workers (SIGTERM, then SIGKILL after " +
           format_duration(std::chrono::milliseconds(static_cast<long long>(o_.grace_period_s * 1000))) + ")");
@@ -196,6 +262,7 @@ void Supervisor::on_signal(int sig) {
   if (sig == SIGCHLD) return;  // reap() runs after every wake-up
   if (interrupt_sig_ == 0) {
     interrupt_sig_ = sig;
+    publish_local(static_cast<int>(JobFailure::Kind::interrupted), "gzrun received " + signal_name(sig));
     if (workers_.empty() || all_reaped()) return;
     say("received " + signal_name(sig) + ": forwarding it to the workers");
     begin_stop(sig);
@@ -220,6 +287,7 @@ Supervisor::Outcome Supervisor::run_attempt(int attempt, const std::string& run_
   while (!all_reaped()) {
     fds.clear();
     fds.push_back(pollfd{signals_.fd(), POLLIN, 0});
+    fds.push_back(pollfd{c_.monitor ? c_.monitor->fd() : -1, POLLIN, 0});
     relay_.append_pollfds(fds);
     // Wake up at least once a second (SIGCHLD is the normal wake-up), sooner for the SIGKILL.
     int timeout_ms = 1000;
@@ -237,7 +305,13 @@ Supervisor::Outcome Supervisor::run_attempt(int attempt, const std::string& run_
     if (n > 0) {
       if (fds[0].revents)
         for (int s : signals_.take()) on_signal(s);
-      for (size_t i = 1; i < fds.size(); ++i)
+      if (fds[1].revents) {
+        char buf[64];
+        while (::read(fds[1].fd, buf, sizeof buf) > 0) {
+        }
+        on_job_failure();
+      }
+      for (size_t i = 2; i < fds.size(); ++i)
         if (fds[i].revents) relay_.on_ready(fds[i]);
     }
     reap();

@@ -11,7 +11,9 @@
 #include "gz/core/env.h"
 #include "options.h"
 #include "output_relay.h"
+#include "job_monitor.h"
 #include "process.h"
+#include "store_host.h"
 
 namespace gz::launcher {
 
@@ -26,9 +28,14 @@ struct SupervisorConfig {
   using Cancelled = std::function<bool()>;
   /// @brief Called before each attempt; returns the run id for it (nodes meet there). May throw.
   std::function<std::string(int attempt, const Cancelled&)> before_attempt;
-  /// @brief Called once every local worker succeeded (nodes wait for each other there);
-  /// false = the other nodes did not finish in time, gzrun exits 1.
-  std::function<bool(const Cancelled&)> after_success;
+  /// @brief Called once every local worker succeeded (nodes wait for each other there, polling
+  /// `job_failed`): done; others_did_not_finish (gzrun exits 1); job_failed (the round failed on
+  /// another node: restart with the job or give up).
+  using Finish = StoreHost::Finish;
+  std::function<Finish(int attempt, const Cancelled&, const std::function<bool()>& job_failed)> after_success;
+  /// @brief Multi-node: the job-wide failure detector (nullptr on one node).
+  JobMonitor* monitor = nullptr;
+  std::string hostname;  ///< this node's name, for failure records
 };
 
 /// @brief Supervises one node's workers until they all succeed, one fails with no restarts
@@ -82,6 +89,12 @@ class Supervisor {
   Clock::time_point kill_at_{};
   std::string failure_;  ///< first failure of this attempt, "" when none
   int interrupt_sig_ = 0;
+  int attempt_ = 0;
+  bool job_failure_seen_ = false;
+  /// @brief Publish a failure of this node to the other nodes (multi-node only).
+  void publish_local(int kind, const std::string& what);
+  /// @brief The job monitor learnt of a failure: report it and stop the local workers.
+  void on_job_failure();
 };
 
 }  // namespace gz::launcher

@@ -1,0 +1,232 @@
+#include "job_monitor.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "gz/core/deadline.h"
+#include "gz/core/error.h"
+#include "gz/store/store.h"
+#include "output_relay.h"  // say()
+
+namespace gz::launcher {
+
+namespace {
+
+using std::chrono::steady_clock;
+
+std::chrono::milliseconds ms_of(double seconds) {
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
+std::string round_key(int round, const char* what) {
+  return "gzrun/round" + std::to_string(round) + "/" + what;
+}
+
+std::string hb_key(int node) { return "gzrun/hb/" + std::to_string(node); }
+
+}  // namespace
+
+std::string JobFailure::encode() const {
+  return std::to_string(static_cast<int>(kind)) + "|" + std::to_string(node) + "|" + text;
+}
+
+JobFailure JobFailure::decode(const std::string& record) {
+  JobFailure f;
+  auto a = record.find('|');
+  auto b = a == std::string::npos ? a : record.find('|', a + 1);
+  if (b == std::string::npos) {
+    f.kind = Kind::worker;
+    f.text = record;
+    return f;
+  }
+  int k = std::atoi(record.substr(0, a).c_str());
+  f.kind = (k >= 1 && k <= 4) ? static_cast<Kind>(k) : Kind::worker;
+  f.node = std::atoi(record.substr(a + 1, b - a - 1).c_str());
+  f.text = record.substr(b + 1);
+  return f;
+}
+
+JobMonitor::JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where)
+    : o_(options), connect_(std::move(connect)), where_(std::move(store_where)) {
+  if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw SystemError("pipe2 for the job monitor", errno);
+}
+
+JobMonitor::~JobMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (int fd : pipe_)
+    if (fd >= 0) ::close(fd);
+}
+
+Store& JobMonitor::store() {
+  if (!store_) store_ = connect_();
+  return *store_;
+}
+
+void JobMonitor::start_round(int round) {
+  if (thread_.joinable()) end_round();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = false;
+    round_ = round;
+    failure_ = JobFailure{};
+    pending_.clear();
+  }
+  char buf[64];
+  while (::read(pipe_[0], buf, sizeof buf) > 0) {
+  }
+  const auto now = steady_clock::now();
+  peers_.clear();
+  for (int n = 0; n < o_.nnodes; ++n)
+    if (n != o_.node_rank) peers_[n] = Peer{-1, now};
+  last_ok_ = now;
+  store_lost_ = false;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void JobMonitor::report_local(JobFailure f) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    pending_.push_back(std::move(f));
+  }
+  cv_.notify_all();
+}
+
+JobFailure JobMonitor::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void JobMonitor::learn(const JobFailure& f) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.failed()) return;
+    failure_ = f;
+  }
+  char c = 1;
+  ssize_t ignored = ::write(pipe_[1], &c, 1);
+  (void)ignored;
+  // Tell node 0 this gzrun has seen the failure (it keeps the store up until everyone has).
+  if (f.kind != JobFailure::Kind::store_lost) {
+    try {
+      store().add(round_key(round_, "acked"), 1);
+    } catch (const std::exception&) {
+      // Not worth more: node 0 stops waiting after the heartbeat timeout anyway.
+    }
+  }
+}
+
+void JobMonitor::publish(const JobFailure& f) {
+  // First writer wins: every gzrun then reports the same (first) failure of the round.
+  Bytes stored = store().compare_set(round_key(round_, "failure"), Bytes{}, to_bytes(f.encode()));
+  learn(JobFailure::decode(to_string(stored)));
+}
+
+void JobMonitor::loop() {
+  const auto interval = ms_of(o_.effective_heartbeat_interval_s());
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    tick();
+    lock.lock();
+    if (store_lost_) break;  // nothing left to talk to; the supervisor stops the workers
+    cv_.wait_for(lock, interval, [this] { return stop_ || !pending_.empty(); });
+  }
+}
+
+void JobMonitor::tick() {
+  const auto timeout = ms_of(o_.heartbeat_timeout_s);
+  try {
+    std::vector<JobFailure> pending;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending.swap(pending_);
+    }
+    for (const JobFailure& f : pending) publish(f);
+    Store& s = store();
+    s.add(hb_key(o_.node_rank), 1);
+    const std::string fkey = round_key(round_, "failure");
+    const bool known = failure().failed();
+    if (!known && s.check({fkey})) learn(JobFailure::decode(to_string(s.get(fkey, Deadline::after(timeout)))));
+    last_ok_ = steady_clock::now();
+    if (known || failure().failed()) return;
+    for (auto& [node, peer] : peers_) {
+      int64_t beats = s.add(hb_key(node), 0);
+      const auto now = steady_clock::now();
+      last_ok_ = now;
+      if (beats != peer.beats) {
+        peer.beats = beats;
+        peer.changed = now;
+        continue;
+      }
+      const auto silent = std::chrono::duration_cast<Duration>(now - peer.changed);
+      if (silent < timeout) continue;
+      JobFailure f;
+      f.kind = JobFailure::Kind::node_lost;
+      f.node = node;
+      f.text = "node " + std::to_string(node) + " lost: no heartbeat from its gzrun for " + format_duration(silent) +
+               " (seen by node " + std::to_string(o_.node_rank) +
+               "; its gzrun was killed or stopped, its host is down or its network is cut)";
+      publish(f);
+      return;
+    }
+  } catch (const std::exception& e) {
+    const auto silent = std::chrono::duration_cast<Duration>(steady_clock::now() - last_ok_);
+    if (silent < timeout) return;  // a blip: try again next interval, until the deadline
+    store_lost_ = true;
+    JobFailure f;
+    f.kind = JobFailure::Kind::store_lost;
+    f.node = 0;
+    f.text = "lost the store host (node 0 at " + where_ + "): no answer for " + format_duration(silent) +
+             " (last error: " + e.what() + ")";
+    learn(f);
+  }
+}
+
+void JobMonitor::end_round() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // A report that came after the thread's last tick.
+  std::vector<JobFailure> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(pending_);
+  }
+  const JobFailure f = failure();
+  if (store_lost_) return;
+  try {
+    for (const JobFailure& p : pending) publish(p);
+    if (!f.failed() || o_.node_rank != 0) return;
+    // Node 0 hosts the store: keep it up until every node that is not lost has seen the failure,
+    // so nobody reports "lost the store host" instead of the real cause.
+    const int64_t expected = o_.nnodes - (f.kind == JobFailure::Kind::node_lost ? 1 : 0);
+    Deadline deadline = Deadline::after(ms_of(o_.heartbeat_timeout_s));
+    while (store().add(round_key(round_, "acked"), 0) < expected && !deadline.expired()) ::usleep(10000);
+  } catch (const std::exception& e) {
+    say(std::string("warning: while ending the round in the store: ") + e.what());
+  }
+}
+
+int JobMonitor::advance_round(int round) {
+  const std::string expected = round == 0 ? std::string() : std::to_string(round);
+  Bytes stored = store().compare_set("gzrun/round", to_bytes(expected), to_bytes(std::to_string(round + 1)));
+  const std::string now = to_string(stored);
+  if (now != std::to_string(round + 1))
+    GZ_THROW(Error, "the job's round in the store is ", now, ", expected ", round + 1,
+             " after round ", round, " (another gzrun moved it)");
+  return round + 1;
+}
+
+}  // namespace gz::launcher

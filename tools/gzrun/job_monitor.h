@@ -1,0 +1,102 @@
+// Job-wide failure detection for multi-node jobs: every node's gzrun heartbeats in the store,
+// watches the round's failure record and the other nodes' heartbeats, and publishes its own
+// failures there, so that one failure anywhere stops the workers of every node.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "options.h"
+
+namespace gz {
+class Store;
+}
+
+namespace gz::launcher {
+
+/// @brief How a round ended for the whole job.
+struct JobFailure {
+  enum class Kind { none, worker, node_lost, store_lost, interrupted };
+  Kind kind = Kind::none;
+  int node = -1;     ///< the node that failed or was lost (-1: not known / the store host)
+  std::string text;  ///< what every gzrun prints: node, rank, cause
+  bool failed() const { return kind != Kind::none; }
+  /// @brief The store record "kind|node|text" and back.
+  std::string encode() const;
+  static JobFailure decode(const std::string& record);
+};
+
+/// @brief Store keys (all under "gzrun/"):
+///   gzrun/hb/<node>             counter each gzrun adds 1 to every interval (its heartbeat)
+///   gzrun/round                 the job's current round (restart count), moved by compare_set
+///   gzrun/round<r>/failure      first failure of round r ("kind|node|text"), first writer wins
+///   gzrun/round<r>/acked        gzruns that saw round r's failure (node 0 waits for them)
+class JobMonitor {
+ public:
+  /// @brief `connect` makes a fresh store client whose every operation is bounded by the
+  /// heartbeat timeout (the monitor owns it; only the monitor's thread uses it).
+  using Connect = std::function<std::unique_ptr<Store>()>;
+  JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where);
+  ~JobMonitor();
+  JobMonitor(const JobMonitor&) = delete;
+  JobMonitor& operator=(const JobMonitor&) = delete;
+
+  /// @brief Start watching round `round` (after the nodes met for it).
+  void start_round(int round);
+  /// @brief Publish a failure of this node (asynchronously: the supervisor's loop never blocks
+  /// on the store). The first failure recorded in the round wins; failure() then tells it.
+  void report_local(JobFailure f);
+  /// @brief Readable when the job's failure for this round became known (poll it).
+  int fd() const { return pipe_[0]; }
+  /// @brief The round's failure as known so far (kind none while the job runs).
+  JobFailure failure() const;
+  /// @brief End the round: flush a pending report, acknowledge the failure and, on node 0 (the
+  /// store host), wait (at most the heartbeat timeout) until every node not lost acknowledged it
+  /// so nobody mistakes node 0 leaving for a lost store. Stops the thread.
+  void end_round();
+  /// @brief After a failed round: move the job's round counter to round+1 (one compare_set in
+  /// the store, whoever comes first) and return the round now stored. Throws gz::Error when the
+  /// store cannot be reached.
+  int advance_round(int round);
+
+ private:
+  void loop();
+  void tick();
+  /// @brief Set the failure once and wake the supervisor.
+  void learn(const JobFailure& f);
+  void publish(const JobFailure& f);
+  Store& store();
+
+  const LaunchOptions& o_;
+  Connect connect_;
+  std::string where_;
+  std::unique_ptr<Store> store_;
+  int pipe_[2] = {-1, -1};
+
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  int round_ = 0;
+  JobFailure failure_;
+  std::vector<JobFailure> pending_;  ///< local failures to publish
+
+  // Thread-only state.
+  struct Peer {
+    int64_t beats = -1;
+    std::chrono::steady_clock::time_point changed{};
+  };
+  std::map<int, Peer> peers_;
+  std::chrono::steady_clock::time_point last_ok_{};
+  bool store_lost_ = false;
+};
+
+}  // namespace gz::launcher
