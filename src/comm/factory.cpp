@@ -67,7 +67,8 @@ std::vector<std::string> exchange_node_ids(Store& store, int rank, int size, con
 GlooOptions gloo_options(const CommOptions& o, const Env& env, bool multi_node) {
   GlooOptions g;
   g.timeout = o.timeout;
-  g.iface = o.iface.empty() ? env.get("GZ_IFACE", "") : o.iface;
+  // GZ_SOCKET_IFNAME as GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; GZ_IFACE is the older name.
+  g.iface = o.iface.empty() ? env.get("GZ_SOCKET_IFNAME", env.get("GZ_IFACE", "")) : o.iface;
   if (!g.iface.empty()) return g;
   if (!multi_node) {
     g.hostname = "127.0.0.1";
@@ -79,7 +80,7 @@ GlooOptions gloo_options(const CommOptions& o, const Env& env, bool multi_node) 
     g.hostname = local_address_towards(target);
   } catch (const Error& e) {
     GZ_THROW(InvalidArgument, "gloo: cannot pick the address other nodes reach this rank on (", e.what(),
-             "); set GZ_IFACE to an interface name or address");
+             "); set GZ_SOCKET_IFNAME to an interface name or address");
   }
   return g;
 }

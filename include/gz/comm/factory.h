@@ -23,7 +23,7 @@ struct CommOptions {
   /// @brief Identifies the machine for grouping ranks into nodes; empty = GZ_NODE_ID, else
   /// the hostname. Ranks with equal node ids share memory.
   std::string node_id;
-  /// @brief Network interface / address for TCP transports (empty = GZ_IFACE or loopback/hostname).
+  /// @brief Network interface / address for TCP transports (empty = GZ_SOCKET_IFNAME or GZ_IFACE, else loopback/hostname).
   std::string iface;
 };
 

@@ -16,9 +16,10 @@ struct GlooOptions {
   /// connect). An op's own OpOptions override it for that op.
   Duration timeout = default_timeout();
   /// @brief Address this rank listens on and advertises to peers. Empty = derived from `iface`,
-  /// else GZ_IFACE, else 127.0.0.1 (single machine).
+  /// else GZ_SOCKET_IFNAME (or GZ_IFACE), else 127.0.0.1 (single machine).
   std::string hostname;
-  /// @brief Network interface name ("eth0") or an IPv4/IPv6 address. Empty = GZ_IFACE.
+  /// @brief Network interface name ("eth0") or an IPv4/IPv6 address. Empty = GZ_SOCKET_IFNAME
+  /// (or GZ_IFACE).
   std::string iface;
 };
 

@@ -69,7 +69,8 @@ class GlooCommunicator : public Communicator {
     ignore_sigpipe_once();
     Stopwatch sw;
     ::gloo::transport::tcp::attr attr;
-    std::string iface = options_.iface.empty() ? Env::from_process().get("GZ_IFACE", "") : options_.iface;
+    const Env env = Env::from_process();
+    std::string iface = options_.iface.empty() ? env.get("GZ_SOCKET_IFNAME", env.get("GZ_IFACE", "")) : options_.iface;
     if (!options_.hostname.empty()) {
       attr.hostname = options_.hostname;
     } else if (!iface.empty()) {
