@@ -16,12 +16,4 @@ namespace gz::comm::shm {
 void reduce_n(void* dst, void* dst2, const void* const* srcs, int n, size_t count, DType dtype, ReduceOp op,
               int avg_divisor);
 
-/// @brief memcpy for large transfers into a buffer nobody reads soon (the caller's output of a big
-/// collective): non-temporal stores skip the read-for-ownership and keep the shared slots in
-/// cache. Falls back to memcpy for small sizes and non-x86 builds. Regions must not overlap.
-void copy_streaming(void* dst, const void* src, size_t bytes);
-/// @brief memcpy with ordinary vector stores (no `rep movsb`), for copies into the shared slots
-/// that a peer reads right away; measured faster than glibc's choice for 64 KiB..1 MiB here.
-void copy_cached(void* dst, const void* src, size_t bytes);
-
 }  // namespace gz::comm::shm
