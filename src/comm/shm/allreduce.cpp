@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/reduce/reduce.h"
 #include "comm/shm/copy.h"
-#include "comm/shm/reduce_kernels.h"
 #include "comm/shm/shm_communicator.h"
 
 namespace gz::comm::shm {
+
+using reduce::reduce_n;
 
 namespace {
 

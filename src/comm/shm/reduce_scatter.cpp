@@ -2,11 +2,13 @@
 // peers' blocks, then folds its own block from its input and the peers' slots.
 #include <algorithm>
 
+#include "comm/reduce/reduce.h"
 #include "comm/shm/copy.h"
-#include "comm/shm/reduce_kernels.h"
 #include "comm/shm/shm_communicator.h"
 
 namespace gz::comm::shm {
+
+using reduce::reduce_n;
 
 void ShmCommunicator::do_reduce_scatter(const void* send_v, void* recv_v, size_t rc, DType dtype, ReduceOp op) {
   guarded([&] {
