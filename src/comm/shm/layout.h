@@ -7,7 +7,7 @@
 
 namespace gz::comm::shm {
 
-constexpr uint64_t kMagic = 0x677a2d73686d3031ull;  // "gz-shm01"
+constexpr uint64_t kMagic = 0x677a2d73686d3032ull;  // "gz-shm02": liveness is a lock (liveness.h)
 constexpr size_t kLine = 64;
 constexpr size_t kDefaultChunk = 512 * 1024;  // per step: half of L2; three slots per rank stay in L3
 constexpr size_t kDefaultSmall = 16 * 1024;   // at or below: one step, every rank reduces everything
@@ -42,7 +42,8 @@ struct RankCtrl {
   alignas(kLine) uint32_t flag;  // last step published (polled by peers: own line)
   alignas(kLine) OpDesc desc[2];
   alignas(kLine) uint32_t sleepers;  // waiters blocked in futex on `flag`
-  int32_t pid;
+  int32_t pid;      // for messages only: whether the rank lives is its lock (liveness.h)
+  uint32_t closed;  // set before the rank closes its communicator: it left, it did not die
 };
 static_assert(sizeof(RankCtrl) == 3 * kLine, "RankCtrl layout");
 

@@ -2,7 +2,6 @@
 // that catch mismatched collectives, and how a wait ends early: abort, a rejected message, a dead
 // peer, or the op's deadline.
 #include <linux/futex.h>
-#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -11,7 +10,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -61,22 +59,6 @@ bool same(const OpDesc& a, const OpDesc& b) {
          a.op == b.op && a.root == b.root;
 }
 
-namespace {
-
-bool process_alive(int pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  // A killed child that nobody reaped yet is a zombie: dead for our purposes.
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return true;
-  auto close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return true;
-  char state = line[close + 2];
-  return state != 'Z' && state != 'X';
-}
-
-}  // namespace
-
 // ---------------------------------------------------------------- waiting and errors
 
 std::string ShmCommunicator::where(const OpCtx& ctx) const {
@@ -99,11 +81,12 @@ void ShmCommunicator::check_interrupts(const OpCtx& ctx, const uint32_t* fail_wo
 }
 
 void ShmCommunicator::check_alive(int peer, const OpCtx& ctx) const {
-  int pid = __atomic_load_n(&ctrl(peer).pid, __ATOMIC_RELAXED);
-  if (pid <= 0 || pid == pid_) return;
-  if (!process_alive(pid))
-    GZ_THROW(PeerError, where(ctx), ": peer rank ", peer, " (pid ", pid, ") died; detected after ",
-             format_duration(ctx.sw.elapsed()));
+  if (lock_->peer_holds(peer)) return;
+  // The pid is the peer's own view (its PID namespace): a hint for the reader, never a test.
+  const int pid = __atomic_load_n(&ctrl(peer).pid, __ATOMIC_RELAXED);
+  const bool closed = __atomic_load_n(&ctrl(peer).closed, __ATOMIC_SEQ_CST) != 0;
+  GZ_THROW(PeerError, where(ctx), ": peer rank ", peer, " (pid ", pid, ") ",
+           closed ? "closed its communicator" : "died", "; detected after ", format_duration(ctx.sw.elapsed()));
 }
 
 void ShmCommunicator::throw_collective_timeout(const OpCtx& ctx, uint32_t target) const {

@@ -20,7 +20,8 @@ namespace gz::comm::shm {
 // ---------------------------------------------------------------- construction
 
 ShmCommunicator::ShmCommunicator(int rank, int size, std::shared_ptr<Store> store, const ShmOptions& options,
-                                 std::shared_ptr<Segment> segment, Layout layout, std::string group_id)
+                                 std::shared_ptr<Segment> segment, Layout layout, std::string group_id,
+                                 std::unique_ptr<RankLock> lock)
     : Communicator(options.timeout),
       rank_(rank),
       size_(size),
@@ -29,7 +30,7 @@ ShmCommunicator::ShmCommunicator(int rank, int size, std::shared_ptr<Store> stor
       layout_(layout),
       group_id_(std::move(group_id)),
       base_(segment_->data()),
-      pid_(static_cast<int>(getpid())) {
+      lock_(std::move(lock)) {
   Env env = Env::from_process();
   int spin = options.spin_us >= 0 ? options.spin_us : static_cast<int>(env.get_int("GZ_SHM_SPIN_US", kDefaultSpinUs));
   spin_us_ = std::max(0, spin);
@@ -44,7 +45,12 @@ ShmCommunicator::ShmCommunicator(int rank, int size, std::shared_ptr<Store> stor
   scratch_.resize(kScratch);
 }
 
-ShmCommunicator::~ShmCommunicator() { shutdown_executor(); }
+ShmCommunicator::~ShmCommunicator() {
+  shutdown_executor();
+  // Peers waiting on this rank see its lock go (when lock_ is destroyed) and read this flag to
+  // say "closed its communicator" rather than "died".
+  __atomic_store_n(&ctrl(rank_).closed, 1u, __ATOMIC_SEQ_CST);
+}
 
 RankCtrl& ShmCommunicator::ctrl(int r) const {
   return reinterpret_cast<RankCtrl*>(base_ + layout_.ctrl_off)[r];
@@ -149,7 +155,10 @@ CommPtr create_shm_communicator(int rank, int size, std::shared_ptr<Store> store
                " ranks, this rank expects ", size);
   }
   Layout layout(size, slot_bytes);
-  auto comm = std::make_shared<ShmCommunicator>(rank, size, store, options, seg, layout, id);
+  // Taken before the barrier below, so every rank holds its lock before any op can wait on it,
+  // and while the name still exists (it is unlinked once every rank has mapped it).
+  auto lock = std::make_unique<RankLock>(seg->name(), rank);
+  auto comm = std::make_shared<ShmCommunicator>(rank, size, store, options, seg, layout, id, std::move(lock));
   auto* ctrl = reinterpret_cast<RankCtrl*>(seg->data() + layout.ctrl_off);
   __atomic_store_n(&ctrl[rank].pid, static_cast<int32_t>(getpid()), __ATOMIC_RELEASE);
   try {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/shm/layout.h"
+#include "comm/shm/liveness.h"
 #include "comm/shm/segment.h"
 #include "gz/comm/communicator.h"
 #include "gz/comm/shm.h"
@@ -32,7 +33,8 @@ namespace gz::comm::shm {
 class ShmCommunicator : public Communicator {
  public:
   ShmCommunicator(int rank, int size, std::shared_ptr<Store> store, const ShmOptions& options,
-                  std::shared_ptr<Segment> segment, Layout layout, std::string group_id);
+                  std::shared_ptr<Segment> segment, Layout layout, std::string group_id,
+                  std::unique_ptr<RankLock> lock);
   ~ShmCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -42,6 +44,8 @@ class ShmCommunicator : public Communicator {
 
   /// @brief Bytes of one pipeline slot (after defaults and rounding).
   size_t chunk_bytes() const { return layout_.slot_bytes; }
+
+  friend struct ShmTestAccess;  // tests: fault injection into the control lines
 
  protected:
   void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override;
@@ -119,7 +123,7 @@ class ShmCommunicator : public Communicator {
   bool oversubscribed_;
   size_t small_bytes_;
   size_t stream_bytes_;  ///< all-reduce results at least this big are written with streaming stores
-  int pid_;
+  std::unique_ptr<RankLock> lock_;  ///< held while this communicator lives: peers test it
 
   uint32_t phase_ = 0;  ///< last step this rank published
   uint64_t coll_ = 0;   ///< collectives issued (descriptor ring index)
