@@ -1,24 +1,42 @@
 #!/usr/bin/env bash
-# The whole test suite: bootstrap, build, ctest; then ASan+UBSan and TSan builds of the
-# LibTorch-free layers with their tests; then the store wire-decoder fuzz target for a while.
-# The release and TSan builds use GCC; ASan+UBSan uses clang, which keeps the LibTorch-free layers
-# (the shm reduce kernels' vector extensions and CPU dispatch included) building with clang too.
+# The whole test suite: bootstrap, build, ctest; then ASan+UBSan builds (the LibTorch-free layers
+# with their unit tests; the LibTorch layer's DDP, Horovod-mode and trainer/resume tests) and a
+# TSan build of the comm tests; then the store wire-decoder fuzz target for a while.
+# The release and TSan builds use GCC; ASan+UBSan uses clang, which keeps the layers (the reduce
+# kernels' vector extensions and CPU dispatch included) building with clang too.
+# Every ctest stage goes through ctest_stage, which fails when a stage selects no test.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+. scripts/ctest_stage.sh
+stage_start=$(date +%s)
+stage_time() { echo "== $1 took $(($(date +%s) - stage_start)) s"; stage_start=$(date +%s); }
 scripts/bootstrap.sh test
 echo "== build (release)"
-scripts/build.sh
+# Tests ON explicitly: build/ may have been configured by demo.sh, which leaves them out.
+scripts/build.sh -DGZ_BUILD_TESTS=ON
 echo "== ctest (release)"
-(cd build && ctest --output-on-failure -j "${GZ_TEST_JOBS:-2}" --timeout 600)
+ctest_stage build -j "${GZ_TEST_JOBS:-2}" --timeout 600
+stage_time "release build + ctest"
 if [ "${GZ_SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "== ASan+UBSan build (clang) of core/store/comm + their tests"
   CC=clang CXX=clang++ GZ_BUILD_DIR=$root/build-asan-clang GZ_BUILD_TYPE=Debug scripts/build.sh -DGZ_WITH_TORCH=OFF \
-    -DGZ_SANITIZE=address,undefined
-  (cd build-asan-clang && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L unit --timeout 600)
+    -DGZ_BUILD_TESTS=ON -DGZ_SANITIZE=address,undefined
+  ASAN_OPTIONS=detect_leaks=1 ctest_stage build-asan-clang -j 2 -L unit --timeout 600
+  stage_time "ASan+UBSan (LibTorch-free)"
+  echo "== ASan+UBSan build (clang) of the LibTorch layer's DDP, Horovod-mode and trainer tests"
+  # Only the targets of the tests labelled asan-torch (and the binaries test_train_restart starts);
+  # RelWithDebInfo: the trainer tests train real models, too slow at -O0 under ASan.
+  CC=clang CXX=clang++ GZ_BUILD_DIR=$root/build-asan-torch GZ_BUILD_TYPE=RelWithDebInfo \
+    GZ_TARGETS="test_torch test_trainer test_train_restart gzrun gz-train" scripts/build.sh -DGZ_WITH_TORCH=ON \
+    -DGZ_BUILD_TESTS=ON -DGZ_SANITIZE=address,undefined
+  ASAN_OPTIONS=detect_leaks=1 ctest_stage build-asan-torch -j 2 -L asan-torch --timeout 900
+  stage_time "ASan+UBSan (LibTorch layer)"
   echo "== TSan build of the comm tests"
-  GZ_BUILD_DIR=$root/build-tsan GZ_BUILD_TYPE=RelWithDebInfo scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_SANITIZE=thread
-  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --output-on-failure -j 2 -L tsan --timeout 900)
+  GZ_BUILD_DIR=$root/build-tsan GZ_BUILD_TYPE=RelWithDebInfo scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_BUILD_TESTS=ON \
+    -DGZ_SANITIZE=thread
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest_stage build-tsan -j 2 -L tsan --timeout 900
+  stage_time "TSan"
 fi
 if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
   echo "== fuzz the store wire decoder (${GZ_FUZZ_SECONDS:-30} s)"
@@ -30,5 +48,6 @@ if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
   mkdir -p build-fuzz/corpus
   build-fuzz/fuzz/fuzz_store_wire -max_total_time="${GZ_FUZZ_SECONDS:-30}" -print_final_stats=1 \
     -artifact_prefix=build-fuzz/ build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 4
+  stage_time "fuzz"
 fi
 echo "all test stages passed"
