@@ -61,7 +61,8 @@ const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::prod, ReduceOp:
 // 70 elements: two 32-byte vectors of every dtype plus a scalar tail.
 std::vector<char> fill(DType t, size_t n, int seed) {
   std::vector<char> v(n * dtype_size(t));
-  for (size_t i = 0; i < n; ++i) store(v.data(), i, t, static_cast<double>((static_cast<int>(i) * 7 + seed) % 23 - 9));
+  for (size_t i = 0; i < n; ++i)
+    store(v.data(), i, t, static_cast<double>((static_cast<int>(i) * 7 + seed) % 23 - 9));
   return v;
 }
 
@@ -78,7 +79,8 @@ TEST(ReduceKernels, PairwiseMatchesScalarReferenceInPlaceToo) {
       fn(out.data(), a.data(), b.data(), n);
       EXPECT_EQ(std::memcmp(out.data(), want.data(), want.size()), 0) << dtype_name(t) << " op " << int(op);
       fn(a.data(), a.data(), b.data(), n);  // Gloo folds into its accumulator: out == a
-      EXPECT_EQ(std::memcmp(a.data(), want.data(), want.size()), 0) << dtype_name(t) << " op " << int(op) << " in place";
+      EXPECT_EQ(std::memcmp(a.data(), want.data(), want.size()), 0)
+          << dtype_name(t) << " op " << int(op) << " in place";
     }
   }
 }

@@ -85,8 +85,9 @@ void ShmCommunicator::check_alive(int peer, const OpCtx& ctx) const {
   // The pid is the peer's own view (its PID namespace): a hint for the reader, never a test.
   const int pid = __atomic_load_n(&ctrl(peer).pid, __ATOMIC_RELAXED);
   const bool closed = __atomic_load_n(&ctrl(peer).closed, __ATOMIC_SEQ_CST) != 0;
-  GZ_THROW(PeerError, where(ctx), ": peer rank ", peer, " (pid ", pid, ") ",
-           closed ? "closed its communicator" : "died", "; detected after ", format_duration(ctx.sw.elapsed()));
+  const char* what = closed ? "closed its communicator" : "died";
+  GZ_THROW(PeerError, where(ctx), ": peer rank ", peer, " (pid ", pid, ") ", what, "; detected after ",
+           format_duration(ctx.sw.elapsed()));
 }
 
 void ShmCommunicator::throw_collective_timeout(const OpCtx& ctx, uint32_t target) const {

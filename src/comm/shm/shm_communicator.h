@@ -27,9 +27,9 @@ namespace gz::comm::shm {
 /// without any extra handshake. Waiting spins, then sleeps on the flag with futex.
 ///
 /// Where the code is: layout.h (what lies where in the segment), protocol.cpp (steps, waiting,
-/// errors, barrier), allreduce.cpp (all-reduce and reduce), broadcast.cpp, allgather.cpp,
-/// reduce_scatter.cpp, p2p.cpp (send/recv channels), buffers.cpp (alloc_buffer's zero-copy
-/// blocks), shm_communicator.cpp (construction, abort, sub-groups).
+/// errors, barrier), liveness.h (how a dead peer is seen), allreduce.cpp (all-reduce and reduce),
+/// broadcast.cpp, allgather.cpp, reduce_scatter.cpp, p2p.cpp (send/recv channels), buffers.cpp
+/// (alloc_buffer's zero-copy blocks), shm_communicator.cpp (construction, abort, sub-groups).
 class ShmCommunicator : public Communicator {
  public:
   ShmCommunicator(int rank, int size, std::shared_ptr<Store> store, const ShmOptions& options,
