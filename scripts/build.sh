@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Configure and build into build/ (or $GZ_BUILD_DIR). Extra arguments go to cmake's configure step.
+# GZ_TARGETS="a b": build only those targets (default: everything).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GZ_BUILD_DIR:-$root/build}
@@ -13,7 +14,7 @@ export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=${GZ_BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
 # Progress lines are dropped; the build's own exit status decides (grep's does not matter).
 set +e
-cmake --build "$build" -j "$jobs" 2>&1 | grep -v -E '^\[ *[0-9]+%\]|^-- '
+cmake --build "$build" -j "$jobs" ${GZ_TARGETS:+--target $GZ_TARGETS} 2>&1 | grep -v -E '^\[ *[0-9]+%\]|^-- '
 status=${PIPESTATUS[0]}
 set -e
 [ "$status" = 0 ] || echo "build: cmake --build $build failed (exit $status)" >&2

@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # The whole test suite: bootstrap, build, ctest; then a link-only build of the NCCL backend (where
-# CUDA + NCCL are installed); then ASan+UBSan and TSan builds of the LibTorch-free layers with
-# their tests; then the store wire-decoder fuzz target for a while.
-# The release and TSan builds use GCC; ASan+UBSan uses clang, which keeps the LibTorch-free layers
-# (the shm reduce kernels' vector extensions and CPU dispatch included) building with clang too.
+# CUDA + NCCL are installed); then ASan+UBSan builds (the LibTorch-free layers
+# with their unit tests; the LibTorch layer's DDP, Horovod-mode and trainer/resume tests) and a
+# TSan build of the comm tests; then the store wire-decoder fuzz target for a while.
+# The release and TSan builds use GCC; ASan+UBSan uses clang, which keeps the layers (the reduce
+# kernels' vector extensions and CPU dispatch included) building with clang too.
+# Every ctest stage goes through ctest_stage, which fails when a stage selects no test.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+. scripts/ctest_stage.sh
+stage_start=$(date +%s)
+stage_time() { echo "== $1 took $(($(date +%s) - stage_start)) s"; stage_start=$(date +%s); }
 scripts/bootstrap.sh test
 echo "== build (release)"
-scripts/build.sh
+# Tests ON explicitly: build/ may have been configured by demo.sh, which leaves them out.
+scripts/build.sh -DGZ_BUILD_TESTS=ON
 echo "== ctest (release)"
-(cd build && ctest --output-on-failure -j "${GZ_TEST_JOBS:-2}" --timeout 600)
+ctest_stage build -j "${GZ_TEST_JOBS:-2}" --timeout 600
+stage_time "release build + ctest"
 echo "== NCCL backend build (link only)"
 # Compiles and links the NCCL backend and test_nccl against a CUDA + NCCL install when there is
 # one (no GPU needed); test_nccl's multi-rank tests skip with their reason where no GPU is
@@ -47,20 +54,32 @@ else
     exit 1
   fi
   # Where no GPU is visible the multi-rank tests are skipped; print the summary and one reason.
-  (cd build-nccl-ci && ctest --output-on-failure -L nccl --timeout 300 >ctest.log 2>&1) ||
+  ctest_stage build-nccl-ci -L nccl --timeout 300 >build-nccl-ci/ctest.log 2>&1 ||
     { cat build-nccl-ci/ctest.log; exit 1; }
   grep -E 'tests passed' build-nccl-ci/ctest.log
   echo "$(grep -c '(Skipped)' build-nccl-ci/ctest.log || true) test(s) skipped"
   build-nccl-ci/tests/comm/test_nccl --gtest_filter='Nccl.InitTimesOutNamingTheMissingRank' | grep -m1 -A1 'Skipped' || true
 fi
+stage_time "NCCL backend build (link only)"
 if [ "${GZ_SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "== ASan+UBSan build (clang) of core/store/comm + their tests"
   CC=clang CXX=clang++ GZ_BUILD_DIR=$root/build-asan-clang GZ_BUILD_TYPE=Debug scripts/build.sh -DGZ_WITH_TORCH=OFF \
-    -DGZ_SANITIZE=address,undefined
-  (cd build-asan-clang && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L unit --timeout 600)
+    -DGZ_BUILD_TESTS=ON -DGZ_SANITIZE=address,undefined
+  ASAN_OPTIONS=detect_leaks=1 ctest_stage build-asan-clang -j 2 -L unit --timeout 600
+  stage_time "ASan+UBSan (LibTorch-free)"
+  echo "== ASan+UBSan build (clang) of the LibTorch layer's DDP, Horovod-mode and trainer tests"
+  # Only the targets of the tests labelled asan-torch (and the binaries test_train_restart starts);
+  # RelWithDebInfo: the trainer tests train real models, too slow at -O0 under ASan.
+  CC=clang CXX=clang++ GZ_BUILD_DIR=$root/build-asan-torch GZ_BUILD_TYPE=RelWithDebInfo \
+    GZ_TARGETS="test_torch test_trainer test_train_restart gzrun gz-train" scripts/build.sh -DGZ_WITH_TORCH=ON \
+    -DGZ_BUILD_TESTS=ON -DGZ_SANITIZE=address,undefined
+  ASAN_OPTIONS=detect_leaks=1 ctest_stage build-asan-torch -j 2 -L asan-torch --timeout 900
+  stage_time "ASan+UBSan (LibTorch layer)"
   echo "== TSan build of the comm tests"
-  GZ_BUILD_DIR=$root/build-tsan GZ_BUILD_TYPE=RelWithDebInfo scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_SANITIZE=thread
-  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --output-on-failure -j 2 -L tsan --timeout 900)
+  GZ_BUILD_DIR=$root/build-tsan GZ_BUILD_TYPE=RelWithDebInfo scripts/build.sh -DGZ_WITH_TORCH=OFF -DGZ_BUILD_TESTS=ON \
+    -DGZ_SANITIZE=thread
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest_stage build-tsan -j 2 -L tsan --timeout 900
+  stage_time "TSan"
 fi
 if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
   echo "== fuzz the store wire decoder (${GZ_FUZZ_SECONDS:-30} s)"
@@ -72,5 +91,6 @@ if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
   mkdir -p build-fuzz/corpus
   build-fuzz/fuzz/fuzz_store_wire -max_total_time="${GZ_FUZZ_SECONDS:-30}" -print_final_stats=1 \
     -artifact_prefix=build-fuzz/ build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 4
+  stage_time "fuzz"
 fi
 echo "all test stages passed"

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <map>
 
-#include "comm/gloo/reduce_fns.h"  // header-only divide_in_place (no Gloo include)
+#include "comm/reduce/reduce.h"
 #include "gz/core/error.h"
 #include "gz/store/prefix_store.h"
 
@@ -205,7 +205,7 @@ class HierarchicalCommunicator : public Communicator {
       step_ = Step::local_broadcast;
       within(local_).broadcast(data, count, dtype, 0);
     }
-    if (op == ReduceOp::avg) gloo_impl::divide_in_place(data, count, dtype, size());
+    if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size());
   }
 
   // Uniform layouts (L ranks on each of N nodes): rail j links local rank j of every node, its
@@ -252,7 +252,7 @@ class HierarchicalCommunicator : public Communicator {
     } else {
       std::memcpy(recv, shard_.data(), block);
     }
-    if (op == ReduceOp::avg) gloo_impl::divide_in_place(recv, count, dtype, size());
+    if (op == ReduceOp::avg) reduce::divide_in_place(recv, count, dtype, size());
   }
 
   // All-gather(v) the other way round: each rail gathers its members' blocks across nodes, then

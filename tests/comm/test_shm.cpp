@@ -523,10 +523,18 @@ TEST(Shm, AbortWakesBlockedPeers) {
 
 TEST(Shm, TimeoutNamesTheMissingRank) {
   const int world = 3;
+  std::atomic<int> done{0};
   test::run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
     ShmOptions o = small_chunks(512, 1);
     auto c = create_shm_communicator(rank, world, store, o);
-    if (rank == 2) return;  // never calls
+    if (rank == 2) {  // never calls, but keeps its communicator open (closing it is a PeerError)
+      while (done.load() < world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { ++n; }
+    } mark_done{done};
     Stopwatch sw;
     float x = 1;
     try {
@@ -536,12 +544,33 @@ TEST(Shm, TimeoutNamesTheMissingRank) {
       std::string m = e.what();
       EXPECT_NE(m.find("rank(s) 2 "), std::string::npos) << m;
       EXPECT_NE(m.find("allreduce"), std::string::npos) << m;
-      EXPECT_NE(m.find("seq 0"), std::string::npos) << m;
+      EXPECT_NE(m.find("allreduce #0 on rank"), std::string::npos) << m;
+      EXPECT_EQ(e.peer(), 2) << "the one rank missing";
     }
     EXPECT_GE(sw.seconds(), 0.9);
     EXPECT_LT(sw.seconds(), 3.0);
     // The communicator is unusable afterwards: later ops fail at once instead of desynchronising.
     EXPECT_THROW(c->barrier(), TimeoutError);
+  });
+}
+
+// A rank that closes its communicator will never take part again: the others fail at once with
+// gz::PeerError saying so, instead of waiting out the timeout.
+TEST(Shm, ClosedCommunicatorIsAPeerErrorOnTheOthers) {
+  const int world = 3;
+  test::run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = create_shm_communicator(rank, world, store, small_chunks(512, 20));
+    if (rank == 2) return;
+    Stopwatch sw;
+    float x = 1;
+    try {
+      c->allreduce(&x, 1, DType::f32, ReduceOp::sum);
+      ADD_FAILURE() << "expected a PeerError";
+    } catch (const PeerError& e) {
+      EXPECT_NE(std::string(e.what()).find("peer rank 2"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("closed its communicator"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(sw.seconds(), 5.0);
   });
 }
 

@@ -1,8 +1,10 @@
 // Multi-process behaviour of the shm backend: ranks are forked processes meeting through a
-// FileStore. A SIGKILLed rank must surface as gz::PeerError on the survivors, a SIGSTOPped one as
-// gz::TimeoutError naming it, and /dev/shm must hold nothing of the group afterwards.
+// FileStore. A SIGKILLed rank must surface as gz::PeerError on the survivors (whatever its pid
+// now names, and from another PID namespace too), a SIGSTOPped one as gz::TimeoutError naming it,
+// and /dev/shm must hold nothing of the group afterwards.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,12 +16,23 @@
 #include <string>
 #include <vector>
 
+#include "comm/shm/shm_communicator.h"
 #include "gz/comm/shm.h"
 #include "gz/core/error.h"
 #include "gz/store/file_store.h"
 
 using namespace gz;
 using namespace gz::comm;
+
+namespace gz::comm::shm {
+// Fault injection: overwrite the pid a rank recorded in its control line.
+struct ShmTestAccess {
+  static void set_recorded_pid(Communicator& c, int pid) {
+    auto& s = dynamic_cast<ShmCommunicator&>(c);
+    __atomic_store_n(&s.ctrl(s.rank()).pid, pid, __ATOMIC_RELEASE);
+  }
+};
+}  // namespace gz::comm::shm
 
 namespace {
 
@@ -49,14 +62,27 @@ std::string temp_store_path() {
 
 // Fork `world` ranks running body(rank, comm); each child exits with body's return value
 // (0 = pass). Returns the exit codes, or -signal for children killed by a signal.
+// Rank `pid_ns_rank` (if any) runs as pid 1 of a new PID namespace (needs CAP_SYS_ADMIN).
 std::vector<int> run_processes(int world, const std::function<int(int, Communicator&)>& body, int timeout_s,
                                std::vector<pid_t>* pids_out = nullptr,
-                               const std::function<void(std::vector<pid_t>&)>& parent_hook = nullptr) {
+                               const std::function<void(std::vector<pid_t>&)>& parent_hook = nullptr,
+                               int pid_ns_rank = -1) {
   const std::string path = temp_store_path();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
+      if (r == pid_ns_rank) {
+        // unshare(CLONE_NEWPID) moves only the children: fork once more and pass on the status.
+        if (unshare(CLONE_NEWPID) != 0) _exit(77);
+        pid_t inner = fork();
+        if (inner < 0) _exit(78);
+        if (inner > 0) {
+          int st = 0;
+          waitpid(inner, &st, 0);
+          _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+        }
+      }
       int code = 3;
       try {
         auto store = std::make_shared<FileStore>(path);
@@ -209,6 +235,78 @@ TEST(ShmProcess, StoppedRankBecomesTimeoutNamingIt) {
         kill(pids[1], SIGKILL);
       });
   EXPECT_EQ(codes[1], -SIGKILL);
+}
+
+// kill(pid, 0) took any live process with the recorded pid for the rank: a recycled pid (here the
+// test process's own, alive throughout) hid the death until the timeout. The lock does not care.
+TEST(ShmProcess, DeathIsSeenThoughTheRecordedPidIsAlive) {
+  std::vector<pid_t> pids;
+  auto codes = run_processes(
+      3,
+      [](int rank, Communicator& c) {
+        float x = 1;
+        c.allreduce(&x, 1, DType::f32, ReduceOp::sum);
+        if (rank == 2) {
+          shm::ShmTestAccess::set_recorded_pid(c, static_cast<int>(getppid()));
+          raise(SIGKILL);
+        }
+        std::vector<float> v(50000, 1.0f);
+        return allreduce_fails_naming_rank_2(
+            rank, [&] { c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum); });
+      },
+      10, &pids);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, -SIGKILL}));
+  EXPECT_TRUE(shm_entries_of(pids).empty());
+}
+
+// Containers sharing /dev/shm see each other's ranks with pids of another namespace: rank 2 runs
+// as pid 1 of its own PID namespace, so kill(1, 0) in ours found our init alive.
+TEST(ShmProcess, DeathIsSeenAcrossPidNamespaces) {
+  pid_t probe = fork();
+  if (probe == 0) _exit(unshare(CLONE_NEWPID) == 0 ? 0 : 1);
+  int st = 0;
+  waitpid(probe, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) GTEST_SKIP() << "unshare(CLONE_NEWPID) not permitted (needs root)";
+  auto codes = run_processes(
+      3,
+      [](int rank, Communicator& c) {
+        if (rank == 2 && getpid() != 1) return 9;
+        float x = 1;
+        c.allreduce(&x, 1, DType::f32, ReduceOp::sum);
+        // A namespace's init ignores its own SIGKILL: die by _exit, without closing anything.
+        if (rank == 2) _exit(0);
+        std::vector<float> v(50000, 1.0f);
+        return allreduce_fails_naming_rank_2(
+            rank, [&] { c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum); });
+      },
+      10, nullptr, nullptr, /*pid_ns_rank=*/2);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+// A child forked by a rank (a data-loader worker, say) shares its open files; it must not keep
+// the rank's lock, or the rank's death would go unseen for as long as the child lives.
+TEST(ShmProcess, ForkedChildDoesNotKeepADeadRankAlive) {
+  auto codes = run_processes(
+      3,
+      [](int rank, Communicator& c) {
+        float x = 1;
+        c.allreduce(&x, 1, DType::f32, ReduceOp::sum);
+        if (rank == 2) {
+          if (fork() == 0) {
+            // Outlives the rank by longer than the survivors may take; closes ctest's pipes.
+            close(1);
+            close(2);
+            sleep(7);
+            _exit(0);
+          }
+          raise(SIGKILL);
+        }
+        std::vector<float> v(50000, 1.0f);
+        return allreduce_fails_naming_rank_2(
+            rank, [&] { c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum); });
+      },
+      20);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, -SIGKILL}));
 }
 
 }  // namespace

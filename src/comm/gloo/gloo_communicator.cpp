@@ -18,8 +18,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "comm/gloo/reduce_fns.h"
 #include "comm/gloo/store_adapter.h"
+#include "comm/reduce/reduce.h"
 #include "gz/comm/gloo.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
@@ -29,7 +29,7 @@
 namespace gz::comm {
 namespace {
 
-using gloo_impl::make_reduce_fn;
+using reduce::make_reduce_fn;
 
 // Slots of our point-to-point messages: a prefix byte above Gloo's collective prefixes (0x01..0x08).
 constexpr uint64_t kP2PSlotPrefix = uint64_t{0x40} << 56;
@@ -146,7 +146,7 @@ class GlooCommunicator : public Communicator {
         ::gloo::allreduce(o);
       }
     });
-    if (op == ReduceOp::avg) gloo_impl::divide_in_place(data, count, dtype, size_);
+    if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size_);
   }
 
   void do_broadcast(void* data, size_t count, DType dtype, int root) override {
@@ -203,7 +203,7 @@ class GlooCommunicator : public Communicator {
     if (recv_count == 0) return;
     if (size_ == 1) {
       std::memmove(recv, send, block);
-      if (op == ReduceOp::avg) gloo_impl::divide_in_place(recv, recv_count, dtype, size_);
+      if (op == ReduceOp::avg) reduce::divide_in_place(recv, recv_count, dtype, size_);
       return;
     }
     scratch_.resize(block * size_);
@@ -230,7 +230,7 @@ class GlooCommunicator : public Communicator {
       }
     });
     std::memcpy(recv, scratch_.data() + block * rank_, block);
-    if (op == ReduceOp::avg) gloo_impl::divide_in_place(recv, recv_count, dtype, size_);
+    if (op == ReduceOp::avg) reduce::divide_in_place(recv, recv_count, dtype, size_);
   }
 
   void do_reduce(void* data, size_t count, DType dtype, ReduceOp op, int root) override {
@@ -246,7 +246,7 @@ class GlooCommunicator : public Communicator {
         ::gloo::reduce(o);
       }
     });
-    if (op == ReduceOp::avg && rank_ == root) gloo_impl::divide_in_place(data, count, dtype, size_);
+    if (op == ReduceOp::avg && rank_ == root) reduce::divide_in_place(data, count, dtype, size_);
   }
 
   void do_barrier() override {

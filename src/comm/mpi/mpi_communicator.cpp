@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/gloo/reduce_fns.h"  // header-only divide_in_place (no Gloo include)
+#include "comm/reduce/reduce.h"  // divide_in_place: MPI has no average
 #include "gz/comm/mpi.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
@@ -143,7 +143,7 @@ class MpiCommunicator : public Communicator {
       return MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(dtype), mpi_op(op), comm_, r);
     });
     if (widened(dtype)) narrow(wide_.data(), data, count, dtype);
-    if (op == ReduceOp::avg) gloo_impl::divide_in_place(data, count, dtype, size_);
+    if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size_);
   }
 
   void do_broadcast(void* data, size_t count, DType dtype, int root) override {
@@ -191,7 +191,7 @@ class MpiCommunicator : public Communicator {
       return MPI_Ireduce_scatter_block(in, out, n, mpi_type(dtype), mpi_op(op), comm_, r);
     });
     if (widened(dtype)) narrow(wide_out.data(), recv, recv_count, dtype);
-    if (op == ReduceOp::avg) gloo_impl::divide_in_place(recv, recv_count, dtype, size_);
+    if (op == ReduceOp::avg) reduce::divide_in_place(recv, recv_count, dtype, size_);
   }
 
   void do_reduce(void* data, size_t count, DType dtype, ReduceOp op, int root) override {
@@ -206,7 +206,7 @@ class MpiCommunicator : public Communicator {
     });
     if (!is_root) return;
     if (widened(dtype)) narrow(wide_.data(), data, count, dtype);
-    if (op == ReduceOp::avg) gloo_impl::divide_in_place(data, count, dtype, size_);
+    if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size_);
   }
 
   void do_barrier() override {

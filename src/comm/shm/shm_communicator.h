@@ -8,25 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "comm/shm/layout.h"
+#include "comm/shm/liveness.h"
 #include "comm/shm/segment.h"
 #include "gz/comm/communicator.h"
 #include "gz/comm/shm.h"
+#include "gz/core/deadline.h"
+#include "gz/core/error.h"
 #include "gz/store/store.h"
 
 namespace gz::comm::shm {
-
-struct RankCtrl;
-struct ChannelCtrl;
-struct OpDesc;
-
-/// @brief Segment layout shared by every rank of a group (computed from size and slot bytes).
-struct Layout {
-  Layout(int size, size_t slot_bytes);
-  int size;
-  size_t slot_bytes;  ///< bytes of one data slot (three per rank, reused in a ring)
-  size_t p2p_bytes;   ///< bytes of one point-to-point slot (two per ordered pair)
-  size_t ctrl_off, data_off, chan_off, total;
-};
 
 /// @brief Communicator over a shared segment. Protocol: every rank owns one 32-bit step counter
 /// ("flag"). A collective is a sequence of steps: write what peers must read into my slot
@@ -34,10 +25,16 @@ struct Layout {
 /// Content written for step X is read by peers before they publish X + 2, and a slot is
 /// rewritten at step X + 3 only after every peer published X + 2, so three slots suffice
 /// without any extra handshake. Waiting spins, then sleeps on the flag with futex.
+///
+/// Where the code is: layout.h (what lies where in the segment), protocol.cpp (steps, waiting,
+/// errors, barrier), liveness.h (how a dead peer is seen), allreduce.cpp (all-reduce and reduce),
+/// broadcast.cpp, allgather.cpp, reduce_scatter.cpp, p2p.cpp (send/recv channels), buffers.cpp
+/// (alloc_buffer's zero-copy blocks), shm_communicator.cpp (construction, abort, sub-groups).
 class ShmCommunicator : public Communicator {
  public:
   ShmCommunicator(int rank, int size, std::shared_ptr<Store> store, const ShmOptions& options,
-                  std::shared_ptr<Segment> segment, Layout layout, std::string group_id);
+                  std::shared_ptr<Segment> segment, Layout layout, std::string group_id,
+                  std::unique_ptr<RankLock> lock);
   ~ShmCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -47,6 +44,8 @@ class ShmCommunicator : public Communicator {
 
   /// @brief Bytes of one pipeline slot (after defaults and rounding).
   size_t chunk_bytes() const { return layout_.slot_bytes; }
+
+  friend struct ShmTestAccess;  // tests: fault injection into the control lines
 
  protected:
   void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override;
@@ -63,7 +62,18 @@ class ShmCommunicator : public Communicator {
   std::shared_ptr<void> do_alloc_buffer(size_t bytes) override;
 
  public:
-  struct OpCtx;  // per-op context for waits and messages (defined in the .cpp)
+  /// Per-op context for waits and messages.
+  struct OpCtx {
+    OpKind kind;
+    uint64_t seq;
+    Deadline deadline;
+    Stopwatch sw;
+    OpDesc desc;
+    uint32_t first_step;
+    bool checked = false;
+    int peer = -1;  // point-to-point ops
+    int tag = 0;
+  };
 
  private:
   OpCtx begin_op(OpKind kind, size_t count, uint64_t extra, DType dtype, ReduceOp op, int root);
@@ -71,9 +81,10 @@ class ShmCommunicator : public Communicator {
   void guarded(Fn&& fn);
   void step(OpCtx& ctx);
   void check_descriptors(OpCtx& ctx);
-  template <typename OnTimeout>
-  void wait_for(const uint32_t* word, uint32_t target, uint32_t* sleepers, int peer, OpCtx& ctx,
-                const uint32_t* fail_word, OnTimeout&& on_timeout);
+  /// Until *word reaches `target`: spin, then futex in slices, checking abort, `fail_word` and
+  /// (when peer >= 0) that peer's liveness. False when the op's deadline passed first.
+  [[nodiscard]] bool wait_for(const uint32_t* word, uint32_t target, uint32_t* sleepers, int peer, OpCtx& ctx,
+                              const uint32_t* fail_word);
   void check_interrupts(const OpCtx& ctx, const uint32_t* fail_word) const;
   void check_alive(int peer, const OpCtx& ctx) const;
   [[noreturn]] void throw_collective_timeout(const OpCtx& ctx, uint32_t target) const;
@@ -112,7 +123,7 @@ class ShmCommunicator : public Communicator {
   bool oversubscribed_;
   size_t small_bytes_;
   size_t stream_bytes_;  ///< all-reduce results at least this big are written with streaming stores
-  int pid_;
+  std::unique_ptr<RankLock> lock_;  ///< held while this communicator lives: peers test it
 
   uint32_t phase_ = 0;  ///< last step this rank published
   uint64_t coll_ = 0;   ///< collectives issued (descriptor ring index)
@@ -126,5 +137,21 @@ class ShmCommunicator : public Communicator {
   uint64_t buffers_ = 0;             ///< alloc_buffer calls so far (same on every rank)
   std::shared_ptr<SharedTable> shared_ = std::make_shared<SharedTable>();  ///< outlives us in deleters
 };
+
+// Runs one op; a timeout or a dead peer leaves the steps out of line with the peers', so it
+// breaks the communicator: every later op rethrows that first error.
+template <typename Fn>
+void ShmCommunicator::guarded(Fn&& fn) {
+  if (broken_) std::rethrow_exception(broken_);
+  try {
+    fn();
+  } catch (const TimeoutError&) {
+    broken_ = std::current_exception();
+    throw;
+  } catch (const PeerError&) {
+    broken_ = std::current_exception();
+    throw;
+  }
+}
 
 }  // namespace gz::comm::shm

@@ -1,20 +1,9 @@
-// Element-wise reduction kernels of the shm backend (compiled with -O3, vectorisable loops).
+// Copies between user buffers and the shared slots, tuned for who reads the destination next.
 #pragma once
 
 #include <cstddef>
 
-#include "gz/comm/types.h"
-#include "gz/core/dtype.h"
-
 namespace gz::comm::shm {
-
-/// @brief dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[n-1][i], applied in source order.
-///
-/// f16/bf16 accumulate in f32 and round once at the end; integers wrap. avg divides the sum by
-/// `avg_divisor` (the world size; integers truncate). dst may equal any one source exactly (in
-/// place); `dst2`, when not null, receives a second copy of the result (e.g. the shared segment).
-void reduce_n(void* dst, void* dst2, const void* const* srcs, int n, size_t count, DType dtype, ReduceOp op,
-              int avg_divisor);
 
 /// @brief memcpy for large transfers into a buffer nobody reads soon (the caller's output of a big
 /// collective): non-temporal stores skip the read-for-ownership and keep the shared slots in
@@ -23,5 +12,11 @@ void copy_streaming(void* dst, const void* src, size_t bytes);
 /// @brief memcpy with ordinary vector stores (no `rep movsb`), for copies into the shared slots
 /// that a peer reads right away; measured faster than glibc's choice for 64 KiB..1 MiB here.
 void copy_cached(void* dst, const void* src, size_t bytes);
+
+/// Copy out of a shared slot into the caller's buffer; big outputs bypass the caches.
+inline void to_user(void* dst, const void* src, size_t bytes, bool stream) {
+  if (stream) copy_streaming(dst, src, bytes);
+  else copy_cached(dst, src, bytes);
+}
 
 }  // namespace gz::comm::shm

@@ -1,7 +1,7 @@
 // Reduction kernels: blocks of the accumulator type stay in L1 while every source is folded in,
 // so each source and the destination stream through memory once. f16 uses F16C when the CPU has
 // it (checked once at run time), bf16 is bit manipulation the compiler vectorises.
-#include "comm/shm/reduce_kernels.h"
+#include "comm/reduce/reduce.h"
 
 #include <cstdint>
 #include <cstring>
@@ -11,12 +11,12 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include <immintrin.h>
-#define GZ_SHM_X86 1
+#define GZ_REDUCE_X86 1
 #endif
 
 #include "gz/core/error.h"
 
-namespace gz::comm::shm {
+namespace gz::comm::reduce {
 namespace {
 
 constexpr size_t kBlock = 512;  // elements per accumulator block (2 KiB of f32)
@@ -50,7 +50,7 @@ struct BF16 {
   }
 };
 
-#ifdef GZ_SHM_X86
+#ifdef GZ_REDUCE_X86
 __attribute__((target("avx,f16c"))) void f16_load_hw(float* a, const uint16_t* s, size_t m) {
   size_t i = 0;
   for (; i + 8 <= m; i += 8)
@@ -78,7 +78,7 @@ struct F16 {
   using Storage = uint16_t;
   using Acc = float;
   static void load(float* a, const uint16_t* s, size_t m) {
-#ifdef GZ_SHM_X86
+#ifdef GZ_REDUCE_X86
     if (kHaveF16c) return f16_load_hw(a, s, m);
 #endif
     for (size_t i = 0; i < m; ++i) a[i] = half_to_float(s[i]);
@@ -90,7 +90,7 @@ struct F16 {
     for (size_t i = 0; i < m; ++i) a[i] = fn(a[i], t[i]);
   }
   static void store(uint16_t* d, const float* a, size_t m) {
-#ifdef GZ_SHM_X86
+#ifdef GZ_REDUCE_X86
     if (kHaveF16c) return f16_store_hw(d, a, m);
 #endif
     for (size_t i = 0; i < m; ++i) d[i] = float_to_half(a[i]);
@@ -276,64 +276,6 @@ GZ_NATIVE_ENTRY(reduce_i64, int64_t)
 
 }  // namespace
 
-void copy_streaming(void* dst_v, const void* src_v, size_t bytes) {
-  if (bytes == 0) return;  // callers may pass null buffers with nothing to copy (memcpy forbids null)
-#ifdef GZ_SHM_X86
-  char* dst = static_cast<char*>(dst_v);
-  const char* src = static_cast<const char*>(src_v);
-  if (bytes < 4096) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
-  std::memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  bytes -= head;
-  size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  _mm_sfence();  // streamed stores become visible before the caller publishes a flag
-  std::memcpy(dst + i, src + i, bytes - i);
-#else
-  std::memcpy(dst_v, src_v, bytes);
-#endif
-}
-
-void copy_cached(void* dst_v, const void* src_v, size_t bytes) {
-  if (bytes == 0) return;  // callers may pass null buffers with nothing to copy (memcpy forbids null)
-#ifdef GZ_SHM_X86
-  char* dst = static_cast<char*>(dst_v);
-  const char* src = static_cast<const char*>(src_v);
-  if (bytes < 4096) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
-#else
-  std::memcpy(dst_v, src_v, bytes);
-#endif
-}
-
 void reduce_n(void* dst, void* dst2, const void* const* srcs, int n, size_t count, DType dtype, ReduceOp op,
               int avg_divisor) {
   if (count == 0) return;
@@ -351,4 +293,4 @@ void reduce_n(void* dst, void* dst2, const void* const* srcs, int n, size_t coun
   GZ_THROW(InvalidArgument, "reduce_n: unknown dtype ", static_cast<int>(dtype));
 }
 
-}  // namespace gz::comm::shm
+}  // namespace gz::comm::reduce
