@@ -114,7 +114,9 @@ InterMaker inter_maker(const CommOptions& o, const Env& env) {
     return create_gloo_communicator(rank, size, std::move(store), g);
   };
   m.backend = "gloo";
-  m.any_group = true;  // a Gloo group connects its members only: no mesh over every rank
+  m.any_group = true;  // rails and groups connect their members only
+  // GZ_HIER_FLAT=0: no mesh over every rank (collectives only; cross-node send/recv refused).
+  m.flat = env.get("GZ_HIER_FLAT", "1") != "0";
   return m;
 #else
   (void)o;

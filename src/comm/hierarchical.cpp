@@ -352,27 +352,25 @@ class HierarchicalCommunicator : public Communicator {
     return Within{*c, OpOptions::until(op_deadline())};
   }
 
-  // Point-to-point goes over the flat communicator where there is one, else over a two-rank one
-  // for this pair, connected on first use by both ends (only they take part). *at = peer's rank
-  // in the communicator returned.
+  // Point-to-point needs the communicator over all ranks (see InterMaker::flat); within a node the
+  // local one serves.
   const CommPtr& p2p_comm(int peer, int* at) {
-    if (flat_) return flat_;
-    auto it = pairs_.find(peer);
-    if (it == pairs_.end()) {
-      const int lo = std::min(rank_, peer), hi = std::max(rank_, peer);
-      auto st = std::make_shared<PrefixStore>("hier/p2p/" + std::to_string(lo) + "_" + std::to_string(hi), store_);
-      it = pairs_.emplace(peer, inter_.make(rank_ == lo ? 0 : 1, 2, std::move(st))).first;
+    if (layout_.node_of_rank[peer] == node_) {
+      const auto& mine = layout_.ranks_of_node[node_];
+      *at = static_cast<int>(std::find(mine.begin(), mine.end(), peer) - mine.begin());
+      return local_;
     }
-    *at = rank_ < peer ? 1 : 0;
-    return it->second;
+    if (!flat_)
+      GZ_THROW(InvalidArgument, "hier: point-to-point with rank ", peer, " on another node needs the communicator over "
+               "all ranks, which this one was built without (GZ_HIER_FLAT=0)");
+    *at = peer;
+    return flat_;
   }
 
   // Global rank of position `peer` in the sub-communicator the current step runs on.
   int global_peer(int peer) const {
     if (peer < 0 || !sub_) return -1;
     if (sub_ == flat_.get()) return peer;
-    for (const auto& [other, c] : pairs_)
-      if (sub_ == c.get()) return peer == (rank_ < other ? 1 : 0) ? other : rank_;
     if (sub_ == local_.get()) {
       const auto& mine = layout_.ranks_of_node[node_];
       return peer < static_cast<int>(mine.size()) ? mine[peer] : -1;
@@ -387,7 +385,6 @@ class HierarchicalCommunicator : public Communicator {
 
   std::vector<Communicator*> subs() const {
     std::vector<Communicator*> v{local_.get(), flat_.get(), leaders_.get(), rail_.get()};
-    for (const auto& [peer, c] : pairs_) v.push_back(c.get());
     return v;
   }
 
@@ -473,7 +470,6 @@ class HierarchicalCommunicator : public Communicator {
   Communicator* sub_ = nullptr;           // sub-communicator of the step now running
   InterMaker inter_;
   std::shared_ptr<Store> store_;
-  std::map<int, CommPtr> pairs_;  // two-rank communicators for point-to-point, by peer
   int groups_ = 0;                // new_group calls so far (names their store namespace)
 };
 
@@ -489,9 +485,11 @@ CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std
   const int local_rank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
   CommPtr local = make_local(local_rank, static_cast<int>(mine.size()),
                              std::make_shared<PrefixStore>("hier/local/" + std::to_string(node), store));
-  // Without a flat communicator (any_group), nothing connects every rank to every other: each
-  // rank connects only to its node and to its rail, N + L - 2 peers instead of N * L - 1.
-  CommPtr flat = inter.any_group ? nullptr : inter.make(rank, size, std::make_shared<PrefixStore>("hier/flat", store));
+  // Without a flat communicator (any_group, !flat), nothing connects every rank to every other:
+  // each rank connects only to its node and to its rail, N + L - 2 peers instead of N * L - 1.
+  CommPtr flat = inter.any_group && !inter.flat
+                     ? nullptr
+                     : inter.make(rank, size, std::make_shared<PrefixStore>("hier/flat", store));
   CommPtr leaders, rail;
   // Every rank takes part in building every rail in the same order (new_group is collective).
   const size_t rails = layout.uniform() ? mine.size() : 1;
@@ -500,7 +498,7 @@ CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std
     for (const auto& n : layout.ranks_of_node) members.push_back(n[j]);
     std::sort(members.begin(), members.end());
     CommPtr g;
-    if (flat) {
+    if (!inter.any_group) {
       g = flat->new_group(members);
     } else if (static_cast<int>(j) == local_rank) {
       const int at = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());

@@ -130,9 +130,10 @@ TEST(Factory, SecondCommunicatorOnSameStore) {
   });
 }
 
-// Across nodes over Gloo the hierarchical backend builds no mesh over every rank: a new group
-// connects its members only and point-to-point connects a pair on first use.
-TEST(Factory, HierGroupsAndPointToPointWithoutAFlatMesh) {
+// Across nodes over Gloo a new group connects only its members; point-to-point works across and
+// within nodes. With GZ_HIER_FLAT=0 no mesh over every rank is built: collectives still work,
+// cross-node point-to-point is refused with a clear error.
+TEST(Factory, HierGroupsAndPointToPoint) {
   run_ranks(4, [&](int rank, std::shared_ptr<Store> store) {
     const std::vector<std::string> nodes = {"a", "a", "b", "b"};
     auto c = comm::create_communicator(options(rank, 4, store, "auto", nodes[rank]));
@@ -164,6 +165,23 @@ TEST(Factory, HierGroupsAndPointToPointWithoutAFlatMesh) {
     }
     c->barrier();
   });
+  ::setenv("GZ_HIER_FLAT", "0", 1);
+  run_ranks(4, [&](int rank, std::shared_ptr<Store> store) {
+    const std::vector<std::string> nodes = {"a", "a", "b", "b"};
+    auto c = comm::create_communicator(options(rank, 4, store, "auto", nodes[rank]));
+    int64_t v = rank;
+    c->allreduce(&v, 1, DType::i64, comm::ReduceOp::sum);
+    EXPECT_EQ(v, 6);
+    int32_t x = rank;
+    if (rank == 0) EXPECT_THROW(c->send(&x, 1, DType::i32, 3), InvalidArgument);
+    if (rank == 0) c->send(&x, 1, DType::i32, 1);  // same node: the local communicator
+    if (rank == 1) {
+      c->recv(&x, 1, DType::i32, 0);
+      EXPECT_EQ(x, 0);
+    }
+    c->barrier();
+  });
+  ::unsetenv("GZ_HIER_FLAT");
 }
 
 }  // namespace

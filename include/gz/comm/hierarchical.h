@@ -34,10 +34,15 @@ struct InterMaker {
   /// @brief Its backend's name ("gloo", "mpi"), for backend(); empty = taken from the flat one.
   std::string backend;
   /// @brief True when `make` can build a communicator over any subset of ranks from a store
-  /// namespaced for it (Gloo). Then no communicator over all ranks is built: each rank connects to
-  /// its rail only, point-to-point connects a pair on first use, and new_group connects only its
-  /// members. False when sub-groups must be split from one over all ranks (MPI).
+  /// namespaced for it (Gloo): rails and new_group then connect only their members. False when
+  /// sub-groups must be split from one over all ranks (MPI).
   bool any_group = false;
+  /// @brief With any_group: also build the communicator over all ranks that point-to-point needs
+  /// (every rank connected to every other). Without it each rank connects to its node and its
+  /// rail only, and send/recv across nodes throw InvalidArgument. Pairs cannot be connected on
+  /// first use instead: a ring of sends (each rank waiting for its right neighbour to join) would
+  /// deadlock, and this Gloo has no lazy connection.
+  bool flat = true;
 };
 
 /// @brief Create the hierarchical communicator of `rank`. Collective over all ranks.
