@@ -29,7 +29,10 @@ void fsync_path(const std::string& path) {
   if (fd < 0) throw SystemError("open " + path + " for fsync", errno);
   int rc = ::fsync(fd);
   int err = errno;
-  ::close(fd);
+  if (::close(fd) != 0 && rc == 0) {
+    rc = -1;
+    err = errno;
+  }
   // Some file systems refuse fsync on directories (EINVAL); the rename is still atomic there.
   if (rc != 0 && err != EINVAL) throw SystemError("fsync " + path, err);
 }
@@ -56,7 +59,14 @@ void write_file_atomic(const std::string& path, const std::string& data) {
     ::unlink(tmp.c_str());
     throw SystemError("fsync " + tmp, err);
   }
-  ::close(fd);
+  // close() can still report a failed write-back (NFS reports EIO here); renaming such a file over
+  // the old one would replace good data with a torn file. Linux frees the descriptor even when
+  // close() fails, so it is never retried.
+  if (::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw SystemError("close " + tmp, err);
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());

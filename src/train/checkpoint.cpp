@@ -1,11 +1,15 @@
 #include "gz/train/checkpoint.h"
 
-#include <yaml-cpp/yaml.h>
+#include <fcntl.h>  // AT_FDCWD
+#include <nlohmann/json.hpp>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstdio>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -22,6 +26,12 @@ namespace {
 
 constexpr const char* kPrefix = "checkpoint-";
 constexpr const char* kFormat = "gz-checkpoint-1";
+// The old copy of a step during a fallback replace (no RENAME_EXCHANGE): see CheckpointManager.
+constexpr const char* kReplacedSuffix = ".replaced";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 std::string step_dir_name(int64_t step) {
   std::ostringstream os;
@@ -34,14 +44,6 @@ std::string encode_key(std::string name) {
   std::string out;
   for (char c : name) out += (c == '.') ? std::string("__") : std::string(1, c);
   return out;
-}
-
-std::string json_number(double v) {
-  std::ostringstream os;
-  os << std::setprecision(17) << v;
-  std::string s = os.str();
-  if (s == "nan" || s == "-nan" || s == "inf" || s == "-inf") return "null";
-  return s;
 }
 
 }  // namespace
@@ -67,72 +69,99 @@ std::string CheckpointManager::save(torch::serialize::OutputArchive& archive, in
   }
   fsync_path(state);
   const auto bytes = static_cast<int64_t>(fs::file_size(state));
-  std::ostringstream m;
-  m << "{\"format\": \"" << kFormat << "\", \"step\": " << step << ", \"epoch\": " << epoch
-    << ", \"state_bytes\": " << bytes << ", \"metrics\": {";
-  bool first = true;
-  for (auto& [k, v] : metrics) {
-    m << (first ? "" : ", ") << "\"" << k << "\": " << json_number(v);
-    first = false;
-  }
-  m << "}}\n";
-  write_file_atomic(tmp_dir + "/manifest.json", m.str());
+  nlohmann::json manifest = {{"format", kFormat}, {"step", step}, {"epoch", epoch}, {"state_bytes", bytes}};
+  nlohmann::json& m = manifest["metrics"] = nlohmann::json::object();
+  for (auto& [k, v] : metrics) m[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+  // Invalid UTF-8 in a metric name is replaced (U+FFFD) rather than failing the save.
+  write_file_atomic(tmp_dir + "/manifest.json",
+                    manifest.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   fsync_path(tmp_dir);
-  // Replace an existing checkpoint of the same step (a resumed run saving again) in two renames:
-  // the old one stays complete until the new one is in place.
-  std::string trash;
-  if (fs::exists(final_dir)) {
-    trash = temp_name_for(final_dir + "-old");
-    fs::rename(final_dir, trash, ec);
-    if (ec) throw SystemError("rename " + final_dir, ec.value());
-  }
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) throw SystemError("rename " + tmp_dir + " -> " + final_dir, ec.value());
-  fsync_path(root_);
-  if (!trash.empty()) fs::remove_all(trash, ec);
+  replace_dir(tmp_dir, final_dir);
   rotate();
   return final_dir;
 }
 
+void CheckpointManager::replace_dir(const std::string& tmp_dir, const std::string& final_dir) {
+  std::error_code ec;
+  const std::string replaced = final_dir + kReplacedSuffix;
+  if (!fs::exists(final_dir, ec)) {
+    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
+      throw SystemError("rename " + tmp_dir + " -> " + final_dir, errno);
+    fsync_path(root_);
+    // A leftover .replaced of this step (an interrupted fallback replace) is older than what is
+    // now in place; deleted only now so that the step always has a complete copy.
+    fs::remove_all(replaced, ec);
+    return;
+  }
+  // Same step again (a resumed run): swap atomically, so checkpoint-<step> is complete at every
+  // moment; the old one ends up under the temp name and is deleted (or removed by
+  // remove_temp_dirs() after a crash).
+  int err = EINVAL;
+  if (!hooks_.refuse_rename_exchange) {
+    err = ::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0 ? 0 : errno;
+  }
+  if (err == 0) {
+    fsync_path(root_);
+    if (hooks_.mid_replace) hooks_.mid_replace();
+    fs::remove_all(tmp_dir, ec);
+    return;
+  }
+  if (err != EINVAL && err != ENOSYS && err != EOPNOTSUPP)
+    throw SystemError("renameat2(RENAME_EXCHANGE) " + tmp_dir + " <-> " + final_dir, err);
+  // The file system cannot exchange (some network file systems): two renames, the old copy kept
+  // under a name list() accepts for this step until the new one is in place.
+  GZ_LOG(debug, "renameat2(RENAME_EXCHANGE) refused in ", root_, "; replacing ", final_dir, " in two renames");
+  fs::remove_all(replaced, ec);
+  if (::rename(final_dir.c_str(), replaced.c_str()) != 0)
+    throw SystemError("rename " + final_dir + " -> " + replaced, errno);
+  fsync_path(root_);
+  if (hooks_.mid_replace) hooks_.mid_replace();
+  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
+    throw SystemError("rename " + tmp_dir + " -> " + final_dir, errno);
+  fsync_path(root_);
+  fs::remove_all(replaced, ec);
+}
+
 CheckpointInfo CheckpointManager::read_manifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
-  YAML::Node n;
+  const std::string text = read_file(path);
   try {
-    n = YAML::Load(read_file(path));  // JSON is a subset of YAML
-  } catch (const YAML::Exception& e) {
-    GZ_THROW(Error, "corrupt checkpoint manifest ", path, ": ", e.what());
-  }
-  try {
-    if (!n.IsMap() || !n["format"] || n["format"].as<std::string>() != kFormat)
+    const auto n = nlohmann::json::parse(text);
+    if (!n.is_object() || !n.contains("format") || n["format"] != kFormat)
       GZ_THROW(Error, "not a Guozhuang checkpoint manifest: ", path);
     CheckpointInfo info;
     info.dir = dir;
-    info.step = n["step"].as<int64_t>();
-    info.epoch = n["epoch"].as<int64_t>();
-    info.state_bytes = n["state_bytes"].as<int64_t>();
-    if (n["metrics"] && n["metrics"].IsMap())
-      for (auto it = n["metrics"].begin(); it != n["metrics"].end(); ++it)
-        if (!it->second.IsNull()) info.metrics[it->first.as<std::string>()] = it->second.as<double>();
+    info.step = n.at("step").get<int64_t>();
+    info.epoch = n.at("epoch").get<int64_t>();
+    info.state_bytes = n.at("state_bytes").get<int64_t>();
+    if (n.contains("metrics") && n["metrics"].is_object())
+      for (auto& [k, v] : n["metrics"].items())
+        if (v.is_number()) info.metrics[k] = v.get<double>();  // null = not finite when saved
     return info;
-  } catch (const YAML::Exception& e) {
+  } catch (const nlohmann::json::exception& e) {
     GZ_THROW(Error, "corrupt checkpoint manifest ", path, ": ", e.what());
   }
 }
 
 std::vector<CheckpointInfo> CheckpointManager::list() const {
-  std::vector<CheckpointInfo> out;
+  std::map<int64_t, CheckpointInfo> by_step;
   std::error_code ec;
-  if (!fs::is_directory(root_, ec)) return out;
+  if (!fs::is_directory(root_, ec)) return {};
   for (auto& entry : fs::directory_iterator(root_, ec)) {
     std::string name = entry.path().filename().string();
     if (name.rfind(kPrefix, 0) != 0 || !entry.is_directory()) continue;
+    const bool replaced = ends_with(name, kReplacedSuffix);
     try {
-      out.push_back(read_manifest(entry.path().string()));
+      auto info = read_manifest(entry.path().string());
+      // A .replaced copy stands in for its step only while checkpoint-<step> is missing.
+      auto [it, inserted] = by_step.emplace(info.step, info);
+      if (!inserted && !replaced) it->second = info;
     } catch (const std::exception& e) {
       GZ_LOG(warn, "skipping incomplete checkpoint ", entry.path().string(), ": ", e.what());
     }
   }
-  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.step < b.step; });
+  std::vector<CheckpointInfo> out;
+  for (auto& [step, info] : by_step) out.push_back(std::move(info));
   return out;
 }
 
@@ -140,6 +169,24 @@ std::optional<CheckpointInfo> CheckpointManager::latest() const {
   auto all = list();
   if (all.empty()) return std::nullopt;
   return all.back();
+}
+
+std::optional<CheckpointInfo> CheckpointManager::find(int64_t step) const {
+  for (auto& c : list())
+    if (c.step == step) return c;
+  return std::nullopt;
+}
+
+std::optional<CheckpointInfo> CheckpointManager::open_latest(torch::serialize::InputArchive& archive) const {
+  auto all = list();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      return open(it->dir, archive);
+    } catch (const Error& e) {
+      GZ_LOG(warn, "checkpoint ", it->dir, " is damaged, falling back to an older one: ", e.what());
+    }
+  }
+  return std::nullopt;
 }
 
 std::optional<CheckpointInfo> CheckpointManager::best() const {
@@ -172,9 +219,22 @@ void CheckpointManager::rotate() const {
 void CheckpointManager::remove_temp_dirs() const {
   std::error_code ec;
   if (!fs::is_directory(root_, ec)) return;
-  for (auto& entry : fs::directory_iterator(root_, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name.rfind(".", 0) == 0 && name.find(".tmp-") != std::string::npos) fs::remove_all(entry.path(), ec);
+  std::vector<fs::path> entries;
+  for (auto& entry : fs::directory_iterator(root_, ec)) entries.push_back(entry.path());
+  for (auto& path : entries) {
+    std::string name = path.filename().string();
+    if (name.rfind(".", 0) == 0 && name.find(".tmp-") != std::string::npos) {
+      fs::remove_all(path, ec);
+    } else if (name.rfind(kPrefix, 0) == 0 && ends_with(name, kReplacedSuffix)) {
+      // A fallback replace interrupted between its renames: the old copy is the only one if
+      // checkpoint-<step> is missing.
+      const fs::path original = path.parent_path() / name.substr(0, name.size() - std::string(kReplacedSuffix).size());
+      if (fs::exists(original, ec)) {
+        fs::remove_all(path, ec);
+      } else if (::rename(path.c_str(), original.c_str()) != 0) {
+        GZ_LOG(warn, "cannot restore interrupted checkpoint ", path.string(), ": ", std::strerror(errno));
+      }
+    }
   }
 }
 

@@ -223,9 +223,15 @@ const Field& find_field(const std::vector<Field>& table, const std::string& key,
 void apply_yaml(const YAML::Node& node, const std::string& prefix, const std::vector<Field>& table,
                 const std::string& origin) {
   for (auto it = node.begin(); it != node.end(); ++it) {
-    std::string key = prefix + it->first.as<std::string>();
+    const YAML::Mark mark = it->first.Mark();
+    std::string where = origin + ", line " + std::to_string(mark.line + 1);
+    // "? [a, b] : 1" or a map as key: as<std::string>() would throw YAML::BadConversion, which
+    // nothing here expects (it used to terminate the process).
+    if (!it->first.IsScalar())
+      GZ_THROW(InvalidArgument, "config ", where, ", column ", mark.column + 1, ": keys must be plain names, got a ",
+               it->first.IsSequence() ? "list" : it->first.IsMap() ? "mapping" : "null", " as a key");
+    std::string key = prefix + it->first.Scalar();
     const YAML::Node value = it->second;  // a copy: the iterator's pair is a temporary
-    std::string where = origin + ", line " + std::to_string(it->first.Mark().line + 1);
     if (value.IsMap()) {
       // Only the scheduler block nests; any other map is an unknown key.
       if (key != "scheduler") find_field(table, key, where);
@@ -295,7 +301,13 @@ TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::st
   }
   if (root.IsDefined() && !root.IsNull()) {
     if (!root.IsMap()) GZ_THROW(InvalidArgument, "config ", origin, ": top level must be a mapping of key: value");
-    apply_yaml(root, "", table, origin);
+    try {
+      apply_yaml(root, "", table, origin);
+    } catch (const YAML::Exception& e) {
+      // Any other yaml-cpp surprise becomes a config error too (e.mark says where).
+      GZ_THROW(InvalidArgument, "config ", origin,
+               e.mark.is_null() ? std::string() : ", line " + std::to_string(e.mark.line + 1), ": ", e.msg);
+    }
   }
   apply_flags(flags, table);
   for (auto& f : table) {

@@ -241,3 +241,44 @@ TEST(ShardedLineReader, Errors) {
   bad.total_bytes += 1;
   EXPECT_THROW(r0.load_state(bad), gz::InvalidArgument);
 }
+
+TEST(ShardedLineReader, OverlongLineIsAClearErrorWithoutReadingItAll) {
+  TempDir dir;
+  // Lines of exactly max_line_bytes pass; one byte more is an error naming file and offset.
+  const auto edge = dir.write("edge.txt", "0123456789\n0123456789a\nnext\n");
+  ShardedLineReaderOptions o;
+  o.max_line_bytes = 10;
+  o.buffer_bytes = 4;  // the limit holds while a line is assembled across reads
+  ShardedLineReader r({edge}, o);
+  std::string line;
+  ASSERT_TRUE(r.next(line));
+  EXPECT_EQ(line, "0123456789");
+  try {
+    r.next(line);
+    FAIL() << "no error for an 11-byte line with max_line_bytes = 10";
+  } catch (const gz::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(edge), std::string::npos) << msg;
+    EXPECT_NE(msg.find("byte 11"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("max_line_bytes = 10"), std::string::npos) << msg;
+  }
+
+  // A 1 GiB line (sparse: ftruncate of zeros, no newline, nothing on disk) with the default
+  // 16 MiB limit: an error after reading about 16 MiB, not a 1 GiB string.
+  const auto big = dir.write("big.txt", "first\n");
+  fs::resize_file(big, (uint64_t(1) << 30) + 6);
+  ShardedLineReader rb({big});
+  std::string l;
+  ASSERT_TRUE(rb.next(l));
+  EXPECT_EQ(l, "first");
+  try {
+    rb.next(l);
+    FAIL() << "a 1 GiB line was read whole";
+  } catch (const gz::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(big), std::string::npos) << msg;
+    EXPECT_NE(msg.find("byte 6"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("max_line_bytes"), std::string::npos) << msg;
+  }
+  EXPECT_LE(l.capacity(), 2 * gz::kDefaultMaxLineBytes);
+}

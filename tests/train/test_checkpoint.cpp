@@ -3,8 +3,10 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "gz/core/error.h"
 #include "gz/train/checkpoint.h"
@@ -105,6 +107,85 @@ TEST(Checkpoint, InterruptedSaveDoesNotCorruptLatest) {
   auto b = archive_with(2.0);
   m.save(b, 100, 1, {});
   EXPECT_DOUBLE_EQ(read_value(m.latest()->dir), 2.0);
+}
+
+TEST(Checkpoint, MetricNamesAreEscapedInTheManifest) {
+  TmpDir tmp("json");
+  CheckpointManager m(tmp.path.string(), 5, "", true);
+  const std::map<std::string, double> metrics{
+      {"quote\"d", 0.5}, {"back\\slash", 1.5}, {"new\nline", -2.25}, {"tab\tand \x01 control", 1e-300}, {"plain", 3}};
+  auto with_nan = metrics;
+  with_nan["not finite"] = std::numeric_limits<double>::quiet_NaN();
+  auto a = archive_with(1.0);
+  m.save(a, 7, 1, with_nan);
+  // Before, such a manifest did not parse and the checkpoint was silently skipped.
+  auto all = m.list();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].step, 7);
+  EXPECT_EQ(all[0].metrics, metrics);  // exact doubles; the NaN is stored as null and dropped
+}
+
+TEST(Checkpoint, ReplacingAStepLeavesAlwaysACompleteCopy) {
+  // A crash in the middle of replacing checkpoint-100 (a resumed run saving the same step) must
+  // leave a complete checkpoint of step 100, before and after cleaning up temp dirs.
+  for (bool refuse_exchange : {false, true}) {
+    SCOPED_TRACE(refuse_exchange ? "fallback: two renames" : "renameat2(RENAME_EXCHANGE)");
+    TmpDir tmp(refuse_exchange ? "repl_fb" : "repl_ex");
+    CheckpointManager m(tmp.path.string(), 5, "", true);
+    gz::train::CheckpointTestHooks hooks;
+    hooks.refuse_rename_exchange = refuse_exchange;
+    auto first = archive_with(1.0);
+    m.save(first, 100, 1, {});
+    hooks.mid_replace = [] { throw std::runtime_error("simulated crash"); };
+    m.set_test_hooks(hooks);
+    auto second = archive_with(2.0);
+    EXPECT_THROW(m.save(second, 100, 1, {}), std::runtime_error);
+    // The exchange is atomic: the new copy is in place. The fallback has moved the old one aside.
+    const double expected = refuse_exchange ? 1.0 : 2.0;
+    CheckpointManager after(tmp.path.string(), 5, "", true);
+    ASSERT_TRUE(after.latest());
+    EXPECT_EQ(after.latest()->step, 100);
+    EXPECT_DOUBLE_EQ(read_value(after.latest()->dir), expected);
+    EXPECT_EQ(after.list().size(), 1u);
+    after.remove_temp_dirs();
+    std::vector<std::string> names;
+    for (auto& e : fs::directory_iterator(tmp.path)) names.push_back(e.path().filename().string());
+    EXPECT_EQ(names, std::vector<std::string>{"checkpoint-00000100"});
+    EXPECT_DOUBLE_EQ(read_value(after.latest()->dir), expected);
+    // And saving the step once more goes through.
+    hooks.mid_replace = nullptr;
+    m.set_test_hooks(hooks);
+    auto third = archive_with(3.0);
+    m.save(third, 100, 1, {});
+    EXPECT_DOUBLE_EQ(read_value(after.latest()->dir), 3.0);
+    EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path), fs::directory_iterator()), 1);
+  }
+}
+
+TEST(Checkpoint, OpenLatestSkipsADamagedNewest) {
+  TmpDir tmp("openlatest");
+  CheckpointManager m(tmp.path.string(), 5, "", true);
+  for (int64_t step : {10, 20, 30}) {
+    auto a = archive_with(static_cast<double>(step));
+    m.save(a, step, 0, {});
+  }
+  const auto s30 = m.find(30)->state_file(), s20 = m.find(20)->state_file();
+  fs::resize_file(s30, fs::file_size(s30) - 1);  // truncated
+  {
+    std::fstream f(s20, std::ios::in | std::ios::out | std::ios::binary);  // same size, garbage
+    f << "garbage!";
+  }
+  torch::serialize::InputArchive in;
+  testing::internal::CaptureStderr();
+  auto info = m.open_latest(in);
+  const std::string log = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->step, 10);
+  torch::Tensor t;
+  in.read("value", t);
+  EXPECT_DOUBLE_EQ(t.item<double>(), 10.0);
+  EXPECT_NE(log.find(m.find(30)->dir), std::string::npos) << log;
+  EXPECT_NE(log.find(m.find(20)->dir), std::string::npos) << log;
 }
 
 TEST(Checkpoint, TruncatedFileIsAClearError) {

@@ -122,3 +122,13 @@ TEST(Config, KeysCoverTheSpec) {
                         "early_stopping_patience", "augment"})
     EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
 }
+
+TEST(Config, NonScalarKeyIsAnErrorNamingTheLine) {
+  // yaml-cpp's as<std::string>() on these keys throws YAML::BadConversion; it used to escape
+  // parse_config and terminate gz-train.
+  expect_error([] { parse_config("lr: 0.1\n? [a, b]\n: 1\n", {}, "a.yaml"); }, {"a.yaml", "line 2", "list", "key"});
+  expect_error([] { parse_config("lr: 0.1\nbatch_size: 4\n{x: 1}: 2\n", {}, "a.yaml"); },
+               {"a.yaml", "line 3", "mapping", "key"});
+  expect_error([] { parse_config("scheduler:\n  name: cosine\n  [1]: 2\n", {}, "a.yaml"); },
+               {"a.yaml", "line 3", "key"});
+}

@@ -2,7 +2,10 @@
 // text lines and the hashing tokenizer, collate, the factory, and the real Fashion-MNIST.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <chrono>
@@ -10,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 #include <thread>
@@ -263,6 +267,108 @@ TEST(ImageIo, PngRoundTripAndJpegApproximate) {
   std::ofstream(dir / "text.jpg") << "hello";
   EXPECT_THROW(read_image(dir / "text.jpg", 3), gz::Error);
   EXPECT_THROW(read_image(dir / "missing.png", 3), gz::SystemError);
+}
+
+namespace {
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              static_cast<std::streamsize>(bytes.size()));
+}
+
+void put_be(std::vector<uint8_t>& b, size_t at, uint32_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) b[at + i] = static_cast<uint8_t>(v >> (8 * (bytes - 1 - i)));
+}
+
+// Runs fn() in a child process whose address space may grow by at most `headroom` bytes, so an
+// allocation of gigabytes fails there (std::bad_alloc) instead of touching real memory. Returns
+// fn()'s result, or 100 + signal.
+int run_with_address_space_cap(size_t headroom, const std::function<int()>& fn) {
+  size_t vm_kb = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    rlimit lim{vm_kb * 1024 + headroom, vm_kb * 1024 + headroom};
+    ::setrlimit(RLIMIT_AS, &lim);
+    int rc = 99;
+    try {
+      rc = fn();
+    } catch (...) {
+    }
+    ::_exit(rc);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 100 + WTERMSIG(st);
+}
+
+// 0 = gz::Error naming the file and "30000 x 30000"; 1 = decoded; 2 = another message;
+// 3 = std::bad_alloc (a huge buffer was allocated); 4 = anything else.
+int decode_expecting_size_error(const std::string& path) {
+  try {
+    read_image(path, 3);
+    return 1;
+  } catch (const gz::Error& e) {
+    const std::string msg = e.what();
+    return msg.find(path) != std::string::npos && msg.find("30000 x 30000") != std::string::npos &&
+                   msg.find("max_image_bytes") != std::string::npos
+               ? 0
+               : 2;
+  } catch (const std::bad_alloc&) {
+    return 3;
+  } catch (...) {
+    return 4;
+  }
+}
+
+}  // namespace
+
+TEST(ImageIo, OversizedHeaderIsRejectedBeforeAllocating) {
+  TempDir dir;
+  Image small{16, 16, 3, std::vector<uint8_t>(16 * 16 * 3, 128)};
+  // The headers of small files are edited to claim 30000 x 30000 RGB pixels (2.7 GB decoded).
+  write_png(dir / "small.png", small);
+  auto png = read_bytes(dir / "small.png");
+  ASSERT_EQ(std::string(png.begin() + 12, png.begin() + 16), "IHDR");
+  put_be(png, 16, 30000, 4);  // width
+  put_be(png, 20, 30000, 4);  // height
+  put_be(png, 29, static_cast<uint32_t>(crc32(0, png.data() + 12, 17)), 4);  // libpng checks the CRC
+  write_bytes(dir / "huge.png", png);
+
+  write_jpeg(dir / "small.jpg", small);
+  auto jpg = read_bytes(dir / "small.jpg");
+  size_t sof = 0;
+  for (size_t i = 2; i + 9 < jpg.size() && !sof; ++i)
+    if (jpg[i] == 0xFF && jpg[i + 1] == 0xC0) sof = i;
+  ASSERT_NE(sof, 0u);
+  put_be(jpg, sof + 5, 30000, 2);  // height
+  put_be(jpg, sof + 7, 30000, 2);  // width
+  write_bytes(dir / "huge.jpg", jpg);
+
+  // In a child whose address space cannot grow by 512 MiB: a decoder that allocated first would
+  // get std::bad_alloc (3) there instead of the size error (0).
+  for (const std::string name : {"huge.png", "huge.jpg"})
+    EXPECT_EQ(run_with_address_space_cap(size_t(512) << 20, [&] { return decode_expecting_size_error(dir / name); }),
+              0)
+        << name;
+
+  // The cap is width x height x channels and configurable; exactly at the cap is fine.
+  EXPECT_EQ(read_image(dir / "small.jpg", 3, 16 * 16 * 3).pixels.size(), 16u * 16u * 3u);
+  EXPECT_EQ(read_image(dir / "small.png", 1, 16 * 16).pixels.size(), 16u * 16u);
+  EXPECT_THROW(read_image(dir / "small.png", 3, 16 * 16 * 3 - 1), gz::Error);
+  try {
+    read_image(dir / "small.jpg", 1, 16 * 16 - 1);
+    FAIL() << "no error";
+  } catch (const gz::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("16 x 16 pixels x 1 channels"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ImageFolder, ClassesLabelsTransforms) {

@@ -305,3 +305,167 @@ TEST(Trainer, HorovodModeMatchesDdp) {
   ASSERT_EQ(ddp.size(), hvd.size());
   for (size_t i = 0; i < ddp.size(); ++i) EXPECT_TRUE(torch::allclose(ddp[i], hvd[i], 1e-5, 1e-6)) << i;
 }
+
+namespace {
+
+// Records the step training starts from (after any resume).
+struct StartStep : Callback {
+  int64_t step = -1;
+  void on_train_begin(Trainer& t) override { step = t.state().step; }
+};
+
+// What one rank of run_ranks_catching saw.
+struct RankResult {
+  std::vector<torch::Tensor> params;
+  int64_t start_step = -1;
+  std::string error;  // empty: train() returned
+  bool gz_error = false;
+  double seconds = 0;
+};
+
+// Two ranks (threads, shm backend, `timeout` per op) with a config each (e.g. a work_dir per rank,
+// like local disks per node); every rank's outcome is recorded instead of rethrown.
+std::vector<RankResult> run_ranks_catching(const std::string& mode, std::vector<TrainConfig> configs,
+                                           std::chrono::seconds timeout, int64_t crash_at = -1) {
+  const int world = static_cast<int>(configs.size());
+  std::vector<RankResult> out(static_cast<size_t>(world));
+  std::vector<ModelPtr> nets;
+  for (int r = 0; r < world; ++r) nets.push_back(make_net(0.0));
+  gz::test::run_ranks(world, [&](int rank, std::shared_ptr<gz::Store> store) {
+    auto& res = out[static_cast<size_t>(rank)];
+    auto start = std::chrono::steady_clock::now();
+    try {
+      gz::comm::ShmOptions so;
+      so.timeout = timeout;
+      auto group = gz::comm::create_shm_communicator(rank, world, store, so);
+      auto cfg = configs[static_cast<size_t>(rank)];
+      cfg.mode = mode;
+      Trainer t(cfg, group);
+      t.set_model(nets[static_cast<size_t>(rank)]);
+      auto rec = std::make_shared<StartStep>();
+      t.add_callback(rec);
+      if (crash_at > 0) t.set_crash_at_step(crash_at);
+      try {
+        t.train();
+      } catch (...) {
+        res.start_step = rec->step;
+        throw;
+      }
+      res.start_step = rec->step;
+      res.params = params_of(t.model());
+    } catch (const gz::Error& e) {
+      res.error = e.what();
+      res.gz_error = true;
+    } catch (const std::exception& e) {
+      res.error = e.what();
+    }
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  return out;
+}
+
+void copy_checkpoints(const fs::path& from_work_dir, const fs::path& to_work_dir) {
+  fs::create_directories(to_work_dir);
+  fs::copy(from_work_dir / "checkpoints", to_work_dir / "checkpoints", fs::copy_options::recursive);
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(Trainer, AutoResumeUsesRankZerosStepWhateverOtherRanksList) {
+  // Rank 0's folder (a crashed run) ends at step 6; rank 1's node has a stale folder of a finished
+  // run that also holds step 8. Both must resume at 6: rank 1 resuming at 8 would leave rank 0
+  // alone in the next all-reduce.
+  TmpDir a("list_a"), w0("list_r0"), w1("list_r1");
+  auto c = base_config(a.path);
+  c.num_epochs = 2;  // 4 steps per epoch with 2 ranks
+  c.save_steps = 3;
+  c.save_total_limit = 5;
+  const auto timeout = std::chrono::seconds(10);
+  auto uninterrupted = run_ranks_catching("ddp", {c, c}, timeout);
+  ASSERT_EQ(uninterrupted[0].error, "");
+  auto c0 = c, c1 = c;
+  c0.work_dir = w0.path.string();
+  EXPECT_NE(run_ranks_catching("ddp", {c0, c0}, timeout, 7)[0].error, "");  // crash after step 7
+  ASSERT_TRUE(fs::exists(w0.path / "checkpoints" / "checkpoint-00000006"));
+  ASSERT_FALSE(fs::exists(w0.path / "checkpoints" / "checkpoint-00000008"));
+  fs::remove_all(w1.path);
+  copy_checkpoints(a.path, w1.path);  // steps 3, 6, 8
+  c0.resume_from_checkpoint = c1.resume_from_checkpoint = "auto";
+  c1.work_dir = w1.path.string();
+  auto resumed = run_ranks_catching("ddp", {c0, c1}, timeout);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(resumed[r].error, "") << "rank " << r;
+    EXPECT_EQ(resumed[r].start_step, 6) << "rank " << r;
+  }
+  expect_same(uninterrupted[0].params, resumed[0].params);
+  expect_same(uninterrupted[0].params, resumed[1].params);
+}
+
+TEST(Trainer, AutoResumeStepMissingOnARankFailsOnEveryRank) {
+  TmpDir w0("miss_r0"), w1("miss_r1");
+  auto c0 = base_config(w0.path);
+  c0.num_epochs = 2;
+  c0.save_steps = 3;
+  const auto timeout = std::chrono::seconds(10);
+  run_ranks_catching("ddp", {c0, c0}, timeout, 7);  // crash after 7: checkpoints 3 and 6
+  fs::remove_all(w1.path);
+  copy_checkpoints(w0.path, w1.path);
+  fs::remove_all(w1.path / "checkpoints" / "checkpoint-00000006");  // rank 1's node lags behind
+  auto c1 = c0;
+  c1.work_dir = w1.path.string();
+  c0.resume_from_checkpoint = c1.resume_from_checkpoint = "auto";
+  auto res = run_ranks_catching("ddp", {c0, c1}, timeout);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(res[r].gz_error) << "rank " << r << ": " << res[r].error;
+    EXPECT_TRUE(contains(res[r].error, "step 6")) << res[r].error;
+    EXPECT_TRUE(contains(res[r].error, "not in")) << res[r].error;  // rank 1's reason, on both
+    EXPECT_LT(res[r].seconds, 5.0) << "rank " << r << " waited for a timeout";
+  }
+  EXPECT_TRUE(contains(res[0].error, "rank(s) 1")) << res[0].error;
+}
+
+TEST(Trainer, RankZeroSaveFailureIsAClearErrorOnEveryRank) {
+  TmpDir w("savefail");
+  auto c = base_config(w.path);
+  c.save_steps = 2;
+  // checkpoints/ is a file: rank 0 cannot create the checkpoint folder.
+  std::ofstream(w.path / "checkpoints") << "not a folder";
+  auto res = run_ranks_catching("ddp", {c, c}, std::chrono::seconds(10));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(res[r].gz_error) << "rank " << r << ": " << res[r].error;
+    EXPECT_TRUE(contains(res[r].error, (w.path / "checkpoints").string())) << res[r].error;  // rank 0's reason
+    EXPECT_LT(res[r].seconds, 5.0) << "rank " << r << " waited for a timeout";
+  }
+  EXPECT_TRUE(contains(res[1].error, "rank(s) 0")) << res[1].error;
+  EXPECT_TRUE(contains(res[1].error, "saving the checkpoint of step 2")) << res[1].error;
+}
+
+TEST(Trainer, AutoResumeFallsBackFromATruncatedNewestCheckpoint) {
+  TmpDir a("trunc_a"), b("trunc_b");
+  auto ca = base_config(a.path), cb = base_config(b.path);
+  ca.save_steps = cb.save_steps = 5;
+  auto uninterrupted = run_single(ca);
+  EXPECT_THROW(run_single(cb, 13), gz::Aborted);  // checkpoints at 5 and 10
+  const auto newest = (b.path / "checkpoints" / "checkpoint-00000010").string();
+  fs::resize_file(newest + "/state.pt", fs::file_size(newest + "/state.pt") / 2);
+  cb.resume_from_checkpoint = "auto";
+  Trainer t(cb);
+  t.set_model(make_net());
+  auto rec = std::make_shared<StartStep>();
+  t.add_callback(rec);
+  testing::internal::CaptureStderr();
+  try {
+    t.train();
+  } catch (...) {
+    testing::internal::GetCapturedStderr();
+    throw;
+  }
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rec->step, 5);
+  EXPECT_TRUE(contains(log, newest)) << log;
+  EXPECT_TRUE(contains(log, "truncated")) << log;
+  EXPECT_TRUE(contains(log, "falling back")) << log;
+  expect_same(uninterrupted, params_of(t.model()));  // resuming from 5 is exact too
+}

@@ -9,6 +9,9 @@
 
 namespace gz {
 
+/// @brief Default ShardedLineReaderOptions::max_line_bytes (16 MiB).
+constexpr size_t kDefaultMaxLineBytes = size_t(16) << 20;
+
 /// @brief Options of ShardedLineReader.
 struct ShardedLineReaderOptions {
   int rank = 0;
@@ -18,6 +21,9 @@ struct ShardedLineReaderOptions {
   int num_workers = 0;
   /// @brief Size of the fixed read buffer (lines may be longer: they are assembled across reads).
   size_t buffer_bytes = size_t(1) << 16;
+  /// @brief Longest line accepted (bytes before '\n'). A longer one is an error as soon as it passes
+  /// this length, so a file without newlines cannot make the reader hold all of it in memory.
+  size_t max_line_bytes = kDefaultMaxLineBytes;
   /// @brief 0 = file order. K > 0 = block shuffle: read K lines, emit them in a random order
   /// seeded by (seed, epoch, shard, block offset), repeat. Memory: K lines.
   size_t shuffle_lines = 0;
@@ -65,6 +71,8 @@ class ShardedLineReader {
   ShardedLineReader& operator=(const ShardedLineReader&) = delete;
 
   /// @brief Next line of this shard into `line` (capacity reused); false at the end of the epoch.
+  /// @throws gz::Error naming the file and the line's byte offset when a line is longer than
+  /// max_line_bytes; gz::SystemError on I/O failure.
   bool next(std::string& line);
   /// @brief Up to n next lines (fewer at the end; empty when done).
   std::vector<std::string> next_lines(size_t n);

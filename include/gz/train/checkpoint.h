@@ -1,11 +1,13 @@
 // Checkpoint directories: work_dir/checkpoints/checkpoint-<step>/{state.pt, manifest.json}, written
-// atomically (temp dir, fsync, rename), rotated to a limit, never deleting the best one.
+// atomically (temp dir, fsync, rename; an existing step is swapped with RENAME_EXCHANGE), rotated
+// to a limit, never deleting the best one.
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -23,7 +25,24 @@ struct CheckpointInfo {
   std::string state_file() const { return dir + "/state.pt"; }
 };
 
+/// @brief Fault injection for tests of the replace path; production code leaves these unset.
+struct CheckpointTestHooks {
+  /// @brief Act as if the file system refused renameat2(RENAME_EXCHANGE) (EINVAL), so save() takes
+  /// the fallback path.
+  bool refuse_rename_exchange = false;
+  /// @brief Called in the middle of replacing an existing checkpoint of the same step: after the
+  /// exchange (old one still under its temp name), or between the fallback's two renames. Throw
+  /// from it to simulate a crash there.
+  std::function<void()> mid_replace;
+};
+
 /// @brief Saves, lists, rotates and loads checkpoints under one directory.
+///
+/// Replacing a checkpoint of the same step (a resumed run saving it again) never leaves a moment
+/// without a complete checkpoint of that step: the new directory is swapped in with
+/// renameat2(RENAME_EXCHANGE). Where the file system refuses that, the old one is first renamed to
+/// checkpoint-<step>.replaced, which list() accepts as that step while checkpoint-<step> is
+/// missing and remove_temp_dirs() puts back or deletes.
 class CheckpointManager {
  public:
   /// @brief `keep` = save_total_limit; best by `metric` (empty = no best tracking).
@@ -33,14 +52,24 @@ class CheckpointManager {
   /// rotate. Returns the directory. Throws gz::SystemError / gz::Error naming the path.
   std::string save(torch::serialize::OutputArchive& archive, int64_t step, int64_t epoch,
                    const std::map<std::string, double>& metrics);
-  /// @brief Complete checkpoints, oldest first (temp dirs and dirs without a valid manifest skipped).
+  /// @brief Complete checkpoints, oldest first, one per step (temp dirs and dirs without a valid
+  /// manifest skipped with a warning).
   std::vector<CheckpointInfo> list() const;
   std::optional<CheckpointInfo> latest() const;
+  /// @brief The checkpoint of `step` in this process's view of the directory, if listed.
+  std::optional<CheckpointInfo> find(int64_t step) const;
+  /// @brief The newest checkpoint that opens (valid manifest, state.pt of the recorded size and
+  /// readable), read into `archive`. Newer damaged ones are skipped with a warning naming them and
+  /// the reason. None if no checkpoint opens.
+  std::optional<CheckpointInfo> open_latest(torch::serialize::InputArchive& archive) const;
   /// @brief The checkpoint with the best metric among those kept (none if no metric recorded).
   std::optional<CheckpointInfo> best() const;
-  /// @brief Remove leftovers of interrupted saves (temp dirs).
+  /// @brief Clean up after interrupted saves: remove temp dirs; put back a checkpoint-<step>.replaced
+  /// whose checkpoint-<step> is missing, delete it otherwise. Call on one process only.
   void remove_temp_dirs() const;
   const std::string& root() const { return root_; }
+  /// @brief Install fault-injection hooks (tests only).
+  void set_test_hooks(CheckpointTestHooks hooks) { hooks_ = std::move(hooks); }
 
   /// @brief Read a checkpoint dir (or its state.pt, or a plain archive file) into `archive`.
   /// Truncated / unreadable files throw gz::Error naming the file.
@@ -51,10 +80,12 @@ class CheckpointManager {
  private:
   bool better(double a, double b) const { return greater_ ? a > b : a < b; }
   void rotate() const;
+  void replace_dir(const std::string& tmp_dir, const std::string& final_dir);
   std::string root_;
   int64_t keep_;
   std::string metric_;
   bool greater_;
+  CheckpointTestHooks hooks_;
 };
 
 /// @brief Write parameters and buffers of `module` under their names.

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
 
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +22,7 @@ namespace gz::train {
 
 class LrScheduler;
 class CheckpointManager;
+struct CheckpointInfo;
 
 /// @brief Runs one training job on this rank.
 ///
@@ -50,13 +53,21 @@ class Trainer {
   void set_crash_at_step(int64_t step);
 
   /// @brief Set up, resume if configured, train, evaluate; returns the final metrics.
+  ///
+  /// resume_from_checkpoint: auto: rank 0 alone lists the checkpoint folder (after cleaning up
+  /// interrupted saves), picks the newest checkpoint that opens (skipping damaged ones with a
+  /// warning) and broadcasts its step; every rank loads that step from its own view of the folder.
+  /// If any rank cannot, every rank throws (gz::Error naming the ranks and the step).
   std::map<std::string, double> train();
   /// @brief Exact accuracy/loss over the whole test set (sharded across ranks, sums all-reduced).
   std::map<std::string, double> evaluate();
-  /// @brief Collective: the main process writes a checkpoint of the current state, then all ranks
-  /// wait for it. Returns the directory (empty on other ranks).
+  /// @brief Collective: the main process writes a checkpoint of the current state while the others
+  /// wait; every rank learns whether it worked. Returns the directory (empty on other ranks).
+  /// A failed save throws on every rank: the original error on rank 0, a gz::Error quoting it on
+  /// the others (no rank is left waiting for a collective that never comes).
   std::string save_checkpoint();
-  /// @brief Restore a checkpoint (dir or state.pt) into model, optimizer, scaler, RNG and state.
+  /// @brief Restore a checkpoint (dir or state.pt) into model, optimizer, scaler, RNG and state
+  /// (this rank only; train() resumes collectively, see resume_from_checkpoint).
   void load_checkpoint(const std::string& path);
   /// @brief "final: test_accuracy=0.9123 test_loss=0.2500 steps=... time=...".
   std::string summary_line() const;
@@ -83,6 +94,14 @@ class Trainer {
   void train_step(class DataLoader& loader);
   std::vector<std::vector<size_t>> epoch_batches(int64_t epoch) const;
   void maybe_resume();
+  // Apply an opened checkpoint archive (`file` names it in errors).
+  void apply_checkpoint(torch::serialize::InputArchive& root, const CheckpointInfo& info, const std::string& file);
+  // Collective: an all-reduce of per-rank failure flags. If any rank failed, every rank throws: a
+  // failing rank its own exception, the others a gz::Error quoting the lowest failing rank's.
+  void agree(std::exception_ptr error, const std::string& what);
+  // Collective: root's value / string on every rank.
+  int64_t broadcast_value(int64_t value, int root = 0);
+  std::string broadcast_string(const std::string& text, int root);
 
   TrainConfig config_;
   comm::CommPtr group_;

@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include "gz/core/error.h"
-#include "torch/data/splitmix.h"
+#include "gz/torch/data/splitmix.h"
 
 namespace gz {
 

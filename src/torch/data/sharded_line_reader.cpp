@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "gz/core/error.h"
-#include "torch/data/splitmix.h"
+#include "gz/torch/data/splitmix.h"
 
 namespace gz {
 namespace {
@@ -31,6 +31,7 @@ ShardedLineReader::ShardedLineReader(std::vector<std::string> paths, ShardedLine
     GZ_THROW(InvalidArgument, "ShardedLineReader: worker ", o.worker, " of num_workers ", o.num_workers,
              " (rank ", o.rank, ")");
   if (o.buffer_bytes == 0) GZ_THROW(InvalidArgument, "ShardedLineReader: buffer_bytes must be > 0");
+  if (o.max_line_bytes == 0) GZ_THROW(InvalidArgument, "ShardedLineReader: max_line_bytes must be > 0");
   if (paths_.empty()) GZ_THROW(InvalidArgument, "ShardedLineReader: no input files");
   for (const auto& p : paths_) {
     struct stat st {};
@@ -124,6 +125,13 @@ bool ShardedLineReader::read_raw(std::string& line) {
     line.clear();
     uint64_t consumed = 0;
     bool eof = false;
+    // Checked before each append: memory stays within max_line_bytes + one buffer.
+    auto check_length = [&](size_t more) {
+      if (line.size() + more > options_.max_line_bytes)
+        GZ_THROW(Error, "ShardedLineReader: line at byte ", line_start_, " of '", paths_[file_],
+                 "' is longer than max_line_bytes = ", options_.max_line_bytes, " (shard ", shard_, "/",
+                 num_shards_, "); a binary file or missing newlines?");
+    };
     for (;;) {
       if (buf_pos_ == buf_len_ && fill(buf_offset_ + buf_len_) == 0) {
         eof = true;
@@ -134,10 +142,12 @@ bool ShardedLineReader::read_raw(std::string& line) {
       const void* nl = std::memchr(b, '\n', avail);
       if (nl != nullptr) {
         const size_t k = static_cast<size_t>(static_cast<const char*>(nl) - b);
+        check_length(k);
         line.append(b, k);
         buf_pos_ += k + 1;
         break;
       }
+      check_length(avail);
       line.append(b, avail);
       buf_pos_ = buf_len_;
       consumed += avail;

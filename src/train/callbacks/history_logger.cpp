@@ -1,7 +1,7 @@
-#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
 #include <filesystem>
-#include <iomanip>
-#include <sstream>
 
 #include <torch/torch.h>
 
@@ -26,16 +26,11 @@ void HistoryLogger::on_train_begin(Trainer& t) {
 }
 
 void HistoryLogger::write(const std::string& kind, Trainer& t, const std::map<std::string, double>& values) {
-  std::ostringstream os;
-  os << std::setprecision(8) << "{\"kind\": \"" << kind << "\", \"step\": " << t.state().step
-     << ", \"epoch\": " << t.state().epoch << ", \"time\": " << t.elapsed_seconds();
-  for (auto& [k, v] : values) {
-    os << ", \"" << k << "\": ";
-    if (std::isfinite(v)) os << v;
-    else os << "null";
-  }
-  os << "}\n";
-  jsonl_ << os.str() << std::flush;
+  // One JSON object per line; metric names are user text, so the library escapes them.
+  nlohmann::json row = {{"kind", kind}, {"step", t.state().step}, {"epoch", t.state().epoch},
+                        {"time", t.elapsed_seconds()}};
+  for (auto& [k, v] : values) row[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+  jsonl_ << row.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
   if (tb_) {
     for (auto& [k, v] : values) tb_->add_scalar(kind + "/" + k, v, t.state().step);
     tb_->flush();

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "gz/core/error.h"
-#include "torch/data/splitmix.h"
+#include "gz/torch/data/splitmix.h"
 
 namespace gz::train {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "gz/core/error.h"
 #include "gz/train/data/image_io.h"
-#include "torch/data/splitmix.h"
+#include "gz/torch/data/splitmix.h"
 
 namespace gz::train {
 namespace fs = std::filesystem;
@@ -40,6 +40,7 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
   o.mean = per_channel(o.mean, o.channels, "mean");
   o.std = per_channel(o.std, o.channels, "std");
   for (float s : o.std) GZ_CHECK_ARG(s > 0, "ImageFolderDataset: std ", s);
+  GZ_CHECK_ARG(o.max_image_bytes > 0, "ImageFolderDataset: max_image_bytes ", o.max_image_bytes);
   std::error_code ec;
   if (!fs::is_directory(o.root, ec)) GZ_THROW(InvalidArgument, "ImageFolderDataset: '", o.root, "' is not a folder");
   for (const auto& entry : fs::directory_iterator(o.root))
@@ -59,7 +60,7 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
 Example ImageFolderDataset::get(size_t index) const {
   if (index >= size()) GZ_THROW(InvalidArgument, "ImageFolderDataset: index ", index, " >= size ", size());
   const auto& o = options_;
-  Image img = read_image(samples_[index].first, static_cast<int>(o.channels));
+  Image img = read_image(samples_[index].first, static_cast<int>(o.channels), o.max_image_bytes);
   auto x = torch::from_blob(img.pixels.data(), {img.height, img.width, img.channels}, torch::kUInt8)
                .permute({2, 0, 1})
                .to(torch::kFloat)

@@ -39,9 +39,16 @@ void jpeg_error_exit(j_common_ptr cinfo) {
   std::longjmp(err->jump, 1);
 }
 
+// Is width x height x channels over max_bytes? Without overflow: the header's 32-bit dimensions
+// multiply past 64 bits.
+bool over_cap(int64_t width, int64_t height, int64_t channels, int64_t max_bytes) {
+  return width > 0 && height > 0 && (width > max_bytes / height || width * height > max_bytes / channels);
+}
+
 // Returns an empty string on success, else libjpeg's message. Only trivially destructible
-// objects live between setjmp and longjmp.
-std::string decode_jpeg(FILE* f, int channels, Image& out) {
+// objects live between setjmp and longjmp. `too_large` is set (and nothing decoded) when the
+// header's size is over `max_bytes`; out's dimensions are those of the header then.
+std::string decode_jpeg(FILE* f, int channels, int64_t max_bytes, Image& out, bool& too_large) {
   jpeg_decompress_struct cinfo;
   JpegError err;
   cinfo.err = jpeg_std_error(&err.mgr);
@@ -54,10 +61,18 @@ std::string decode_jpeg(FILE* f, int channels, Image& out) {
   jpeg_stdio_src(&cinfo, f);
   jpeg_read_header(&cinfo, TRUE);
   cinfo.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
-  jpeg_start_decompress(&cinfo);
+  // jpeg_start_decompress allocates (whole-image coefficient buffers for progressive files), so
+  // the cap is checked on the computed output size before it.
+  jpeg_calc_output_dimensions(&cinfo);
   out.height = cinfo.output_height;
   out.width = cinfo.output_width;
   out.channels = cinfo.output_components;
+  if (over_cap(out.width, out.height, out.channels, max_bytes)) {
+    too_large = true;
+    jpeg_destroy_decompress(&cinfo);
+    return {};
+  }
+  jpeg_start_decompress(&cinfo);
   out.pixels.resize(static_cast<size_t>(out.height * out.width * out.channels));
   while (cinfo.output_scanline < cinfo.output_height) {
     JSAMPROW row = out.pixels.data() + static_cast<size_t>(cinfo.output_scanline) * out.width * out.channels;
@@ -66,6 +81,11 @@ std::string decode_jpeg(FILE* f, int channels, Image& out) {
   jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
   return {};
+}
+
+[[noreturn]] void throw_too_large(const std::string& path, const char* kind, const Image& img, int64_t max_bytes) {
+  GZ_THROW(Error, "image: ", kind, " '", path, "' is ", img.width, " x ", img.height, " pixels x ", img.channels,
+           " channels, over the limit of ", max_bytes, " bytes (width x height x channels; max_image_bytes)");
 }
 
 std::string encode_jpeg(FILE* f, const Image& img, int quality) {
@@ -105,8 +125,9 @@ void check_image(const Image& img, const std::string& path) {
 
 }  // namespace
 
-Image read_image(const std::string& path, int channels) {
+Image read_image(const std::string& path, int channels, int64_t max_bytes) {
   GZ_CHECK_ARG(channels == 1 || channels == 3, "read_image: channels ", channels);
+  GZ_CHECK_ARG(max_bytes > 0, "read_image: max_bytes ", max_bytes);
   auto f = open_file(path, "rb");
   unsigned char sig[8] = {};
   const size_t n = std::fread(sig, 1, sizeof sig, f.get());
@@ -122,6 +143,10 @@ Image read_image(const std::string& path, int channels) {
     img.height = png.height;
     img.width = png.width;
     img.channels = channels;
+    if (over_cap(img.width, img.height, img.channels, max_bytes)) {
+      png_image_free(&png);
+      throw_too_large(path, "PNG", img, max_bytes);
+    }
     img.pixels.resize(PNG_IMAGE_SIZE(png));
     if (!png_image_finish_read(&png, nullptr, img.pixels.data(), 0, nullptr)) {
       const std::string msg = png.message;
@@ -131,7 +156,9 @@ Image read_image(const std::string& path, int channels) {
     return img;
   }
   if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) {
-    const std::string msg = decode_jpeg(f.get(), channels, img);
+    bool too_large = false;
+    const std::string msg = decode_jpeg(f.get(), channels, max_bytes, img, too_large);
+    if (too_large) throw_too_large(path, "JPEG", img, max_bytes);
     if (!msg.empty()) GZ_THROW(Error, "image: corrupt JPEG '", path, "': ", msg);
     return img;
   }

@@ -31,6 +31,7 @@ TextLinesDataset::TextLinesDataset(TextLinesOptions options) : options_(std::mov
   HashTokenizer tokenizer(options_.vocab_size, options_.seq_len);
   ShardedLineReaderOptions ro;
   ro.buffer_bytes = size_t(1) << 20;
+  ro.max_line_bytes = options_.max_line_bytes;
   ShardedLineReader reader(options_.paths, ro);
   std::vector<int32_t> ids;
   std::vector<int64_t> labels;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gz/train/data/dataset.h"
+#include "gz/train/data/image_io.h"
 
 namespace gz::train {
 
@@ -22,6 +23,8 @@ struct ImageFolderOptions {
   uint64_t seed = 0;
   std::vector<float> mean = {0.485f, 0.456f, 0.406f};  ///< per channel (one value = all channels)
   std::vector<float> std = {0.229f, 0.224f, 0.225f};
+  /// @brief Largest decoded image accepted, width x height x channels bytes (see read_image()).
+  int64_t max_image_bytes = kDefaultMaxImageBytes;
 };
 
 /// @brief Class names are the sorted sub-folder names (label = position); samples are sorted by

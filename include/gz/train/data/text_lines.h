@@ -19,6 +19,7 @@ struct TextLinesOptions {
   int64_t seq_len = 128;     ///< ids per example (truncate / pad with 0)
   int64_t num_classes = 0;   ///< > 0: labels must be in [0, num_classes)
   bool skip_empty_lines = true;
+  size_t max_line_bytes = kDefaultMaxLineBytes;  ///< TextLinesDataset's reader (see ShardedLineReader)
 };
 
 /// @brief Parse "label<TAB>text" (label a non-negative integer) into `ids` [seq_len] and `label`.
