@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <list>
+#include <memory>
 #include <mutex>
 
 #include "comm/gloo/reduce_fns.h"
@@ -137,9 +139,7 @@ class GlooCommunicator : public Communicator {
     if (count == 0) return;
     run("allreduce", -1, [&] {
       if (size_ > 1) {
-        ::gloo::AllreduceOptions o(context_);
-        set_output(o, data, count, dtype);
-        o.setReduceFunction(make_reduce_fn(dtype, op));
+        ::gloo::AllreduceOptions& o = cached_allreduce(data, count, dtype, op);
         o.setTag(tag());
         o.setTimeout(op_timeout());
         ::gloo::allreduce(o);
@@ -287,6 +287,27 @@ class GlooCommunicator : public Communicator {
   // What is left of this op's own deadline (at least 1 ms: Gloo treats 0 as "use the default").
   Duration op_timeout() const { return std::max(op_deadline().remaining(), Duration(1)); }
 
+  // Gloo's all-reduce options for (data, count, dtype, op), built once and reused: the options own
+  // the unbound buffer registered over `data`, and destroying an unbound buffer spins (yield) until
+  // Gloo's event-loop thread drops its last reference to it. Per op only the tag and the timeout
+  // change. Unbound buffers carry no slot, so hits and misses are a local matter (ranks need not
+  // agree). Least recently used entries are dropped beyond kAllreduceCacheSize.
+  ::gloo::AllreduceOptions& cached_allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
+    const AllreduceKey key{data, count, dtype, op};
+    for (auto it = allreduce_cache_.begin(); it != allreduce_cache_.end(); ++it) {
+      if (it->first == key) {
+        if (it != allreduce_cache_.begin()) allreduce_cache_.splice(allreduce_cache_.begin(), allreduce_cache_, it);
+        return *allreduce_cache_.front().second;
+      }
+    }
+    auto o = std::make_unique<::gloo::AllreduceOptions>(context_);
+    set_output(*o, data, count, dtype);
+    o->setReduceFunction(make_reduce_fn(dtype, op));
+    allreduce_cache_.emplace_front(key, std::move(o));
+    if (allreduce_cache_.size() > kAllreduceCacheSize) allreduce_cache_.pop_back();
+    return *allreduce_cache_.front().second;
+  }
+
   template <typename Opts>
   void set_output(Opts& o, void* data, size_t count, DType dtype) {
     switch (dtype_size(dtype)) {
@@ -402,6 +423,17 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   std::vector<uint8_t> scratch_;
   std::vector<uint8_t> incoming_;
+  struct AllreduceKey {
+    void* data;
+    size_t count;
+    DType dtype;
+    ReduceOp op;
+    bool operator==(const AllreduceKey& o) const {
+      return data == o.data && count == o.count && dtype == o.dtype && op == o.op;
+    }
+  };
+  static constexpr size_t kAllreduceCacheSize = 64;
+  std::list<std::pair<AllreduceKey, std::unique_ptr<::gloo::AllreduceOptions>>> allreduce_cache_;
   std::vector<std::string> peer_addrs_;  // peer rank -> its socket address as Gloo prints it
   int groups_ = 0;
   uint32_t coll_tag_ = 0;
