@@ -316,6 +316,13 @@ class GlooCommunicator : public Communicator {
       gloo_impl::StoreAdapter adapter(std::make_shared<PrefixStore>("gloo_sync", store_), options_.timeout);
       sync_ = std::make_unique<gloo_impl::SyncMesh>(rank_, size_, static_cast<size_t>(agreed), device_, adapter,
                                                     options_.timeout);
+      // No rank may write to the synchronous mesh before every rank has switched its pairs to
+      // synchronous mode: a message arriving earlier is half read by the event loop (or waits
+      // there for an inbox not yet registered) and the stream is lost. A barrier on the first mesh.
+      ::gloo::BarrierOptions b(context_);
+      b.setTag(tag());
+      b.setTimeout(options_.timeout);
+      ::gloo::barrier(b);
     } catch (const gz::Error&) {
       throw;
     } catch (const std::exception& e) {
