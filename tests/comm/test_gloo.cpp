@@ -17,6 +17,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using comm::GlooOptions;
+using comm::ReduceOp;
 
 GlooOptions opts(Duration timeout = 20s) {
   GlooOptions o;
@@ -91,6 +92,118 @@ TEST_P(GlooWorld, NewGroupOfOddRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorld, ::testing::ValuesIn(world_sizes()));
+
+// The two all-reduce paths: the synchronous mesh (up to GlooOptions::sync_max_bytes) and Gloo's
+// ring over cached unbound buffers (above it, or everything when the limit is 0).
+struct PathCase {
+  const char* name;
+  long long sync_max;  // GlooOptions::sync_max_bytes
+  int world;
+};
+void PrintTo(const PathCase& p, std::ostream* os) { *os << p.name << "_" << p.world; }
+
+class GlooPath : public ::testing::TestWithParam<PathCase> {
+ protected:
+  GlooOptions path_opts(Duration timeout = 20s) const {
+    GlooOptions o = opts(timeout);
+    o.sync_max_bytes = GetParam().sync_max;
+    return o;
+  }
+};
+
+// Every op x dtype x reduce op against the reference, with every all-reduce on the ring (limit
+// 0), on the synchronous mesh (limit 1 MiB: capped at 256 KiB, so the 1 MiB all-reduce still
+// takes the ring), or split at 64 bytes (13 x f32 synchronous, 13 x f64 on the ring).
+TEST_P(GlooPath, AllCollectivesMatchReference) {
+  const int world = GetParam().world;
+  run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, world, store, path_opts());
+    check_all_collectives(*c, true, false);
+  });
+}
+
+// Pre-built per (pointer, count, dtype, op): the same buffer all-reduced again must send its new
+// contents, and a different count, dtype or op on the same pointer must not reuse the old entry.
+TEST_P(GlooPath, ReusedBufferSendsFreshDataAndKeysOnCountDtypeAndOp) {
+  const int world = GetParam().world;
+  run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, world, store, path_opts());
+    std::vector<uint8_t> buf(8 * 4096);
+    for (int step = 0; step < 3; ++step) {
+      for (DType t : {DType::f32, DType::i32, DType::f64})
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min})
+          for (size_t count : {size_t{5}, size_t{3}, size_t{4096}}) {
+            for (size_t i = 0; i < count; ++i) store_as(t, buf.data(), i, input_value(rank, i, t, op, step));
+            c->allreduce(buf.data(), count, t, op);
+            for (size_t i = 0; i < count; ++i)
+              ASSERT_EQ(load_as(t, buf.data(), i), reference_value(world, i, t, op, step))
+                  << dtype_name(t) << " " << comm::reduce_op_name(op) << " count " << count << " step " << step
+                  << " i " << i;
+          }
+    }
+  });
+}
+
+// A rank blocked in an all-reduce whose peer never joins: abort() from another thread must end
+// it within 1 s (the synchronous mesh's reader sits in recv() holding its pair's lock), and an
+// op's own deadline must end it with TimeoutError naming the op, on both paths.
+TEST_P(GlooPath, AbortWakesABlockedAllreduceWithinASecond) {
+  if (GetParam().world != 2) GTEST_SKIP() << "two ranks are enough";
+  std::atomic<bool> done{false};
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, 2, store, path_opts(30s));
+    c->barrier();
+    if (rank == 1) {
+      while (!done.load()) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    Stopwatch since_abort;
+    std::thread killer([&] {
+      std::this_thread::sleep_for(200ms);
+      since_abort.reset();
+      c->abort("test abort");
+    });
+    std::vector<float> v(16, 1.0f);
+    EXPECT_THROW(c->allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum), Aborted);
+    const double waited = since_abort.seconds();
+    killer.join();
+    EXPECT_LT(waited, 1.0) << "left the all-reduce " << waited << " s after abort";
+    EXPECT_THROW(c->allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum), Aborted);
+    done = true;
+  });
+}
+
+TEST_P(GlooPath, OpDeadlineEndsABlockedAllreduce) {
+  if (GetParam().world != 2) GTEST_SKIP() << "two ranks are enough";
+  std::atomic<bool> done{false};
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, 2, store, path_opts(30s));
+    c->barrier();
+    if (rank == 1) {
+      while (!done.load()) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    std::vector<float> v(16, 1.0f);
+    Stopwatch sw;
+    try {
+      c->allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum, comm::OpOptions::within(300ms));
+      ADD_FAILURE() << "all-reduce without rank 1 succeeded";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
+    }
+    EXPECT_GE(sw.seconds(), 0.25);
+    EXPECT_LT(sw.seconds(), 0.3 + 1.0);
+    done = true;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, GlooPath,
+                         ::testing::Values(PathCase{"ring", 0, 2}, PathCase{"ring", 0, 3}, PathCase{"sync", 1 << 20, 2},
+                                           PathCase{"sync", 1 << 20, 3}, PathCase{"sync", 1 << 20, 7},
+                                           PathCase{"split", 64, 2}, PathCase{"split", 64, 4}),
+                         [](const auto& info) {
+                           return std::string(info.param.name) + "_" + std::to_string(info.param.world);
+                         });
 
 TEST(Gloo, MissingPeerAtConnectTimesOut) {
   auto store = std::make_shared<MemStore>();

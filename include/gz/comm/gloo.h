@@ -21,6 +21,13 @@ struct GlooOptions {
   /// @brief Network interface name ("eth0") or an IPv4/IPv6 address. Empty = GZ_SOCKET_IFNAME
   /// (or GZ_IFACE).
   std::string iface;
+  /// @brief All-reduces of at most this many bytes run on a second, synchronous full mesh: the
+  /// calling thread writes its data into every peer's inbox (Gloo bound buffers, registered once)
+  /// and reads theirs from the sockets itself, one exchange with no event-loop thread in between.
+  /// Larger ones (and every other op) use Gloo's ring on the first, asynchronous mesh. 0 = no
+  /// second mesh; -1 = GZ_GLOO_SYNC_MAX, else 64 KiB. Capped at 256 KiB (the exchange relies on the
+  /// kernel's socket buffers holding one message per peer).
+  long long sync_max_bytes = -1;
 };
 
 /// @brief Create the Gloo communicator of `rank` among `size` ranks. Collective: every rank calls

@@ -16,9 +16,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <list>
+#include <memory>
 #include <mutex>
 
 #include "comm/gloo/store_adapter.h"
+#include "comm/gloo/sync_mesh.h"
 #include "comm/reduce/reduce.h"
 #include "gz/comm/gloo.h"
 #include "gz/core/env.h"
@@ -97,12 +100,14 @@ class GlooCommunicator : public Communicator {
                listen_desc_, ") after ", format_duration(sw.elapsed()), ": ", e.what());
     }
     learn_peer_addresses();
+    connect_sync_mesh(sw);
     GZ_LOG(debug, "gloo: rank ", rank_, "/", size_, " connected on ", listen_desc_, " in ",
            format_duration(sw.elapsed()));
   }
 
   ~GlooCommunicator() override {
     shutdown_executor();
+    sync_.reset();
     try {
       if (context_) context_->closeConnections();
     } catch (...) {
@@ -136,11 +141,18 @@ class GlooCommunicator : public Communicator {
  protected:
   void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     if (count == 0) return;
+    if (sync_ && count * dtype_size(dtype) <= sync_->max_bytes()) {
+      int peer = -1;
+      run(
+          "allreduce", -1,
+          [&] { sync_->allreduce(data, count, dtype_size(dtype), reduce_fn(dtype, op), op_deadline(), &peer); },
+          &peer);
+      if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size_);
+      return;
+    }
     run("allreduce", -1, [&] {
       if (size_ > 1) {
-        ::gloo::AllreduceOptions o(context_);
-        set_output(o, data, count, dtype);
-        o.setReduceFunction(make_reduce_fn(dtype, op));
+        ::gloo::AllreduceOptions& o = cached_allreduce(data, count, dtype, op);
         o.setTag(tag());
         o.setTimeout(op_timeout());
         ::gloo::allreduce(o);
@@ -271,7 +283,9 @@ class GlooCommunicator : public Communicator {
     // Gloo's algorithms wait on buffers we never see. Putting every pair into its error state
     // wakes each of them (pending sends and receives, bound or not) with an exception, which run()
     // turns into gz::Aborted; it also closes the sockets, so peers blocked on us fail now instead
-    // of at their own deadlines.
+    // of at their own deadlines. The synchronous mesh first shuts its sockets down: a reader
+    // blocked there holds its pair's lock until recv() returns.
+    if (sync_) sync_->abort(reason);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       try {
@@ -287,6 +301,63 @@ class GlooCommunicator : public Communicator {
   uint32_t tag() { return coll_tag_++; }
   // What is left of this op's own deadline (at least 1 ms: Gloo treats 0 as "use the default").
   Duration op_timeout() const { return std::max(op_deadline().remaining(), Duration(1)); }
+
+  // The synchronous mesh for small all-reduces (GlooOptions::sync_max_bytes). Every rank must use
+  // the same threshold, or an op would run on different meshes: rank 0's value is everyone's.
+  void connect_sync_mesh(const Stopwatch& sw) {
+    if (size_ == 1) return;
+    long long want = options_.sync_max_bytes;
+    if (want < 0) want = Env::from_process().get_int("GZ_GLOO_SYNC_MAX", kDefaultSyncMax);
+    want = std::clamp<long long>(want, 0, kMaxSyncMax);
+    const std::string key = "gloo_sync_max";
+    if (rank_ == 0) store_->set(key, to_bytes(std::to_string(want)));
+    const long long agreed = std::stoll(to_string(store_->get(key, Deadline::after(timeout()))));
+    if (agreed <= 0) return;
+    try {
+      gloo_impl::StoreAdapter adapter(std::make_shared<PrefixStore>("gloo_sync", store_), options_.timeout);
+      sync_ = std::make_unique<gloo_impl::SyncMesh>(rank_, size_, static_cast<size_t>(agreed), device_, adapter,
+                                                    options_.timeout);
+      // No rank may write to the synchronous mesh before every rank has switched its pairs to
+      // synchronous mode: a message arriving earlier is half read by the event loop (or waits
+      // there for an inbox not yet registered) and the stream is lost. A barrier on the first mesh.
+      ::gloo::BarrierOptions b(context_);
+      b.setTag(tag());
+      b.setTimeout(options_.timeout);
+      ::gloo::barrier(b);
+    } catch (const gz::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      GZ_THROW(PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the synchronous mesh after ",
+               format_duration(sw.elapsed()), ": ", e.what());
+    }
+  }
+
+  const gloo_impl::ReduceFn& reduce_fn(DType dtype, ReduceOp op) {
+    auto& fn = reduce_fns_[static_cast<size_t>(dtype)][static_cast<size_t>(op)];
+    if (!fn) fn = make_reduce_fn(dtype, op);
+    return fn;
+  }
+
+  // Gloo's all-reduce options for (data, count, dtype, op), built once and reused: the options own
+  // the unbound buffer registered over `data`, and destroying an unbound buffer spins (yield) until
+  // Gloo's event-loop thread drops its last reference to it. Per op only the tag and the timeout
+  // change. Unbound buffers carry no slot, so hits and misses are a local matter (ranks need not
+  // agree). Least recently used entries are dropped beyond kAllreduceCacheSize.
+  ::gloo::AllreduceOptions& cached_allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
+    const AllreduceKey key{data, count, dtype, op};
+    for (auto it = allreduce_cache_.begin(); it != allreduce_cache_.end(); ++it) {
+      if (it->first == key) {
+        if (it != allreduce_cache_.begin()) allreduce_cache_.splice(allreduce_cache_.begin(), allreduce_cache_, it);
+        return *allreduce_cache_.front().second;
+      }
+    }
+    auto o = std::make_unique<::gloo::AllreduceOptions>(context_);
+    set_output(*o, data, count, dtype);
+    o->setReduceFunction(make_reduce_fn(dtype, op));
+    allreduce_cache_.emplace_front(key, std::move(o));
+    if (allreduce_cache_.size() > kAllreduceCacheSize) allreduce_cache_.pop_back();
+    return *allreduce_cache_.front().second;
+  }
 
   template <typename Opts>
   void set_output(Opts& o, void* data, size_t count, DType dtype) {
@@ -355,8 +426,9 @@ class GlooCommunicator : public Communicator {
   }
 
   // Runs one Gloo call and turns its exceptions into ours, with rank, op, sequence and time.
+  // `failed_peer`, when given and set (>= 0) by fn, names the peer whose connection failed.
   template <typename F>
-  void run(const char* op, int peer, F&& fn) {
+  void run(const char* op, int peer, F&& fn, const int* failed_peer = nullptr) {
     check_aborted();
     Stopwatch sw;
     const Duration budget = op_timeout();
@@ -367,7 +439,8 @@ class GlooCommunicator : public Communicator {
     } catch (const gz::Error&) {
       throw;
     } catch (const ::gloo::Exception& e) {  // IoException, EnforceNotMet, ...
-      translate(op_failure(op, peer, sw.elapsed()), budget, e.what(), peer);
+      const int who = failed_peer && *failed_peer >= 0 ? *failed_peer : peer;
+      translate(op_failure(op, who, sw.elapsed()), budget, e.what(), who);
     }
   }
 
@@ -403,6 +476,21 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   std::vector<uint8_t> scratch_;
   std::vector<uint8_t> incoming_;
+  struct AllreduceKey {
+    void* data;
+    size_t count;
+    DType dtype;
+    ReduceOp op;
+    bool operator==(const AllreduceKey& o) const {
+      return data == o.data && count == o.count && dtype == o.dtype && op == o.op;
+    }
+  };
+  static constexpr size_t kAllreduceCacheSize = 64;
+  static constexpr long long kDefaultSyncMax = 64 << 10;
+  static constexpr long long kMaxSyncMax = 256 << 10;
+  std::unique_ptr<gloo_impl::SyncMesh> sync_;
+  gloo_impl::ReduceFn reduce_fns_[8][5];
+  std::list<std::pair<AllreduceKey, std::unique_ptr<::gloo::AllreduceOptions>>> allreduce_cache_;
   std::vector<std::string> peer_addrs_;  // peer rank -> its socket address as Gloo prints it
   int groups_ = 0;
   uint32_t coll_tag_ = 0;
