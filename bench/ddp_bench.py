@@ -5,6 +5,13 @@ Run with Debian's interpreter, which has torch 1.13:  /usr/bin/python3 bench/ddp
     --model cnn --nproc 2 --batch 32 --steps 50 --warmup 5 --threads 1
 Spawns --nproc processes (torch.multiprocessing) on one node; prints samples/s (total over ranks)
 on rank 0 as a RESULT line in the format gz-bench uses.
+
+Across hosts (one process per host, started by the caller on each): --env reads RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT from the environment instead of spawning, e.g. on host i of 2:
+    RANK=i WORLD_SIZE=2 MASTER_ADDR=10.77.0.1 MASTER_PORT=29600 /usr/bin/python3 bench/ddp_bench.py \
+        --env --model bert-small --batch 8 --steps 10 --warmup 2
+--model bert-base: the same encoder at BERT-base size (12 layers, hidden 768, 12 heads, FFN 3072),
+matching `gz-bench train --model bert-base`.
 """
 import argparse
 import datetime
@@ -86,13 +93,18 @@ class BertSmall(nn.Module):
         return self.classifier(self.drop(pooled))
 
 
+BERT_SIZES = {"bert-small": dict(hidden=256, layers=4, heads=4, ffn=1024),
+              "bert-base": dict(hidden=768, layers=12, heads=12, ffn=3072)}
+
+
 def run(rank, args, port):
     torch.set_num_threads(args.threads)
     torch.manual_seed(42)
     world = args.nproc
     if world > 1:
         # A bounded timeout: a stuck run fails instead of leaving a worker spinning.
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        init = "env://" if args.env else f"tcp://127.0.0.1:{port}"
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=300))
     if args.model == "cnn":
         model = Cnn()
@@ -100,7 +112,7 @@ def run(rank, args, port):
         x = torch.randn(args.batch, 1, 28, 28)
         y = torch.randint(0, 10, (args.batch,))
     else:
-        model = BertSmall(seq=args.seq)
+        model = BertSmall(seq=args.seq, **BERT_SIZES[args.model])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         x = torch.randint(1, 30522, (args.batch, args.seq))
         y = torch.randint(0, 2, (args.batch,))
@@ -145,16 +157,21 @@ def free_port():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["cnn", "bert-small"], default="cnn")
+    p.add_argument("--model", choices=["cnn", "bert-small", "bert-base"], default="cnn")
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--batch", type=int, default=32, help="samples per rank")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--env", action="store_true",
+                   help="one rank of a multi-host job: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    if args.nproc == 1:
+    if args.env:
+        args.nproc = int(os.environ["WORLD_SIZE"])
+        run(int(os.environ["RANK"]), args, 0)
+    elif args.nproc == 1:
         run(0, args, 0)
     else:
         mp.spawn(run, args=(args, free_port()), nprocs=args.nproc, join=True)

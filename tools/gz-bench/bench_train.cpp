@@ -37,14 +37,15 @@ struct TrainBenchOptions {
 int usage() {
   std::fprintf(stderr,
                "usage: gzrun --nproc-per-node N gz-bench train [options]\n"
-               "  --model cnn|bert-small   (default cnn)\n"
+               "  --model cnn|bert-small|bert-base (default cnn; bert-base: 12 layers, hidden 768,\n"
+               "                           12 heads, FFN 3072, the bert-small architecture at BERT-base size)\n"
                "  --mode single|dp|ddp|horovod (default ddp; single and dp run in one process,\n"
                "                           dp = 2 CPU replicas in threads of one process)\n"
                "  --batch B                samples per rank (per replica in dp mode), default 32\n"
                "  --steps S                timed steps (default 50)\n"
                "  --warmup W               untimed steps first (default 5)\n"
                "  --threads T              LibTorch intra-op threads per rank (default 1)\n"
-               "  --seq L                  bert-small sequence length (default 128)\n"
+               "  --seq L                  bert sequence length (default 128)\n"
                "  --backend NAME           communicator backend (default auto)\n"
                "  --kernels fused|torch    fused: gz::FusedAdamW, fused_dropout, max_pool2d_relu (default);\n"
                "                           torch: LibTorch's AdamW, dropout, max_pool2d and relu\n"
@@ -89,8 +90,8 @@ TrainBenchOptions parse(int argc, char** argv) {
     else
       GZ_THROW(gz::InvalidArgument, "gz-bench train: unknown option ", a);
   }
-  if (o.model != "cnn" && o.model != "bert-small")
-    GZ_THROW(gz::InvalidArgument, "gz-bench train: --model must be cnn or bert-small, got ", o.model);
+  if (o.model != "cnn" && o.model != "bert-small" && o.model != "bert-base")
+    GZ_THROW(gz::InvalidArgument, "gz-bench train: --model must be cnn, bert-small or bert-base, got ", o.model);
   if (o.mode != "single" && o.mode != "dp" && o.mode != "ddp" && o.mode != "horovod")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --mode must be single, dp, ddp or horovod, got ", o.mode);
   if (o.kernels != "fused" && o.kernels != "torch")
@@ -131,6 +132,12 @@ int bench_train(int argc, char** argv) {
     mo.net_type = "bert_small";
     mo.num_classes = 2;
     mo.input_size = o.seq;
+    if (o.model == "bert-base") {  // BERT-base sizes on the same encoder (vocab 30522, dropout 0.1)
+      mo.hidden = 768;
+      mo.layers = 12;
+      mo.heads = 12;
+      mo.ffn = 3072;
+    }
   }
   mo.fused_kernels = o.kernels == "fused";
   auto model = gz::train::create_model(mo);
@@ -207,12 +214,15 @@ int bench_train(int argc, char** argv) {
     gz::default_group()->allreduce(&secs, 1, gz::DType::f64, gz::comm::ReduceOp::max);
   }
   const double samples = static_cast<double>(local_batch) * world * o.steps;
+  int64_t nparams = 0;  // what DDP all-reduces each step, in elements (gradients are dense)
+  for (const auto& p : model->parameters()) nparams += p.numel();
   if (rank == 0) {
     std::printf(
         "gz-bench train: model=%s mode=%s ranks=%d replicas=%d batch=%lld threads=%d steps=%d kernels=%s "
-        "hook=%s backend=%s\n",
+        "hook=%s backend=%s params=%lld\n",
         o.model.c_str(), o.mode.c_str(), world, replicas, static_cast<long long>(o.batch), o.threads, o.steps,
-        o.kernels.c_str(), o.hook.c_str(), distributed ? gz::default_group()->backend().c_str() : "none");
+        o.kernels.c_str(), o.hook.c_str(), distributed ? gz::default_group()->backend().c_str() : "none",
+        static_cast<long long>(nparams));
     std::printf("RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f\n", o.model.c_str(),
                 o.mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
     std::fflush(stdout);
