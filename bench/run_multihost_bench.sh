@@ -14,6 +14,8 @@
 #        rows there too)
 # Times are microseconds per all-reduce (slowest rank's mean over ~0.25 s of iterations).
 set -uo pipefail
+# Small all-reduces on the synchronous Gloo mesh (opt-in since it was measured; see gloo.h).
+export GZ_GLOO_SYNC_MAX=${GZ_GLOO_SYNC_MAX:-65536}
 root=$(cd "$(dirname "$0")/.." && pwd)
 rates=()
 build=
