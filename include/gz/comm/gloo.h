@@ -25,8 +25,9 @@ struct GlooOptions {
   /// calling thread writes its data into every peer's inbox (Gloo bound buffers, registered once)
   /// and reads theirs from the sockets itself, one exchange with no event-loop thread in between.
   /// Larger ones (and every other op) use Gloo's ring on the first, asynchronous mesh. 0 = no
-  /// second mesh; -1 = GZ_GLOO_SYNC_MAX, else 0 (opt-in for now: its connect fails now and then at
-  /// 7 ranks, not yet understood; 64 KiB was measured). Capped at 256 KiB (the exchange relies on the
+  /// second mesh; -1 = GZ_GLOO_SYNC_MAX, else 0. Experimental, opt-in: its connect fails now and
+  /// then at 7 ranks, and it finds its sockets by scanning /proc/self/fd, which races with other
+  /// threads' descriptors (ThreadSanitizer). Capped at 256 KiB (the exchange relies on the
   /// kernel's socket buffers holding one message per peer).
   long long sync_max_bytes = -1;
 };
