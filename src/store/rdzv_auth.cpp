@@ -70,7 +70,7 @@ std::string read_rdzv_token_file(const std::string& path, std::string* warning) 
   while (first < line.size() && space(line[first])) ++first;
   line.erase(0, first);
   if (line.empty()) GZ_THROW(InvalidArgument, "rendezvous token file '", path, "' is empty");
-  if (data.find('\n') == std::string::npos && got == data.size())
+  if (data.find('\n') == std::string::npos && got == kMaxRdzvTokenBytes + 2)
     GZ_THROW(InvalidArgument, "rendezvous token file '", path, "': the token is longer than ", kMaxRdzvTokenBytes,
              " bytes");
   check_rdzv_token(line, "rendezvous token file '" + path + "'");
