@@ -107,9 +107,10 @@ std::string AbuseLog::note(Kind kind, const std::string& source, const std::stri
   // Refusals of a hello are what a misconfigured node produces: say so once per source, at once.
   // Slot evictions and timeouts are what floods produce: only counted.
   if (kind == Kind::timed_out || kind == Kind::evicted) return {};
-  if (told_.count(source)) return {};
+  if (told_.count(source) || lines_ >= kLinesPerPeriod) return {};
   if (told_.size() >= 4096) told_.clear();
   told_.insert(source);
+  ++lines_;
   (void)now;
   return "store server: refused " + source + ": " + detail + " (further refusals are summarised every " +
          std::to_string(interval_.count() / 1000) + " s)";
@@ -134,6 +135,7 @@ std::string AbuseLog::summary(Clock::time_point now, bool force) {
           ", latest " + latest_;
   std::fill(std::begin(counts_), std::end(counts_), 0);
   sources_.clear();
+  lines_ = 0;
   return line;
 }
 

@@ -67,10 +67,12 @@ class Admission {
 };
 
 /// @brief What the server tells its log about unauthenticated clients: the first refusal from a
-/// source at once, then counts at most every `interval`.
+/// source at once (for at most kLinesPerPeriod sources per period: an attacker with many
+/// addresses gets counted, not listed), then counts at most every `interval`.
 class AbuseLog {
  public:
   enum class Kind { wrong_token, bad_hello, oversized, timed_out, evicted, count_ };
+  static constexpr size_t kLinesPerPeriod = 4;
   explicit AbuseLog(Duration interval = Duration(10000)) : interval_(interval) {}
   /// @brief Count one event; returns a line to log now, or "" (most events).
   std::string note(Kind kind, const std::string& source, const std::string& detail, Clock::time_point now);
@@ -83,6 +85,7 @@ class AbuseLog {
   std::unordered_set<std::string> told_;      // sources whose first refusal was logged
   std::unordered_set<std::string> sources_;   // sources in the current summary period
   std::string latest_;
+  size_t lines_ = 0;  // refusal lines written in the current period
   Clock::time_point last_summary_ = Clock::now();
 };
 

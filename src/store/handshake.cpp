@@ -39,11 +39,13 @@ HelloResult judge_hello(const uint8_t* data, size_t size, const std::string& tok
     case DecodeStatus::ok:
       break;
   }
-  r.consumed = d.consumed;
   if (m.code != static_cast<uint8_t>(Op::hello)) {
     r.verdict = HelloVerdict::not_hello;
     r.detail = code_name(m.code) + " before hello";
-  } else if (m.num != kProtocolVersion) {
+    return r;
+  }
+  r.consumed = d.consumed;
+  if (m.num != kProtocolVersion) {
     r.verdict = HelloVerdict::wrong_protocol;
     r.detail = "protocol version " + std::to_string(m.num) + " not supported (server speaks " +
                std::to_string(kProtocolVersion) + ")";

@@ -150,6 +150,12 @@ TEST(AbuseLog, FirstRefusalPerSourceThenSummaries) {
   EXPECT_NE(s.find("50 evicted"), std::string::npos) << s;
   EXPECT_NE(s.find("2 sources"), std::string::npos) << s;
   EXPECT_EQ(log.summary(t + Duration(4000)), "");  // nothing new
+  // Many sources: a few are named, the rest only counted, until the next period.
+  int named = 0;
+  for (int i = 0; i < 100; ++i) named += log.note(K::bad_hello, "10.1.0." + std::to_string(i), "junk", t) != "";
+  EXPECT_EQ(named, static_cast<int>(wire::AbuseLog::kLinesPerPeriod));
+  EXPECT_NE(log.summary(t + Duration(6000)).find("100 bad first message"), std::string::npos);
+  EXPECT_NE(log.note(K::bad_hello, "10.2.0.1", "junk", t + Duration(6000)), "");
 }
 
 TEST(RdzvAuth, GeneratedTokensAreLongAndDistinct) {
