@@ -16,7 +16,8 @@
 #   - every job finishes, every rank's 5 steps correct;
 #   - median attacked rendezvous time <= 2 x median unattacked (RATIO, default 2);
 #   - the attacker never got an `ok` reply (no token guessed, no request executed), and none of
-#     the keys it tried to write exist (checked by rank 0 with the token);
+#     the keys it tried to write exist (checked by rank 0 with the token); its patient guesser
+#     had guesses judged (refused) in every attacked job;
 #   - it really opened >= 1,000 connections in each attacked job.
 #
 #   multihost_attack.sh CLUSTER_SH GZRUN WORKER ATTACKER
@@ -58,13 +59,15 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 "${C[@]}" up 4 || exit $?
 master=$("${C[@]}" ip 0)
-# The attacker's source addresses: 32 more on host 3's own interface (its namespace).
+# The attacker's source addresses: 32 more on host 3's own interface (its namespace) for the
+# flood, and one for its patient guesser.
 sources=""
-for ((k = 0; k < 32; ++k)); do
+for ((k = 0; k <= 32; ++k)); do
   a=10.77.0.$((200 + k))
   "${C[@]}" run 3 ip addr add "$a/24" dev eth0 || fail "cannot add $a to host 3"
-  sources+=${sources:+,}$a
+  [ $k -lt 32 ] && sources+=${sources:+,}$a
 done
+guesser=10.77.0.232
 export GZ_RDZV_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 now_ns() { date +%s%N; }
 
@@ -80,10 +83,12 @@ run_job() {
     pids+=($!)
     [ "$i" = 0 ] && [ -n "${on_store_up:-}" ] && { sleep 0.2; $on_store_up; }
   done
+  job_error=
   for i in 0 1 2; do
-    wait "${pids[$i]}" || fail "$label: gzrun on host $i exited $?"
+    wait "${pids[$i]}" || job_error+="gzrun on host $i exited $?; "
   done
   pids=()
+  [ -z "$job_error" ] || return 0  # the caller looks at the attacker first, then fails
   local all last=0 n=0 ns steps_last=0
   all=$(cat "$dir/$label".host*.log)
   for ns in $(grep -o 'rdzv_ns=[0-9]*' <<<"$all" | cut -d= -f2); do
@@ -101,7 +106,7 @@ run_job() {
 }
 
 start_attack() {
-  "${C[@]}" run 3 nice -n "${ATTACK_NICE:-19}" "$attacker" --target "$master:$port" --bind "$sources" --conns 1000 --seconds 40 \
+  "${C[@]}" run 3 nice -n "${ATTACK_NICE:-19}" "$attacker" --target "$master:$port" --bind "$sources" --guess-bind "$guesser" --conns 1000 --seconds 40 \
     --max-connects 40000 --max-mbytes 64 --rate 5000 >"$dir/attack$round.log" 2>&1 &
   attack_pid=$!
 }
@@ -109,6 +114,7 @@ start_attack() {
 unattacked=() attacked=()
 for ((round = 0; round < rounds; ++round)); do
   on_store_up= run_job "quiet$round"
+  [ -z "$job_error" ] || fail "quiet$round: $job_error"
   unattacked+=("$job_ms")
   quiet_steps=$steps_ms
   on_store_up=start_attack run_job "attacked$round"
@@ -118,12 +124,15 @@ for ((round = 0; round < rounds; ++round)); do
   rc=$?
   attack_pid=
   report=$(grep '^attacker:' "$dir/attack$round.log") || fail "round $round: no attacker report"
-  [ "$rc" = 3 ] && fail "round $round: the attacker got in: $report"
+  [ "$rc" = 3 ] && fail "round $round: the attacker got in: $report${job_error:+ (and the job failed: $job_error)}"
   [ "$rc" = 0 ] || fail "round $round: attacker exited $rc"
+  [ -z "$job_error" ] || fail "attacked$round: $job_error"
   ok=$(sed -n 's/.* ok_replies=\([0-9]*\).*/\1/p' <<<"$report")
   connected=$(sed -n 's/.* connected=\([0-9]*\).*/\1/p' <<<"$report")
   [ "$ok" = 0 ] || fail "round $round: $ok ok replies to the attacker"
   [ "$connected" -ge 1000 ] || fail "round $round: the attacker opened only $connected connections"
+  refused=$(sed -n 's/.* refused=\([0-9]*\).*/\1/p' <<<"$report")
+  [ "$refused" -ge 1 ] || fail "round $round: no guess of the attacker was judged (refused=0)"
   echo "round $round: rendezvous ${unattacked[$round]} ms quiet, ${attacked[$round]} ms attacked" \
     "(with connect + 5 steps: $quiet_steps ms, $steps_ms ms); $report"
   grep -h 'store server:' "$dir/attacked$round.host0.log" | sed 's/^/  host0: /' | tail -n 3

@@ -7,10 +7,13 @@
 //   guess       hello with a guessed token, pipelined with set/get/add of the job's keys
 //   no-hello    set/get/append/add/wait/num_keys without any hello
 //   slowloris   a hello dribbled one byte every 200 ms
+// With --guess-bind ADDR, 4 more slots guess patiently from that address of their own (one hello
+// each, waiting for the answer): a source the flood never crowds out, so guesses are judged at
+// the pace the store allows (one per refusal delay) however the rest of the flood fares.
 // Every reply is decoded: a single `ok` (a guessed token or an executed request) is a breach.
 // Traffic is bounded: --max-connects, --max-mbytes, --seconds, and a connect rate (--rate/s,
 // bursts of up to --conns). Stops at the bound or on SIGTERM/SIGINT and prints one report line:
-//   attacker: seconds=.. connects=.. connected=.. connect_failed=.. peak_open=.. closed_by_server=..
+//   attacker: seconds=.. connects=.. connected=.. connect_failed=.. closed_by_server=..
 //             refused=.. other_replies=.. ok_replies=.. guesses=.. mbytes_sent=..
 // Exit status: 0, or 3 when any `ok` came back (the store let the attacker in), 2 on bad usage.
 #include <arpa/inet.h>
@@ -50,6 +53,7 @@ struct Options {
   std::string host;
   int port = 0;
   std::vector<std::string> binds;
+  std::string guess_bind;
   int conns = 1000;
   double seconds = 30;
   long max_connects = 50000;
@@ -70,7 +74,6 @@ struct Slot {
 struct Report {
   long connects = 0, connected = 0, connect_failed = 0, closed_by_server = 0, refused = 0, other = 0, ok = 0,
        guesses = 0;
-  int open = 0, peak_open = 0;
   double bytes = 0;
   std::string first_ok;
 };
@@ -85,8 +88,10 @@ std::string frame(Op op, std::vector<std::string> parts, int64_t num = 0) {
 
 class Attacker {
  public:
-  explicit Attacker(const Options& o) : o_(o), slots_(static_cast<size_t>(o.conns)), rng_(std::random_device{}()) {
-    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].kind = static_cast<Kind>(i % kinds);
+  explicit Attacker(const Options& o)
+      : o_(o), slots_(static_cast<size_t>(o.conns) + (o.guess_bind.empty() ? 0 : kPatient)), rng_(std::random_device{}()) {
+    for (size_t i = 0; i < slots_.size(); ++i)
+      slots_[i].kind = i < static_cast<size_t>(o.conns) ? static_cast<Kind>(i % kinds) : guess;
     ep_ = epoll_create1(EPOLL_CLOEXEC);
     inet_pton(AF_INET, o.host.c_str(), &target_.sin_addr);
     target_.sin_family = AF_INET;
@@ -126,10 +131,10 @@ class Attacker {
     for (auto& s : slots_)
       if (s.fd >= 0) ::close(s.fd);
     std::printf(
-        "attacker: seconds=%.1f connects=%ld connected=%ld connect_failed=%ld peak_open=%d closed_by_server=%ld "
+        "attacker: seconds=%.1f connects=%ld connected=%ld connect_failed=%ld closed_by_server=%ld "
         "refused=%ld other_replies=%ld ok_replies=%ld guesses=%ld mbytes_sent=%.1f%s%s\n",
         std::chrono::duration<double>(Clock::now() - start).count(), r_.connects, r_.connected, r_.connect_failed,
-        r_.peak_open, r_.closed_by_server, r_.refused, r_.other, r_.ok, r_.guesses, r_.bytes / 1e6,
+        r_.closed_by_server, r_.refused, r_.other, r_.ok, r_.guesses, r_.bytes / 1e6,
         r_.first_ok.empty() ? "" : " first_ok=", r_.first_ok.c_str());
     std::fflush(stdout);
     return r_.ok > 0 ? 3 : 0;
@@ -184,10 +189,12 @@ class Attacker {
       ++r_.connect_failed;
       return;
     }
-    if (!o_.binds.empty()) {
+    const bool patient = index >= static_cast<size_t>(o_.conns);
+    if (patient || !o_.binds.empty()) {
       sockaddr_in b{};
       b.sin_family = AF_INET;
-      inet_pton(AF_INET, o_.binds[static_cast<size_t>(r_.connects) % o_.binds.size()].c_str(), &b.sin_addr);
+      const std::string& a = patient ? o_.guess_bind : o_.binds[static_cast<size_t>(r_.connects) % o_.binds.size()];
+      inet_pton(AF_INET, a.c_str(), &b.sin_addr);
       bind(s.fd, reinterpret_cast<sockaddr*>(&b), sizeof b);
     }
     s.in.clear();
@@ -215,7 +222,6 @@ class Attacker {
     }
     s.connecting = false;
     ++r_.connected;
-    r_.peak_open = std::max(r_.peak_open, ++r_.open);
     if (s.kind == slowloris) {
       s.next_at = Clock::now();
     } else {
@@ -275,7 +281,6 @@ class Attacker {
       ++r_.connect_failed;
     } else {
       ++r_.closed_by_server;
-      --r_.open;
     }
     epoll_ctl(ep_, EPOLL_CTL_DEL, s.fd, nullptr);
     ::close(s.fd);
@@ -285,6 +290,7 @@ class Attacker {
     s.next_at = Clock::now() + std::chrono::milliseconds(connect_failed ? 50 : 5);
   }
 
+  static constexpr size_t kPatient = 4;
   Options o_;
   std::vector<Slot> slots_;
   std::mt19937_64 rng_;
@@ -295,7 +301,7 @@ class Attacker {
 
 [[noreturn]] void usage() {
   std::fprintf(stderr,
-               "usage: rdzv_attacker --target IPV4:PORT [--bind A,B,...] [--conns N] [--seconds S]\n"
+               "usage: rdzv_attacker --target IPV4:PORT [--bind A,B,...] [--guess-bind A] [--conns N] [--seconds S]\n"
                "                     [--max-connects N] [--max-mbytes M] [--rate PER_S]\n");
   std::exit(2);
 }
@@ -320,6 +326,8 @@ int main(int argc, char** argv) {
         if (q > p) o.binds.push_back(v.substr(p, q - p));
         p = q + 1;
       }
+    } else if (a == "--guess-bind") {
+      o.guess_bind = v;
     } else if (a == "--conns") {
       o.conns = std::atoi(v.c_str());
     } else if (a == "--seconds") {
