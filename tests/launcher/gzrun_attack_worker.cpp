@@ -3,7 +3,7 @@
 // the kernel's clock), connect the communicator (backend auto: shm inside a host, Gloo across)
 // and run a few all-reduce steps, each checked. Rank 0 then looks, with the job's token, for the
 // keys the attacker tried to write. One line on stdout:
-//   rank=R world=W rdzv_ns=T steps_ok=K steps_ns=T2 backend=B attack_keys=absent|PRESENT
+//   rank=R world=W start_ns=T0 rdzv_ns=T1 steps_ok=K steps_ns=T2 backend=B attack_keys=absent|PRESENT
 #include <time.h>
 
 #include <cstdio>
@@ -35,6 +35,7 @@ bool attack_keys_present(const gz::Env& env) {
 }  // namespace
 
 int main() {
+  const long long start_ns = realtime_ns();
   try {
     const gz::Env env = gz::Env::from_process();
     gz::InitOptions io;
@@ -65,8 +66,8 @@ int main() {
     const long long steps_ns = realtime_ns();
     std::string keys = "unchecked";
     if (c->rank() == 0) keys = attack_keys_present(env) ? "PRESENT" : "absent";
-    std::printf("rank=%d world=%d rdzv_ns=%lld steps_ok=%d steps_ns=%lld backend=%s attack_keys=%s\n", c->rank(), world,
-                rdzv_ns, ok, steps_ns, c->backend().c_str(), keys.c_str());
+    std::printf("rank=%d world=%d start_ns=%lld rdzv_ns=%lld steps_ok=%d steps_ns=%lld backend=%s attack_keys=%s\n",
+                c->rank(), world, start_ns, rdzv_ns, ok, steps_ns, c->backend().c_str(), keys.c_str());
     std::fflush(stdout);
     c->barrier();  // rank 0's check is done before anyone leaves
     return ok == steps ? 0 : 3;

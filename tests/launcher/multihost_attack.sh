@@ -21,7 +21,8 @@
 #   - it really opened >= 1,000 connections in each attacked job.
 #
 #   multihost_attack.sh CLUSTER_SH GZRUN WORKER ATTACKER
-# Env: ROUNDS, RATIO, ATTACK_NICE, KEEP_LOGS=DIR. Traffic stays in the cluster's namespaces and is bounded by
+# Env: ROUNDS, RATIO, ATTACK_NICE, ATTACK_RATE (connects/s after the first 1,000, default 2000),
+# KEEP_LOGS=DIR. Traffic stays in the cluster's namespaces and is bounded by
 # the attacker's budget (--max-connects, --max-mbytes). Exit 77 (skip) where the cluster cannot
 # be built (not root, no iproute2, no namespaces).
 set -uo pipefail
