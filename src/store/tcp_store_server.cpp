@@ -1,5 +1,5 @@
-// TCP store server: one thread, poll() over the listening socket, a wake-up pipe and every
-// connection. A connection is unauthenticated until its hello (handshake.h) is accepted: until
+// TCP store server: one thread, epoll over the listening socket, a wake-up pipe and every
+// connection (a wake-up costs what is ready, not what is open). A connection is unauthenticated until its hello (handshake.h) is accepted: until
 // then it holds one of a bounded number of slots (admission.h), may buffer one small hello and
 // nothing else, and is closed when its auth_timeout passes. Authenticated connections are never
 // closed to make room, and the work done per loop iteration for unauthenticated ones is bounded,
@@ -8,7 +8,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,6 +18,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "gz/core/error.h"
@@ -43,6 +44,8 @@ constexpr Duration kLinger{1000};
 // Connections accepted per loop iteration: a connect flood is taken in batches, with the
 // authenticated clients' requests served in between.
 constexpr int kAcceptBatch = 64;
+// epoll ids of the two fixed descriptors; connection ids start above them.
+constexpr uint64_t kWakeId = 0, kListenId = 1, kFirstConnId = 2;
 
 using wire::AbuseLog;
 using wire::HelloVerdict;
@@ -72,6 +75,7 @@ struct TcpStoreServer::Impl {
     // before the client reads it: shut down our side, drain input briefly, then close.
     bool lingering = false;
     Clock::time_point linger_until{};
+    uint32_t registered = 0;  // epoll events currently asked for
   };
 
   struct Counters {
@@ -88,12 +92,14 @@ struct TcpStoreServer::Impl {
   Counters st;
   int listen_fd = -1;
   int wake[2] = {-1, -1};
+  int ep = -1;
   int bound_port = 0;
   std::atomic<bool> stopping{false};
   std::vector<Conn> conns;
   size_t buffered = 0;  // bytes in every connection's input buffer
   size_t authed_count = 0;
-  uint64_t next_id = 1;
+  uint64_t next_id = kFirstConnId;
+  std::unordered_map<uint64_t, size_t> index;  // connection id -> position in conns
   std::unordered_set<uint64_t> evict;  // ids to close at the next pass
   std::thread thread;
   std::mutex stop_mu;
@@ -164,6 +170,19 @@ struct TcpStoreServer::Impl {
       ::close(listen_fd);
       throw SystemError("store server: pipe", e);
     }
+    ep = epoll_create1(EPOLL_CLOEXEC);
+    epoll_event w{}, l{};
+    w.events = l.events = EPOLLIN;
+    w.data.u64 = kWakeId;
+    l.data.u64 = kListenId;
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, wake[0], &w) != 0 || epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &l) != 0) {
+      int e = errno;
+      if (ep >= 0) ::close(ep);
+      ::close(listen_fd);
+      ::close(wake[0]);
+      ::close(wake[1]);
+      throw SystemError("store server: epoll", e);
+    }
     thread = std::thread([this] { loop(); });
   }
 
@@ -182,7 +201,8 @@ struct TcpStoreServer::Impl {
     ::close(listen_fd);
     ::close(wake[0]);
     ::close(wake[1]);
-    listen_fd = wake[0] = wake[1] = -1;
+    ::close(ep);
+    listen_fd = wake[0] = wake[1] = ep = -1;
   }
 
   static void bump_max(std::atomic<size_t>& a, size_t v) {
@@ -374,7 +394,16 @@ struct TcpStoreServer::Impl {
       c.tracked = true;
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = c.id;
+      if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        ::close(fd);
+        continue;
+      }
+      c.registered = EPOLLIN;
       for (uint64_t id : admission.admit(c.id, c.source)) evict.insert(id);
+      index[c.id] = conns.size();
       conns.push_back(std::move(c));
       ++st.accepted;
       bump_max(st.peak_pending, admission.pending());
@@ -430,7 +459,7 @@ struct TcpStoreServer::Impl {
     return true;
   }
 
-  // Whether poll should watch for input: not while an unauthenticated connection's hello is
+  // Whether to watch for input: not while an unauthenticated connection's hello is
   // complete (or its budget full) and waiting to be judged.
   static bool wants_input(const Conn& c) {
     if (c.authed || c.closing) return true;
@@ -474,64 +503,81 @@ struct TcpStoreServer::Impl {
         ++i;
         continue;
       }
-      ::close(c.fd);
+      ::close(c.fd);  // also leaves the epoll set
       buffered -= c.in.size();
       if (c.tracked) admission.release(c.id, c.source);
       if (c.authed) --authed_count;
-      conns[i] = std::move(conns.back());
+      index.erase(c.id);
+      if (i + 1 != conns.size()) {
+        conns[i] = std::move(conns.back());
+        index[conns[i].id] = i;
+      }
       conns.pop_back();
     }
     st.clients = authed_count;
     st.pending = admission.pending();
   }
 
+  // Ask epoll for what each connection needs now (a syscall only where that changed).
+  void sync_interest() {
+    for (auto& c : conns) {
+      uint32_t want = (wants_input(c) ? EPOLLIN : 0u) | (c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
+      if (want == c.registered || c.fd_dead) continue;
+      epoll_event ev{};
+      ev.events = want;
+      ev.data.u64 = c.id;
+      if (epoll_ctl(ep, EPOLL_CTL_MOD, c.fd, &ev) == 0) c.registered = want;
+    }
+  }
+
   void loop() {
-    std::vector<pollfd> pfds;
+    std::vector<epoll_event> events(512);
     Clock::time_point last_forget = Clock::now();
     while (!stopping) {
       Clock::time_point now = Clock::now();
       const int timeout = poll_timeout(now);
-      pfds.clear();
-      pfds.push_back({wake[0], POLLIN, 0});
-      pfds.push_back({listen_fd, POLLIN, 0});
-      for (auto& c : conns) {
-        short ev = wants_input(c) ? POLLIN : 0;
-        if (!c.out.empty()) ev |= POLLOUT;
-        pfds.push_back({c.fd, ev, 0});
-      }
-      int n = ::poll(pfds.data(), pfds.size(), timeout);
+      sync_interest();
+      int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), timeout);
       if (n < 0) {
         if (errno == EINTR) continue;
-        GZ_LOG(error, "store server: poll: ", std::strerror(errno));
+        GZ_LOG(error, "store server: epoll_wait: ", std::strerror(errno));
         std::this_thread::sleep_for(Duration(10));
         continue;
       }
       if (stopping) break;
       now = Clock::now();
-      // Connections first (indices match pfds from 2), then accept: accepting appends to conns.
-      const size_t polled = pfds.size() - 2;
-      for (size_t i = 0; i < polled; ++i) {
-        Conn& c = conns[i];
-        short re = pfds[i + 2].revents;
-        if (re & POLLIN) {
+      bool accept_ready = false;
+      for (int k = 0; k < n; ++k) {
+        const uint64_t id = events[static_cast<size_t>(k)].data.u64;
+        const uint32_t re = events[static_cast<size_t>(k)].events;
+        if (id == kWakeId) continue;  // stop() sets `stopping` first
+        if (id == kListenId) {
+          accept_ready = true;
+          continue;
+        }
+        auto it = index.find(id);
+        if (it == index.end()) continue;
+        Conn& c = conns[it->second];
+        if (c.fd_dead) continue;
+        if (re & EPOLLIN) {
           if (!read_some(c)) {
             c.fd_dead = true;
             continue;
           }
-        } else if (re & (POLLHUP | POLLERR)) {
+        } else if (re & (EPOLLHUP | EPOLLERR)) {
           // Hung up while we were not reading (a hello waiting to be judged), or an error.
-          if (!(pfds[i + 2].events & POLLIN) || !read_some(c)) {
+          if (!(c.registered & EPOLLIN) || !read_some(c)) {
             c.fd_dead = true;
             continue;
           }
         }
-        if (re & POLLOUT) flush(c);
+        if (re & EPOLLOUT) flush(c);
       }
-      if (pfds[1].revents & POLLIN) accept_batch(now);
+      if (accept_ready) accept_batch(now);
       apply_evictions(now);
       // Run requests, answer parked waiters, flush replies; a flushed reply frees its connection
       // for its next buffered request, and a change can unblock waiters: repeat until quiet
-      // (bounded, so one busy client cannot starve the poll loop).
+      // (bounded, so one busy client cannot starve the loop).
       for (int iter = 0; iter < 64; ++iter) {
         const uint64_t version = state.version();
         bool progress = false;
