@@ -2,9 +2,9 @@
 // does before a client is authenticated (handshake.h: a bounded hello), then decode the rest as a
 // stream of frames (as a server connection would), check that every decoded message re-encodes
 // to exactly the bytes it came from, and apply decoded requests to an in-memory StoreState.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -35,7 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           m.code != static_cast<uint8_t>(Op::hello))
         std::abort();
       // Accepted means exactly the server's token (or none configured) and our version.
-      if (h.verdict == HelloVerdict::accept && (m.num != kProtocolVersion || (!token.empty() && m.parts[0] != token)))
+      if (h.verdict == HelloVerdict::accept &&
+          (m.num != kProtocolVersion || (!token.empty() && m.parts[0] != token)))
         std::abort();
     } else if (h.consumed != 0) {
       std::abort();

@@ -100,7 +100,8 @@ void Admission::forget_idle(Clock::time_point now) {
   }
 }
 
-std::string AbuseLog::note(Kind kind, const std::string& source, const std::string& detail, Clock::time_point now) {
+std::string AbuseLog::note(Kind kind, const std::string& source, const std::string& detail,
+                           Clock::time_point now) {
   ++counts_[static_cast<size_t>(kind)];
   latest_ = source;
   if (sources_.size() < 4096) sources_.insert(source);

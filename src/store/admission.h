@@ -25,9 +25,9 @@ std::string source_key(const sockaddr_storage& addr);
 
 /// @brief Slots of unauthenticated connections.
 struct AdmissionLimits {
-  size_t max_pending = 256;             ///< in all
-  size_t max_pending_per_source = 32;   ///< per source_key()
-  Duration failure_delay{100};          ///< after a refused token, the source's next hello waits this long
+  size_t max_pending = 256;            ///< in all
+  size_t max_pending_per_source = 32;  ///< per source_key()
+  Duration failure_delay{100};         ///< after a refused token, the source's next hello waits this long
 };
 
 /// @brief Bookkeeping of unauthenticated connections (ids are unique and increasing).
@@ -82,8 +82,8 @@ class AbuseLog {
  private:
   Duration interval_;
   uint64_t counts_[static_cast<size_t>(Kind::count_)] = {};
-  std::unordered_set<std::string> told_;      // sources whose first refusal was logged
-  std::unordered_set<std::string> sources_;   // sources in the current summary period
+  std::unordered_set<std::string> told_;     // sources whose first refusal was logged
+  std::unordered_set<std::string> sources_;  // sources in the current summary period
   std::string latest_;
   size_t lines_ = 0;  // refusal lines written in the current period
   Clock::time_point last_summary_ = Clock::now();

@@ -28,7 +28,8 @@ HelloResult judge_hello(const uint8_t* data, size_t size, const std::string& tok
     case DecodeStatus::malformed:
       // A request with more parts than a hello (set, compare_set, wait) is refused the same way
       // as any other non-hello: decode() only knew the part limit.
-      if (size > kHeaderBytes && is_request_code(data[kHeaderBytes]) && data[kHeaderBytes] != static_cast<uint8_t>(Op::hello)) {
+      if (size > kHeaderBytes && is_request_code(data[kHeaderBytes]) &&
+          data[kHeaderBytes] != static_cast<uint8_t>(Op::hello)) {
         r.verdict = HelloVerdict::not_hello;
         r.detail = code_name(data[kHeaderBytes]) + " before hello";
       } else {
@@ -60,13 +61,20 @@ HelloResult judge_hello(const uint8_t* data, size_t size, const std::string& tok
 
 const char* verdict_name(HelloVerdict v) {
   switch (v) {
-    case HelloVerdict::need_more: return "incomplete hello";
-    case HelloVerdict::accept: return "accepted";
-    case HelloVerdict::wrong_token: return "wrong token";
-    case HelloVerdict::wrong_protocol: return "wrong protocol version";
-    case HelloVerdict::not_hello: return "request before hello";
-    case HelloVerdict::oversized: return "oversized first message";
-    case HelloVerdict::malformed: return "malformed first message";
+    case HelloVerdict::need_more:
+      return "incomplete hello";
+    case HelloVerdict::accept:
+      return "accepted";
+    case HelloVerdict::wrong_token:
+      return "wrong token";
+    case HelloVerdict::wrong_protocol:
+      return "wrong protocol version";
+    case HelloVerdict::not_hello:
+      return "request before hello";
+    case HelloVerdict::oversized:
+      return "oversized first message";
+    case HelloVerdict::malformed:
+      return "malformed first message";
   }
   return "?";
 }

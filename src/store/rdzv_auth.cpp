@@ -71,8 +71,8 @@ std::string read_rdzv_token_file(const std::string& path, std::string* warning) 
   line.erase(0, first);
   if (line.empty()) GZ_THROW(InvalidArgument, "rendezvous token file '", path, "' is empty");
   if (data.find('\n') == std::string::npos && got == kMaxRdzvTokenBytes + 2)
-    GZ_THROW(InvalidArgument, "rendezvous token file '", path, "': the token is longer than ", kMaxRdzvTokenBytes,
-             " bytes");
+    GZ_THROW(InvalidArgument, "rendezvous token file '", path, "': the token is longer than ",
+             kMaxRdzvTokenBytes, " bytes");
   check_rdzv_token(line, "rendezvous token file '" + path + "'");
   if (warning) {
     warning->clear();

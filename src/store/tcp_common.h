@@ -33,7 +33,8 @@ inline Message make(uint8_t code, int64_t num = 0, std::vector<std::string> part
 }
 
 inline Message make_reply(Reply code, std::string text = {}) {
-  return make(static_cast<uint8_t>(code), 0, text.empty() ? std::vector<std::string>{} : std::vector<std::string>{text});
+  return make(static_cast<uint8_t>(code), 0,
+              text.empty() ? std::vector<std::string>{} : std::vector<std::string>{text});
 }
 
 /// @brief An error reply with num = 1: the server closes the connection after sending it.

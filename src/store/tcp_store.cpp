@@ -195,7 +195,8 @@ struct TcpStore::Impl {
     for (;;) {
       fd = try_connect(deadline, err, resolve_error);
       if (fd >= 0) {
-        wire::Message hello = make(static_cast<uint8_t>(wire::Op::hello), wire::kProtocolVersion, {opts.token});
+        wire::Message hello =
+            make(static_cast<uint8_t>(wire::Op::hello), wire::kProtocolVersion, {opts.token});
         wire::Message rep;
         bool answered = true;
         try {
@@ -210,16 +211,18 @@ struct TcpStore::Impl {
           close_fd();
           std::string why = rep.parts.empty() ? "refused" : printable(rep.parts[0]);
           if (rep.code == static_cast<uint8_t>(wire::Reply::refused))
-            GZ_THROW(Error, "store client: the store server at ", where, " refused the connection: ", why,
-                     why.find("token") != std::string::npos ? " (check GZ_RDZV_TOKEN / the token option)" : "");
+            GZ_THROW(
+                Error, "store client: the store server at ", where, " refused the connection: ", why,
+                why.find("token") != std::string::npos ? " (check GZ_RDZV_TOKEN / the token option)" : "");
           GZ_THROW(PeerError, "store client: unexpected ", wire::code_name(rep.code), " reply to hello from ",
                    where, ": ", why);
         }
       }
       if (deadline.expired()) {
         if (silent_closes > 0)
-          GZ_THROW(TimeoutError, "store client: the store server at ", where, " closed the connection before answering hello ",
-                   silent_closes, " time(s) within ", format_duration(sw.elapsed()),
+          GZ_THROW(TimeoutError, "store client: the store server at ", where,
+                   " closed the connection before answering hello ", silent_closes, " time(s) within ",
+                   format_duration(sw.elapsed()),
                    " (overloaded, or flooded with unauthenticated connections?)");
         GZ_THROW(TimeoutError, "store client: could not connect to the store server at ", where, " within ",
                  format_duration(sw.elapsed()), " (last error: ",

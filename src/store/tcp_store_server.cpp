@@ -1,9 +1,9 @@
 // TCP store server: one thread, epoll over the listening socket, a wake-up pipe and every
-// connection (a wake-up costs what is ready, not what is open). A connection is unauthenticated until its hello (handshake.h) is accepted: until
-// then it holds one of a bounded number of slots (admission.h), may buffer one small hello and
-// nothing else, and is closed when its auth_timeout passes. Authenticated connections are never
-// closed to make room, and the work done per loop iteration for unauthenticated ones is bounded,
-// so a flood of them cannot starve the ranks' requests.
+// connection (a wake-up costs what is ready, not what is open). A connection is unauthenticated until its
+// hello (handshake.h) is accepted: until then it holds one of a bounded number of slots (admission.h), may
+// buffer one small hello and nothing else, and is closed when its auth_timeout passes. Authenticated
+// connections are never closed to make room, and the work done per loop iteration for unauthenticated ones is
+// bounded, so a flood of them cannot starve the ranks' requests.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -100,7 +100,7 @@ struct TcpStoreServer::Impl {
   size_t authed_count = 0;
   uint64_t next_id = kFirstConnId;
   std::unordered_map<uint64_t, size_t> index;  // connection id -> position in conns
-  std::unordered_set<uint64_t> evict;  // ids to close at the next pass
+  std::unordered_set<uint64_t> evict;          // ids to close at the next pass
   std::thread thread;
   std::mutex stop_mu;
   Clock::time_point last_accept_warning{};
@@ -137,9 +137,11 @@ struct TcpStoreServer::Impl {
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     addrinfo* res = nullptr;
     std::string port = std::to_string(opts.port);
-    int rc = getaddrinfo(opts.bind_addr.empty() ? nullptr : opts.bind_addr.c_str(), port.c_str(), &hints, &res);
+    int rc =
+        getaddrinfo(opts.bind_addr.empty() ? nullptr : opts.bind_addr.c_str(), port.c_str(), &hints, &res);
     if (rc != 0)
-      GZ_THROW(InvalidArgument, "store server: cannot resolve bind address '", opts.bind_addr, "': ", gai_strerror(rc));
+      GZ_THROW(InvalidArgument, "store server: cannot resolve bind address '", opts.bind_addr,
+               "': ", gai_strerror(rc));
     int err = 0;
     for (addrinfo* a = res; a; a = a->ai_next) {
       int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -175,7 +177,8 @@ struct TcpStoreServer::Impl {
     w.events = l.events = EPOLLIN;
     w.data.u64 = kWakeId;
     l.data.u64 = kListenId;
-    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, wake[0], &w) != 0 || epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &l) != 0) {
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, wake[0], &w) != 0 ||
+        epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &l) != 0) {
       int e = errno;
       if (ep >= 0) ::close(ep);
       ::close(listen_fd);
@@ -268,7 +271,8 @@ struct TcpStoreServer::Impl {
     switch (h.verdict) {
       case HelloVerdict::accept:
         if (authed_count >= opts.max_clients) {
-          GZ_LOG(warn, "store server: refusing ", c.peer, ": ", authed_count, " clients connected (max_clients)");
+          GZ_LOG(warn, "store server: refusing ", c.peer, ": ", authed_count,
+                 " clients connected (max_clients)");
           ++st.bad_hello;
           refuse(c, "too many clients");
           return;
@@ -314,8 +318,8 @@ struct TcpStoreServer::Impl {
     }
     while (!c.closing && !c.blocked && c.out.empty() && !c.in.empty()) {
       wire::Message req;
-      auto r = wire::decode(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size(), wire::Direction::request,
-                            limits, req);
+      auto r = wire::decode(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size(),
+                            wire::Direction::request, limits, req);
       if (r.status == wire::DecodeStatus::need_more) return;
       if (r.status != wire::DecodeStatus::ok) {
         GZ_LOG(warn, "store server: closing connection from ", c.peer, ": ", r.error);
@@ -368,7 +372,8 @@ struct TcpStoreServer::Impl {
         // Out of descriptors (or similar): the listening socket stays readable, so back off
         // instead of spinning, and do not flood the log.
         if (now - last_accept_warning > std::chrono::seconds(5)) {
-          GZ_LOG(warn, "store server: accept: ", std::strerror(errno), " (", conns.size(), " connections open)");
+          GZ_LOG(warn, "store server: accept: ", std::strerror(errno), " (", conns.size(),
+                 " connections open)");
           last_accept_warning = now;
         }
         std::this_thread::sleep_for(Duration(10));
@@ -521,7 +526,8 @@ struct TcpStoreServer::Impl {
   // Ask epoll for what each connection needs now (a syscall only where that changed).
   void sync_interest() {
     for (auto& c : conns) {
-      uint32_t want = (wants_input(c) ? EPOLLIN : 0u) | (c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
+      uint32_t want =
+          (wants_input(c) ? EPOLLIN : 0u) | (c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
       if (want == c.registered || c.fd_dead) continue;
       epoll_event ev{};
       ev.events = want;
@@ -613,7 +619,8 @@ struct TcpStoreServer::Impl {
   }
 };
 
-TcpStoreServer::TcpStoreServer(const TcpStoreServerOptions& options) : impl_(std::make_unique<Impl>(options)) {
+TcpStoreServer::TcpStoreServer(const TcpStoreServerOptions& options)
+    : impl_(std::make_unique<Impl>(options)) {
   impl_->open();
 }
 

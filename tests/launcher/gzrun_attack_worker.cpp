@@ -66,8 +66,9 @@ int main() {
     const long long steps_ns = realtime_ns();
     std::string keys = "unchecked";
     if (c->rank() == 0) keys = attack_keys_present(env) ? "PRESENT" : "absent";
-    std::printf("rank=%d world=%d start_ns=%lld rdzv_ns=%lld steps_ok=%d steps_ns=%lld backend=%s attack_keys=%s\n",
-                c->rank(), world, start_ns, rdzv_ns, ok, steps_ns, c->backend().c_str(), keys.c_str());
+    std::printf(
+        "rank=%d world=%d start_ns=%lld rdzv_ns=%lld steps_ok=%d steps_ns=%lld backend=%s attack_keys=%s\n",
+        c->rank(), world, start_ns, rdzv_ns, ok, steps_ns, c->backend().c_str(), keys.c_str());
     std::fflush(stdout);
     c->barrier();  // rank 0's check is done before anyone leaves
     return ok == steps ? 0 : 3;

@@ -89,7 +89,9 @@ std::string frame(Op op, std::vector<std::string> parts, int64_t num = 0) {
 class Attacker {
  public:
   explicit Attacker(const Options& o)
-      : o_(o), slots_(static_cast<size_t>(o.conns) + (o.guess_bind.empty() ? 0 : kPatient)), rng_(std::random_device{}()) {
+      : o_(o),
+        slots_(static_cast<size_t>(o.conns) + (o.guess_bind.empty() ? 0 : kPatient)),
+        rng_(std::random_device{}()) {
     for (size_t i = 0; i < slots_.size(); ++i)
       slots_[i].kind = i < static_cast<size_t>(o.conns) ? static_cast<Kind>(i % kinds) : guess;
     ep_ = epoll_create1(EPOLL_CLOEXEC);
@@ -100,20 +102,22 @@ class Attacker {
 
   int run() {
     const auto start = Clock::now(), end = start + std::chrono::duration_cast<Clock::duration>(
-                                                      std::chrono::duration<double>(o_.seconds));
+                                                       std::chrono::duration<double>(o_.seconds));
     double tokens = o_.conns;  // connect budget: a burst of --conns, then --rate per second
     auto last = start;
     std::vector<epoll_event> evs(256);
     while (!g_stop && Clock::now() < end) {
       auto now = Clock::now();
-      tokens = std::min<double>(o_.conns, tokens + std::chrono::duration<double>(now - last).count() * o_.rate);
+      tokens =
+          std::min<double>(o_.conns, tokens + std::chrono::duration<double>(now - last).count() * o_.rate);
       last = now;
       for (size_t i = 0; i < slots_.size(); ++i) {
         Slot& s = slots_[i];
         if (s.fd < 0 && now >= s.next_at && tokens >= 1 && within_budget()) {
           tokens -= 1;
           open_slot(i, s);
-        } else if (s.fd >= 0 && !s.connecting && s.kind == slowloris && s.off < s.out.size() && now >= s.next_at) {
+        } else if (s.fd >= 0 && !s.connecting && s.kind == slowloris && s.off < s.out.size() &&
+                   now >= s.next_at) {
           send_some(s, 1);
           s.next_at = now + std::chrono::milliseconds(200);
         }
@@ -133,8 +137,8 @@ class Attacker {
     std::printf(
         "attacker: seconds=%.1f connects=%ld connected=%ld connect_failed=%ld closed_by_server=%ld "
         "refused=%ld other_replies=%ld ok_replies=%ld guesses=%ld mbytes_sent=%.1f%s%s\n",
-        std::chrono::duration<double>(Clock::now() - start).count(), r_.connects, r_.connected, r_.connect_failed,
-        r_.closed_by_server, r_.refused, r_.other, r_.ok, r_.guesses, r_.bytes / 1e6,
+        std::chrono::duration<double>(Clock::now() - start).count(), r_.connects, r_.connected,
+        r_.connect_failed, r_.closed_by_server, r_.refused, r_.other, r_.ok, r_.guesses, r_.bytes / 1e6,
         r_.first_ok.empty() ? "" : " first_ok=", r_.first_ok.c_str());
     std::fflush(stdout);
     return r_.ok > 0 ? 3 : 0;
@@ -167,15 +171,17 @@ class Attacker {
         return std::string("\x00\x00\x00\x04", 4) + std::string(16384, 'A');
       case guess:
         ++r_.guesses;
-        return frame(Op::hello, {random_token()}, gz::wire::kProtocolVersion) + frame(Op::set, {"attack/owned", "1"}) +
-               frame(Op::get, {"gzrun/attempt0/run_id"}, 100) + frame(Op::add, {"gzrun/attempt0/nodes/arrived"}, 7);
+        return frame(Op::hello, {random_token()}, gz::wire::kProtocolVersion) +
+               frame(Op::set, {"attack/owned", "1"}) + frame(Op::get, {"gzrun/attempt0/run_id"}, 100) +
+               frame(Op::add, {"gzrun/attempt0/nodes/arrived"}, 7);
       case no_hello:
         return frame(Op::set, {"attack/owned", "1"}) + frame(Op::get, {"gzrun/attempt0/run_id"}, 100) +
                frame(Op::append, {"attack/appended", "x"}) + frame(Op::add, {"attack/counter"}, 1) +
                frame(Op::wait, {"gzrun/attempt0/run_id"}, 100) + frame(Op::num_keys, {});
       case slowloris:
         ++r_.guesses;
-        return frame(Op::hello, {random_token()}, gz::wire::kProtocolVersion) + frame(Op::set, {"attack/owned", "1"});
+        return frame(Op::hello, {random_token()}, gz::wire::kProtocolVersion) +
+               frame(Op::set, {"attack/owned", "1"});
       default:
         return {};
     }
@@ -193,7 +199,8 @@ class Attacker {
     if (patient || !o_.binds.empty()) {
       sockaddr_in b{};
       b.sin_family = AF_INET;
-      const std::string& a = patient ? o_.guess_bind : o_.binds[static_cast<size_t>(r_.connects) % o_.binds.size()];
+      const std::string& a =
+          patient ? o_.guess_bind : o_.binds[static_cast<size_t>(r_.connects) % o_.binds.size()];
       inet_pton(AF_INET, a.c_str(), &b.sin_addr);
       bind(s.fd, reinterpret_cast<sockaddr*>(&b), sizeof b);
     }
@@ -261,8 +268,8 @@ class Attacker {
     gz::wire::Limits l;
     for (;;) {
       Message m;
-      auto r = gz::wire::decode(reinterpret_cast<const uint8_t*>(s.in.data()), s.in.size(), gz::wire::Direction::reply,
-                                l, m);
+      auto r = gz::wire::decode(reinterpret_cast<const uint8_t*>(s.in.data()), s.in.size(),
+                                gz::wire::Direction::reply, l, m);
       if (r.status != gz::wire::DecodeStatus::ok) break;
       s.in.erase(0, r.consumed);
       if (m.code == static_cast<uint8_t>(gz::wire::Reply::ok)) {
@@ -300,9 +307,10 @@ class Attacker {
 };
 
 [[noreturn]] void usage() {
-  std::fprintf(stderr,
-               "usage: rdzv_attacker --target IPV4:PORT [--bind A,B,...] [--guess-bind A] [--conns N] [--seconds S]\n"
-               "                     [--max-connects N] [--max-mbytes M] [--rate PER_S]\n");
+  std::fprintf(
+      stderr,
+      "usage: rdzv_attacker --target IPV4:PORT [--bind A,B,...] [--guess-bind A] [--conns N] [--seconds S]\n"
+      "                     [--max-connects N] [--max-mbytes M] [--rate PER_S]\n");
   std::exit(2);
 }
 

@@ -1,9 +1,8 @@
 // gzrun's rendezvous authentication end to end (label mp): a single node's generated token
 // reaches its workers (and only they get in), several nodes beyond loopback refuse to start
 // without a token, --rdzv-insecure warns and lets the workers through, a token file is used.
-#include <sys/stat.h>
-
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <fstream>
@@ -71,8 +70,8 @@ TEST(GzrunAuth, InsecureWarnsAndLetsTheWorkersThrough) {
   // 0.0.0.0 as the address: beyond loopback by its name, yet local (connecting to it reaches
   // this machine), so the job can run without a second machine. Without a token the workers'
   // library refuses such a store unless gzrun tells them the opt-out was explicit.
-  GzrunProcess g(with({"--nproc-per-node", "2", "--master-addr", "0.0.0.0", "--rdzv-insecure"}, token_worker()),
-                 dir);
+  GzrunProcess g(
+      with({"--nproc-per-node", "2", "--master-addr", "0.0.0.0", "--rdzv-insecure"}, token_worker()), dir);
   ASSERT_TRUE(g.wait(40)) << g.describe();
   ASSERT_EQ(g.exit_code(), 0) << g.describe();
   EXPECT_NE(g.err().find("warning: --rdzv-insecure: the rendezvous store (0.0.0.0:"), std::string::npos)
@@ -106,5 +105,6 @@ TEST(GzrunAuth, TokenFileReachesTheWorkersAndTheFlagIsHidden) {
   GzrunProcess h({"--rdzv-token", token, "sh", "-c", "tr '\\0' ' ' </proc/$PPID/cmdline; echo"}, dir);
   ASSERT_TRUE(h.wait(20)) << h.describe();
   EXPECT_EQ(h.out().find(token), std::string::npos) << h.describe();
-  EXPECT_NE(h.out().find("--rdzv-token " + std::string(token.size(), '*')), std::string::npos) << h.describe();
+  EXPECT_NE(h.out().find("--rdzv-token " + std::string(token.size(), '*')), std::string::npos)
+      << h.describe();
 }

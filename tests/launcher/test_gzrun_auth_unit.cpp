@@ -1,9 +1,8 @@
 // gzrun's rendezvous authentication, in pieces: the token options, the decision of which token
 // to use (or to refuse to start), where the store binds, and hiding --rdzv-token from ps.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstring>
@@ -67,7 +66,8 @@ TEST(GzrunAuthUnit, SeveralNodesBeyondLoopbackNeedATokenOrInsecure) {
     EXPECT_NE(m.find("--rdzv-insecure"), std::string::npos) << m;
   }
   EXPECT_EQ(resolve_launch_auth(multi, kStrong).token, kStrong);
-  auto insecure = parse({"--nnodes", "3", "--node-rank", "0", "--master-addr", "10.0.0.1", "--rdzv-insecure", "prog"});
+  auto insecure =
+      parse({"--nnodes", "3", "--node-rank", "0", "--master-addr", "10.0.0.1", "--rdzv-insecure", "prog"});
   auto a = resolve_launch_auth(insecure, "");
   EXPECT_TRUE(a.insecure);
   EXPECT_EQ(a.token, "");
@@ -113,7 +113,7 @@ TEST(GzrunAuthUnit, WhereTheStoreBinds) {
 
 TEST(GzrunAuthUnit, TokenValueIsHiddenFromPs) {
   std::vector<std::string> args = {"gzrun", "--rdzv-token", "sekrit", "--rdzv_token=sekrit2", "--nnodes", "2",
-                                   "prog", "--rdzv-token", "mine"};
+                                   "prog",  "--rdzv-token", "mine"};
   std::vector<std::vector<char>> bufs;
   std::vector<char*> argv;
   for (auto& a : args) {

@@ -2,13 +2,12 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <string>
 
@@ -83,7 +82,8 @@ inline std::string hello_frame(const std::string& token = {}, int64_t version = 
 inline wire::Message first_reply(const std::string& bytes) {
   wire::Message m;
   wire::Limits l;
-  auto r = wire::decode(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), wire::Direction::reply, l, m);
+  auto r = wire::decode(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), wire::Direction::reply,
+                        l, m);
   if (r.status != wire::DecodeStatus::ok) m.code = 0;
   return m;
 }

@@ -448,7 +448,8 @@ TEST(Rendezvous, StoreBeyondLoopbackNeedsATokenOnEveryRank) {
     }
     EXPECT_LT(sw.elapsed().count(), 500);
   }
-  Vars v{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "no-such-host.invalid"}, {"MASTER_PORT", "29999"}};
+  Vars v{
+      {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "no-such-host.invalid"}, {"MASTER_PORT", "29999"}};
   EXPECT_THROW(rendezvous(opts("", -1, -1, 5s), Env(v)), InvalidArgument);
   // With a token, or the explicit opt-out, the rank goes on to connect (nobody there: a timeout).
   v["GZ_RDZV_TOKEN"] = "0123456789abcdef";

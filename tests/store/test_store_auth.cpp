@@ -92,7 +92,8 @@ TEST(StoreAuth, UnauthenticatedClientsCanNeitherReadNorWrite) {
   rank.add("counter", 1);
   const int64_t keys = rank.num_keys();
 
-  std::vector<std::string> openings = {"", hello_frame("wrong-token"), hello_frame(""), hello_frame(kToken, 99)};
+  std::vector<std::string> openings = {"", hello_frame("wrong-token"), hello_frame(""),
+                                       hello_frame(kToken, 99)};
   for (const auto& opening : openings)
     for (const auto& op : all_ops()) {
       RawConn raw(server.port());
@@ -225,7 +226,8 @@ TEST(StoreAuth, WrongTokensArePacedPerSourceAndLoggedOnce) {
   std::vector<std::unique_ptr<RawConn>> parallel;
   for (int i = 0; i < 3; ++i) parallel.push_back(std::make_unique<RawConn>(server.port()));
   for (auto& p : parallel) p->send(hello_frame("parallel-guess"));
-  for (auto& p : parallel) EXPECT_EQ(first_reply(p->read_until_close(3s)).code, static_cast<uint8_t>(wire::Reply::refused));
+  for (auto& p : parallel)
+    EXPECT_EQ(first_reply(p->read_until_close(3s)).code, static_cast<uint8_t>(wire::Reply::refused));
   const auto guesses = sw.elapsed();
   // The rightful token after failures waits at most one delay.
   sw.reset();
@@ -237,7 +239,8 @@ TEST(StoreAuth, WrongTokensArePacedPerSourceAndLoggedOnce) {
   EXPECT_LT(good.count(), 200 + 300);
   EXPECT_EQ(server.stats().wrong_token, 6u);
   size_t lines = 0;
-  for (size_t p = log.find("refused 127.0.0.1"); p != std::string::npos; p = log.find("refused 127.0.0.1", p + 1))
+  for (size_t p = log.find("refused 127.0.0.1"); p != std::string::npos;
+       p = log.find("refused 127.0.0.1", p + 1))
     ++lines;
   if (logs_warnings) EXPECT_EQ(lines, 1u) << log;
   EXPECT_EQ(log.find("guess-"), std::string::npos) << "a presented token reached the log:\n" << log;
@@ -282,8 +285,10 @@ TEST(StoreAuth, ThousandPendingSocketsDoNotDelayAuthenticatedRanks) {
   TcpStore late("127.0.0.1", server.port(), client());
   EXPECT_LT(sw.elapsed().count(), 500);
   EXPECT_EQ(server.stats().evicted, 0u);
-  std::printf("set+get: median %.2f ms, max %.2f ms without; median %.2f ms, max %.2f ms with 1,000 pending sockets\n",
-              before[before.size() / 2], before.back(), p50, worst);
+  std::printf(
+      "set+get: median %.2f ms, max %.2f ms without; median %.2f ms, max %.2f ms with 1,000 pending "
+      "sockets\n",
+      before[before.size() / 2], before.back(), p50, worst);
 }
 
 /// A fake server that hangs up on its first connection without a word (as a loaded store sheds

@@ -1,9 +1,8 @@
 // The pieces of the store's authentication, alone: judging a hello (handshake.h), slots and
 // gates of unauthenticated connections (admission.h), the abuse log, and tokens (rdzv_auth.h).
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <fstream>
@@ -39,7 +38,8 @@ TEST(Handshake, VerdictsOfCompleteHellos) {
 
 TEST(Handshake, IncompleteHelloNeedsMoreUntilTheBudget) {
   std::string h = hello_frame("tok");
-  for (size_t n = 0; n < h.size(); ++n) EXPECT_EQ(judge(h.substr(0, n)).verdict, HelloVerdict::need_more) << n;
+  for (size_t n = 0; n < h.size(); ++n)
+    EXPECT_EQ(judge(h.substr(0, n)).verdict, HelloVerdict::need_more) << n;
   // A maximal token is still a hello; one byte more is not.
   std::string longest(kMaxRdzvTokenBytes, 'x');
   EXPECT_EQ(hello_frame(longest).size(), wire::kMaxHelloFrameBytes);
@@ -48,11 +48,14 @@ TEST(Handshake, IncompleteHelloNeedsMoreUntilTheBudget) {
 }
 
 TEST(Handshake, RequestsBeforeHelloAreRefusedWhateverTheirShape) {
-  for (auto op : {wire::Op::get, wire::Op::set, wire::Op::add, wire::Op::append, wire::Op::wait, wire::Op::check,
-                  wire::Op::compare_set, wire::Op::delete_key, wire::Op::num_keys}) {
+  for (auto op : {wire::Op::get, wire::Op::set, wire::Op::add, wire::Op::append, wire::Op::wait,
+                  wire::Op::check, wire::Op::compare_set, wire::Op::delete_key, wire::Op::num_keys}) {
     wire::Message m;
     m.code = static_cast<uint8_t>(op);
-    size_t arity = op == wire::Op::num_keys ? 0 : op == wire::Op::compare_set ? 3 : (op == wire::Op::set || op == wire::Op::append) ? 2 : 1;
+    size_t arity = op == wire::Op::num_keys                          ? 0
+                   : op == wire::Op::compare_set                     ? 3
+                   : (op == wire::Op::set || op == wire::Op::append) ? 2
+                                                                     : 1;
     for (size_t i = 0; i < arity; ++i) m.parts.push_back("k");
     auto r = judge(wire::encode(m));
     EXPECT_EQ(r.verdict, HelloVerdict::not_hello) << wire::code_name(m.code) << ": " << r.detail;
@@ -142,7 +145,8 @@ TEST(AbuseLog, FirstRefusalPerSourceThenSummaries) {
   using K = wire::AbuseLog::Kind;
   std::string first = log.note(K::wrong_token, "10.0.0.4", "wrong rendezvous token", t);
   EXPECT_NE(first.find("10.0.0.4"), std::string::npos) << first;
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(log.note(K::wrong_token, "10.0.0.4", "wrong rendezvous token", t), "");
+  for (int i = 0; i < 100; ++i)
+    EXPECT_EQ(log.note(K::wrong_token, "10.0.0.4", "wrong rendezvous token", t), "");
   for (int i = 0; i < 50; ++i) EXPECT_EQ(log.note(K::evicted, "10.0.0.5", "", t), "");
   EXPECT_EQ(log.summary(t + Duration(10)), "");  // not due yet
   std::string s = log.summary(t + Duration(2000));
@@ -152,7 +156,8 @@ TEST(AbuseLog, FirstRefusalPerSourceThenSummaries) {
   EXPECT_EQ(log.summary(t + Duration(4000)), "");  // nothing new
   // Many sources: a few are named, the rest only counted, until the next period.
   int named = 0;
-  for (int i = 0; i < 100; ++i) named += log.note(K::bad_hello, "10.1.0." + std::to_string(i), "junk", t) != "";
+  for (int i = 0; i < 100; ++i)
+    named += log.note(K::bad_hello, "10.1.0." + std::to_string(i), "junk", t) != "";
   EXPECT_EQ(named, static_cast<int>(wire::AbuseLog::kLinesPerPeriod));
   EXPECT_NE(log.summary(t + Duration(6000)).find("100 bad first message"), std::string::npos);
   EXPECT_NE(log.note(K::bad_hello, "10.2.0.1", "junk", t + Duration(6000)), "");
@@ -199,7 +204,8 @@ TEST(RdzvAuth, TokenFiles) {
 TEST(RdzvAuth, LoopbackOrNot) {
   for (const char* h : {"127.0.0.1", "127.1.2.3", "localhost", "::1", "::ffff:127.0.0.1"})
     EXPECT_TRUE(is_loopback_host(h)) << h;
-  for (const char* h : {"0.0.0.0", "", "::", "10.0.0.1", "128.0.0.1", "my-host", "localhost.example.com", "fe80::1"})
+  for (const char* h :
+       {"0.0.0.0", "", "::", "10.0.0.1", "128.0.0.1", "my-host", "localhost.example.com", "fe80::1"})
     EXPECT_FALSE(is_loopback_host(h)) << h;
 }
 

@@ -12,9 +12,9 @@ namespace gz::launcher {
 
 /// @brief The outcome of resolve_launch_auth().
 struct LaunchAuth {
-  std::string token;      ///< empty: none (a store on loopback shared by several nodes, or insecure)
-  bool insecure = false;  ///< --rdzv-insecure in effect: no token
-  bool generated = false; ///< gzrun made the token (one node, none given)
+  std::string token;       ///< empty: none (a store on loopback shared by several nodes, or insecure)
+  bool insecure = false;   ///< --rdzv-insecure in effect: no token
+  bool generated = false;  ///< gzrun made the token (one node, none given)
   std::vector<std::string> warnings;  ///< to print at start
 };
 

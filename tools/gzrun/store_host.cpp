@@ -12,7 +12,7 @@
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
 #include "gz/store/store.h"
-#include "launch_auth.h"   // store_bind_addr()
+#include "launch_auth.h"  // store_bind_addr()
 #include "output_relay.h"  // say()
 
 #if GZ_HAVE_TCP_STORE

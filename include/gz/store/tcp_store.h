@@ -18,8 +18,8 @@ namespace gz {
 struct TcpStoreServerOptions {
   std::string bind_addr = "127.0.0.1";
   int port = 0;  ///< 0 = pick a free port; port() tells which.
-  std::string token;  ///< empty = no authentication (loopback, or allow_insecure)
-  bool allow_insecure = false;  ///< listen beyond loopback without a token (trusted networks only)
+  std::string token;                   ///< empty = no authentication (loopback, or allow_insecure)
+  bool allow_insecure = false;         ///< listen beyond loopback without a token (trusted networks only)
   size_t max_value_bytes = 64u << 20;  ///< larger messages are rejected
   size_t max_total_bytes = 1u << 30;   ///< total stored bytes cap
   size_t max_clients = 4096;           ///< authenticated connections
@@ -31,16 +31,16 @@ struct TcpStoreServerOptions {
 
 /// @brief Counters of a running server (for tests, benchmarks and diagnostics).
 struct TcpStoreServerStats {
-  uint64_t accepted = 0;       ///< connections accepted
-  uint64_t authenticated = 0;  ///< hellos accepted
-  uint64_t wrong_token = 0;    ///< hellos refused for their token
-  uint64_t bad_hello = 0;      ///< first messages refused otherwise (not a hello, malformed, version)
-  uint64_t oversized = 0;      ///< first messages refused for their announced size, unread
-  uint64_t auth_timeouts = 0;  ///< connections closed for sending no valid hello in time
-  uint64_t evicted = 0;        ///< unauthenticated connections closed to free a slot
-  size_t clients = 0;          ///< authenticated connections open now
-  size_t pending = 0;          ///< unauthenticated connections open now
-  size_t peak_pending = 0;     ///< most unauthenticated connections open at once
+  uint64_t accepted = 0;          ///< connections accepted
+  uint64_t authenticated = 0;     ///< hellos accepted
+  uint64_t wrong_token = 0;       ///< hellos refused for their token
+  uint64_t bad_hello = 0;         ///< first messages refused otherwise (not a hello, malformed, version)
+  uint64_t oversized = 0;         ///< first messages refused for their announced size, unread
+  uint64_t auth_timeouts = 0;     ///< connections closed for sending no valid hello in time
+  uint64_t evicted = 0;           ///< unauthenticated connections closed to free a slot
+  size_t clients = 0;             ///< authenticated connections open now
+  size_t pending = 0;             ///< unauthenticated connections open now
+  size_t peak_pending = 0;        ///< most unauthenticated connections open at once
   size_t peak_pending_bytes = 0;  ///< most input bytes one unauthenticated connection had buffered
 };
 
@@ -64,7 +64,7 @@ class TcpStoreServer {
 
 /// @brief Client options.
 struct TcpStoreOptions {
-  std::string token;  ///< at most kMaxRdzvTokenBytes (gz/store/rdzv_auth.h)
+  std::string token;                     ///< at most kMaxRdzvTokenBytes (gz/store/rdzv_auth.h)
   Duration timeout = default_timeout();  ///< connect + per-request default
 };
 
