@@ -25,6 +25,8 @@ for f in "$gzrun" "$bench"; do [ -x "$f" ] || { echo "missing $f: build first" >
 "$cluster" check >/dev/null || exit $?
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 id=bb$$
+# Several hosts: the rendezvous store is beyond loopback, so every node needs the job's token.
+export GZ_RDZV_TOKEN=${GZ_RDZV_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 C=("$cluster" -c "$id")
 work=$(mktemp -d)
 log=$work/bert_base.log

@@ -46,6 +46,8 @@ have_torch=1
 mpirun=$(command -v mpirun || true)
 
 id=mb$$
+# Several hosts: the rendezvous store is beyond loopback, so every node needs the job's token.
+export GZ_RDZV_TOKEN=${GZ_RDZV_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 C=("$cluster" -c "$id")
 work=$(mktemp -d)
 trap '"${C[@]}" down >/dev/null 2>&1; rm -rf "$work"' EXIT

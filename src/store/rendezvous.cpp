@@ -9,6 +9,7 @@
 #include "gz/store/file_store.h"
 #include "gz/store/mem_store.h"
 #include "gz/store/prefix_store.h"
+#include "gz/store/rdzv_auth.h"
 
 namespace gz {
 
@@ -173,10 +174,6 @@ std::optional<long long> first_of(const Env& env, std::initializer_list<const ch
       return int_var(env, n, lo, hi);
     }
   return std::nullopt;
-}
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 /// Rethrow `e` as its own type with `prefix` in front.
@@ -361,11 +358,12 @@ WorldInfo explicit_world(const InitOptions& o, const Env& env, const std::string
 }
 
 std::shared_ptr<TcpStoreServer> host_server(const std::string& host, int port, const std::string& token,
-                                            const std::string& port_name) {
+                                            bool insecure, const std::string& port_name) {
   TcpStoreServerOptions so;
-  so.bind_addr = is_loopback(host) ? host : (host.find(':') != std::string::npos ? "::" : "0.0.0.0");
+  so.bind_addr = is_loopback_host(host) ? host : (host.find(':') != std::string::npos ? "::" : "0.0.0.0");
   so.port = port;
   so.token = token;
+  so.allow_insecure = insecure;
   try {
     return std::make_shared<TcpStoreServer>(so);
   } catch (const SystemError& e) {
@@ -397,6 +395,16 @@ void split_host_port(const std::string& rest, const std::string& method, std::st
   if (host.empty() || v < 0 || v > 65535)
     GZ_THROW(InvalidArgument, "init_method '", method, "': bad host or port");
   port = static_cast<int>(v);
+}
+
+/// A store beyond loopback needs a token: every rank checks (not only the one hosting it), so a
+/// job without one fails at once everywhere instead of timing out on the clients.
+void require_token(const std::string& host, int port, const std::string& token, bool insecure) {
+  if (!token.empty() || insecure || is_loopback_host(host)) return;
+  GZ_THROW(InvalidArgument, "rendezvous: the store at ", host, ":", port,
+           " is reachable beyond loopback, so every rank needs the same rendezvous token: set GZ_RDZV_TOKEN "
+           "(e.g. to the output of `openssl rand -hex 32`) on every node (mpirun -x GZ_RDZV_TOKEN; srun and "
+           "torchrun pass the environment on), or GZ_RDZV_INSECURE=1 on a network you trust completely");
 }
 
 /// Every rank announces itself, the last one releases everyone. On timeout say who is missing.
@@ -432,6 +440,8 @@ Rendezvous rendezvous(const InitOptions& options, const Env& env) {
   const Deadline deadline = Deadline::after(options.timeout);
   const std::string& method = options.init_method;
   const std::string token = options.token.empty() ? env.get("GZ_RDZV_TOKEN", "") : options.token;
+  const bool insecure = options.insecure || env.get_bool("GZ_RDZV_INSECURE", false);
+  check_rdzv_token(token, "rendezvous");
   std::string run_id = env.get("GZ_RUN_ID", "0");
   if (run_id.empty()) run_id = "0";
   const bool hosted = env.get_bool("GZ_STORE_HOSTED", false);
@@ -443,7 +453,8 @@ Rendezvous rendezvous(const InitOptions& options, const Env& env) {
     where = "tcp://" + host + ":" + std::to_string(port);
     std::string ctx = "rendezvous (rank " + std::to_string(out.world.rank) + " of " +
                       std::to_string(out.world.world_size) + ", store " + where + "): ";
-    if (host_it) out.server = host_server(host, port, token, port_name);
+    require_token(host, port, token, insecure);
+    if (host_it) out.server = host_server(host, port, token, insecure, port_name);
     if (port == 0) port = out.server->port();  // only possible for a one-rank world
     TcpStoreOptions co;
     co.token = token;

@@ -36,6 +36,9 @@ trap 'exit 143' TERM
 "${C[@]}" up "$hosts" || exit $?
 master=$("${C[@]}" ip 0)
 world=$((hosts * ranks))
+# Several hosts: the store is beyond loopback, so every rank needs the job's token (cluster.sh
+# run and rsh keep the environment, so it reaches gzrun, mpirun and every rank).
+export GZ_RDZV_TOKEN=${GZ_RDZV_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 
 # What the worker must see.
 expect=(GTEST_COLOR=no GZ_TEST_FULL="${GZ_TEST_FULL:-1}" GZ_EXPECT_HOSTS="$hosts" GZ_TIMEOUT_S=30 GZ_LOG_LEVEL="${GZ_LOG_LEVEL:-warn}")

@@ -23,6 +23,8 @@ for f in "$cluster" "$gzrun" "$worker"; do [ -x "$f" ] || { echo "FAIL: $f is no
 "$cluster" check || exit $?
 
 hb=${HB:-3}
+# Several hosts: the store is beyond loopback, so every node needs the job's token.
+export GZ_RDZV_TOKEN=${GZ_RDZV_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 bound_ms=$(((hb + 2) * 1000))
 hosts=2 restarts=0 fail_rank=-1 fail_attempts=0 steps=500 port=29500
 case $scenario in

@@ -110,7 +110,8 @@ TEST_P(GzrunWorld, EveryWorkerGetsDistinctRanksAndEnv) {
     EXPECT_EQ(e["GZ_RESTART_COUNT"], "0");
     EXPECT_EQ(e["TORCHELASTIC_RESTART_COUNT"], "0");
     EXPECT_EQ(e["OMP_NUM_THREADS"], std::to_string(omp));
-    EXPECT_EQ(e["GZ_RDZV_TOKEN"], "<unset>");
+    EXPECT_EQ(e["GZ_RDZV_TOKEN"].size(), 64u);  // generated for one node (launch_auth.h)
+    EXPECT_EQ(e["GZ_RDZV_TOKEN"], env[0]["GZ_RDZV_TOKEN"]);
     EXPECT_EQ(e["PGID_IS_PID"], "1");  // own process group
     EXPECT_EQ(e["STORE_REACHABLE"], "1");  // gzrun listens on MASTER_PORT
     pids.insert(e["PID"]);

@@ -434,5 +434,33 @@ TEST(Rendezvous, BadInitMethodsAreInvalidArguments) {
                InvalidArgument);
 }
 
+TEST(Rendezvous, StoreBeyondLoopbackNeedsATokenOnEveryRank) {
+  // Every rank refuses at once, before any connection or bind: the host, and the clients that
+  // would otherwise wait for it until their timeout.
+  for (int rank : {0, 1}) {
+    Stopwatch sw;
+    try {
+      rendezvous(opts("tcp://no-such-host.invalid:29999", rank, 2, 5s), Env());
+      FAIL() << "rank " << rank << " went on without a token";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("GZ_RDZV_TOKEN"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("GZ_RDZV_INSECURE"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(sw.elapsed().count(), 500);
+  }
+  Vars v{
+      {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "no-such-host.invalid"}, {"MASTER_PORT", "29999"}};
+  EXPECT_THROW(rendezvous(opts("", -1, -1, 5s), Env(v)), InvalidArgument);
+  // With a token, or the explicit opt-out, the rank goes on to connect (nobody there: a timeout).
+  v["GZ_RDZV_TOKEN"] = "0123456789abcdef";
+  EXPECT_THROW(rendezvous(opts("", -1, -1, 300ms), Env(v)), TimeoutError);
+  v.erase("GZ_RDZV_TOKEN");
+  v["GZ_RDZV_INSECURE"] = "1";
+  EXPECT_THROW(rendezvous(opts("", -1, -1, 300ms), Env(v)), TimeoutError);
+  InitOptions o = opts("tcp://no-such-host.invalid:29999", 1, 2, 300ms);
+  o.insecure = true;
+  EXPECT_THROW(rendezvous(o, Env()), TimeoutError);
+}
+
 }  // namespace
 }  // namespace gz

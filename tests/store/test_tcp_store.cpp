@@ -13,6 +13,7 @@
 
 #include "gz/core/error.h"
 #include "gz/store/tcp_store.h"
+#include "store/raw_conn.h"
 #include "store/wire.h"
 
 namespace gz {
@@ -34,42 +35,7 @@ TcpStoreOptions client_opts(Duration timeout = 5s, const std::string& token = {}
   return o;
 }
 
-/// A raw loopback socket for speaking (bad) protocol by hand.
-class RawConn {
- public:
-  explicit RawConn(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) ADD_FAILURE() << "raw connect failed";
-  }
-  ~RawConn() { ::close(fd_); }
-  void send(const std::string& bytes) { (void)!::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
-  /// Read until EOF or `limit`; returns what came (EOF detection: closed() afterwards).
-  std::string read_until_close(Duration limit) {
-    std::string got;
-    Deadline d = Deadline::after(limit);
-    char buf[4096];
-    while (!d.expired()) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, d.remaining_ms()) <= 0) break;
-      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-      if (n <= 0) {
-        closed_ = true;
-        break;
-      }
-      got.append(buf, static_cast<size_t>(n));
-    }
-    return got;
-  }
-  bool closed() const { return closed_; }
-
- private:
-  int fd_ = -1;
-  bool closed_ = false;
-};
+using test::RawConn;
 
 std::string hello(const std::string& token = {}) {
   wire::Message m;

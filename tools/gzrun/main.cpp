@@ -18,6 +18,7 @@
 #include "options.h"
 #include "output_relay.h"
 #include "job_monitor.h"
+#include "launch_auth.h"
 #include "process.h"
 #include "store_host.h"
 #include "supervisor.h"
@@ -87,7 +88,18 @@ int run(int argc, char** argv) {
     }
   }
 
-  StoreHost store(o, env.get("GZ_RDZV_TOKEN", ""));
+  // Rendezvous authentication: a token for every client of the store (launch_auth.h).
+  hide_token_args(argc, argv, argc - 1 - static_cast<int>(o.args.size()));
+  LaunchAuth auth;
+  try {
+    auth = resolve_launch_auth(o, env.get("GZ_RDZV_TOKEN", ""));
+  } catch (const gz::InvalidArgument& e) {
+    say(std::string("error: ") + e.what());
+    return 2;
+  }
+  for (const auto& w : auth.warnings) say("warning: " + w);
+
+  StoreHost store(o, auth.token);
   try {
     store.start();
   } catch (const gz::Error& e) {
@@ -106,6 +118,9 @@ int run(int argc, char** argv) {
   // instead of init when their parent dies, so gzrun can still clean them up.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   cfg.base_env = env;
+  // Workers get the token in their environment, never on a command line.
+  if (!auth.token.empty()) cfg.base_env.set("GZ_RDZV_TOKEN", auth.token);
+  if (auth.insecure) cfg.base_env.set("GZ_RDZV_INSECURE", "1");
   cfg.master_addr = o.master_addr;
   cfg.store_port = store.port();
   cfg.cores = usable_cores();

@@ -11,6 +11,7 @@
 
 #include "gz/core/env.h"    // parse_int, parse_double
 #include "gz/core/error.h"  // InvalidArgument
+#include "gz/store/rdzv_auth.h"  // check_rdzv_token
 
 namespace gz::launcher {
 namespace {
@@ -28,6 +29,8 @@ constexpr Spec kSpecs[] = {
     {"rdzv-timeout", Kind::value},   {"max-restarts", Kind::value}, {"grace-period", Kind::value},
     {"rdzv-endpoint", Kind::value},  {"standalone", Kind::flag},    {"help", Kind::flag},
     {"version", Kind::flag},         {"heartbeat-timeout", Kind::value}, {"heartbeat-interval", Kind::value},
+    // Rendezvous authentication (launch_auth.h).
+    {"rdzv-token", Kind::value},     {"rdzv-token-file", Kind::value}, {"rdzv-insecure", Kind::flag},
 };
 
 const Spec* find_spec(const std::string& name) {
@@ -106,6 +109,13 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
     o.heartbeat_timeout_given = true;
   } else if (name == "heartbeat-interval") {
     o.heartbeat_interval_s = parse_seconds(v, name, false);
+  } else if (name == "rdzv-token") {
+    if (v.empty()) GZ_THROW(InvalidArgument, "--rdzv-token must not be empty");
+    check_rdzv_token(v, "--rdzv-token");
+    o.rdzv_token = v;
+  } else if (name == "rdzv-token-file") {
+    if (v.empty()) GZ_THROW(InvalidArgument, "--rdzv-token-file must not be empty");
+    o.rdzv_token_file = v;
   }
 }
 
@@ -118,6 +128,8 @@ void validate(LaunchOptions& o) {
     if (o.node_rank != 0) GZ_THROW(InvalidArgument, "--standalone runs on one node, but --node-rank is ", o.node_rank);
     if (!o.master_addr_given) o.master_addr = "127.0.0.1";
   }
+  if (!o.rdzv_token.empty() && !o.rdzv_token_file.empty())
+    GZ_THROW(InvalidArgument, "give either --rdzv-token or --rdzv-token-file, not both");
   if (o.node_rank >= o.nnodes)
     GZ_THROW(InvalidArgument, "--node-rank ", o.node_rank, " must be smaller than --nnodes ", o.nnodes);
   if (o.nnodes > 1) {
@@ -180,6 +192,7 @@ LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc
       if (body == "standalone") o.standalone = true;
       if (body == "help") o.help = true;
       if (body == "version") o.version = true;
+      if (body == "rdzv-insecure") o.rdzv_insecure = true;
       continue;
     }
     if (!has_value) {
@@ -248,13 +261,25 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            GZ_HEARTBEAT_TIMEOUT_S). Every node stops within it + 2 s
   --heartbeat-interval S   heartbeat and job-state poll period (default timeout/10 in
                            [0.05, 1]; env GZ_HEARTBEAT_INTERVAL_S)
+  --rdzv-token-file FILE   the rendezvous token shared by every node: the first line of FILE
+                           (keep it mode 600). Same as GZ_RDZV_TOKEN in the environment
+  --rdzv-token TOKEN       the token on the command line (shown by ps until gzrun hides it; in
+                           shell history: prefer the file or the variable)
+  --rdzv-insecure          no token although the store is reachable beyond loopback (warns):
+                           only on a network where everyone who can reach the port is trusted
   -h, --help               this text
   --version                print the version
 
 worker environment: RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK ROLE_RANK
   MASTER_ADDR MASTER_PORT GZ_LAUNCHER=gzrun GZ_STORE_HOSTED=1 GZ_NNODES GZ_RUN_ID
   GZ_RESTART_COUNT TORCHELASTIC_RESTART_COUNT GZ_RDZV_TIMEOUT_S, OMP_NUM_THREADS (unless set)
-  and GZ_RDZV_TOKEN when gzrun has it. Workers read stdin from /dev/null.
+  and GZ_RDZV_TOKEN (GZ_RDZV_INSECURE=1 with --rdzv-insecure). Workers read stdin from /dev/null.
+
+rendezvous token: on one node gzrun generates a random token for its workers unless one is
+given. With several nodes whose store is reachable beyond loopback (--master-addr not 127.x)
+every node needs the same token (--rdzv-token-file, GZ_RDZV_TOKEN or --rdzv-token), or
+--rdzv-insecure; without either gzrun stops at once (exit 2). The token never appears on the
+workers' command lines.
 
 exit status:
   0        every worker exited 0

@@ -30,6 +30,11 @@ struct LaunchOptions {
   /// @brief How often each gzrun heartbeats and reads the job state; 0 = heartbeat_timeout / 10,
   /// clamped to [0.05 s, 1 s].
   double heartbeat_interval_s = 0;
+  /// @brief Rendezvous authentication (see launch_auth.h): a token given on the command line
+  /// (hidden from ps once parsed), a file holding it, or an explicit opt-out.
+  std::string rdzv_token;
+  std::string rdzv_token_file;
+  bool rdzv_insecure = false;
   bool help = false;
   bool version = false;
   std::string program;            ///< as given (resolved through PATH later)

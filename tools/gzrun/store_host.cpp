@@ -12,6 +12,7 @@
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
 #include "gz/store/store.h"
+#include "launch_auth.h"  // store_bind_addr()
 #include "output_relay.h"  // say()
 
 #if GZ_HAVE_TCP_STORE
@@ -70,14 +71,16 @@ void check_port_free(const std::string& addr, int port) {
 
 void StoreHost::start() {
   if (o_.node_rank != 0) return;
-  // One node: listen on loopback unless the user named an address; several: everywhere.
-  std::string bind_addr = (o_.nnodes == 1 && !o_.master_addr_given) ? "127.0.0.1" : "0.0.0.0";
+  // Loopback when --master-addr is a loopback address (one node by default), else everywhere:
+  // then a token is required (launch_auth.h), or --rdzv-insecure.
+  std::string bind_addr = store_bind_addr(o_);
   check_port_free(bind_addr, o_.master_port);
 #if GZ_HAVE_TCP_STORE
   TcpStoreServerOptions so;
   so.bind_addr = bind_addr;
   so.port = o_.master_port;
   so.token = token_;
+  so.allow_insecure = o_.rdzv_insecure;
   try {
     impl_->server = std::make_unique<TcpStoreServer>(so);
   } catch (const Error& e) {

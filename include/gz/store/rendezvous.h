@@ -43,7 +43,12 @@ struct InitOptions {
   int rank = -1;        ///< required with tcp:// and file:// unless the environment has it
   int world_size = -1;  ///< likewise
   Duration timeout = default_timeout();
-  std::string token;  ///< empty = GZ_RDZV_TOKEN
+  /// @brief Shared secret of the job's store; empty = GZ_RDZV_TOKEN. Required (on every rank)
+  /// when the store's address is not loopback, unless `insecure`.
+  std::string token;
+  /// @brief Allow a store beyond loopback without a token (also GZ_RDZV_INSECURE=1): only on a
+  /// network where everyone who can reach the port is trusted.
+  bool insecure = false;
 };
 
 /// @brief Result of rendezvous: the world, a store every rank shares, and the server when this

@@ -8,23 +8,53 @@
 
 namespace gz {
 
-/// @brief Server options. A non-empty token makes the server refuse clients without it.
+/// @brief Server options.
+///
+/// A server that listens beyond loopback (any bind address but 127.0.0.0/8, ::1, localhost)
+/// refuses to start without a token unless `allow_insecure` says so. Before a client has
+/// presented the token it may send one small hello and nothing else; it gets `auth_timeout` to
+/// do so, and unauthenticated connections are bounded in all and per source address (the oldest
+/// are closed first, authenticated ones never).
 struct TcpStoreServerOptions {
-  std::string bind_addr = "0.0.0.0";
+  std::string bind_addr = "127.0.0.1";
   int port = 0;  ///< 0 = pick a free port; port() tells which.
-  std::string token;
+  std::string token;                   ///< empty = no authentication (loopback, or allow_insecure)
+  bool allow_insecure = false;         ///< listen beyond loopback without a token (trusted networks only)
   size_t max_value_bytes = 64u << 20;  ///< larger messages are rejected
   size_t max_total_bytes = 1u << 30;   ///< total stored bytes cap
-  size_t max_clients = 4096;
+  size_t max_clients = 4096;           ///< authenticated connections
+  Duration auth_timeout{5000};         ///< time from accept to a valid hello
+  size_t max_pending_auth = 256;       ///< unauthenticated connections, all sources together
+  size_t max_pending_per_source = 32;  ///< unauthenticated connections per source address (IPv6: /64)
+  Duration auth_failure_delay{100};    ///< after a refused token, that source's next hello waits this long
+};
+
+/// @brief Counters of a running server (for tests, benchmarks and diagnostics).
+struct TcpStoreServerStats {
+  uint64_t accepted = 0;          ///< connections accepted
+  uint64_t authenticated = 0;     ///< hellos accepted
+  uint64_t wrong_token = 0;       ///< hellos refused for their token
+  uint64_t bad_hello = 0;         ///< first messages refused otherwise (not a hello, malformed, version)
+  uint64_t oversized = 0;         ///< first messages refused for their announced size, unread
+  uint64_t auth_timeouts = 0;     ///< connections closed for sending no valid hello in time
+  uint64_t evicted = 0;           ///< unauthenticated connections closed to free a slot
+  size_t clients = 0;             ///< authenticated connections open now
+  size_t pending = 0;             ///< unauthenticated connections open now
+  size_t peak_pending = 0;        ///< most unauthenticated connections open at once
+  size_t peak_pending_bytes = 0;  ///< most input bytes one unauthenticated connection had buffered
 };
 
 /// @brief The store server; runs its own thread until stop() or destruction.
 class TcpStoreServer {
  public:
+  /// @brief Binds and starts serving. Throws gz::InvalidArgument for options that cannot work
+  /// (a bind address beyond loopback without token or allow_insecure, a token that is too
+  /// long) and gz::SystemError when the address cannot be bound.
   explicit TcpStoreServer(const TcpStoreServerOptions& options);
   ~TcpStoreServer();
   int port() const;
   void stop();
+  TcpStoreServerStats stats() const;
 
   struct Impl;
 
@@ -34,11 +64,13 @@ class TcpStoreServer {
 
 /// @brief Client options.
 struct TcpStoreOptions {
-  std::string token;
+  std::string token;                     ///< at most kMaxRdzvTokenBytes (gz/store/rdzv_auth.h)
   Duration timeout = default_timeout();  ///< connect + per-request default
 };
 
-/// @brief A Store backed by a TcpStoreServer. Connect retries until options.timeout.
+/// @brief A Store backed by a TcpStoreServer. Connect retries until options.timeout, also when
+/// the server closes the connection before answering hello (it sheds unauthenticated load that
+/// way); a hello refused in words (token, protocol, too many clients) fails at once.
 class TcpStore : public Store {
  public:
   TcpStore(const std::string& host, int port, const TcpStoreOptions& options = {});

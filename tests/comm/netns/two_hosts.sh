@@ -50,6 +50,8 @@ fi
 ip -n "$ns_b" route get 10.77.0.1 >/dev/null || skip "no route between the namespaces"
 
 port=29517
+# Two hosts: the store is beyond loopback, so every rank needs the job's token.
+export GZ_RDZV_TOKEN=${GZ_RDZV_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 common=(env GZ_EXPECT_BACKEND="hier(shm+gloo)" GZ_LOG_LEVEL="${GZ_LOG_LEVEL:-warn}")
 if [ -n "$gzrun" ] && [ -x "$gzrun" ]; then
   echo "launching through $gzrun"

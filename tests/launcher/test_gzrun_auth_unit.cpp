@@ -1,0 +1,129 @@
+// gzrun's rendezvous authentication, in pieces: the token options, the decision of which token
+// to use (or to refuse to start), where the store binds, and hiding --rdzv-token from ps.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "gz/core/error.h"
+#include "launch_auth.h"
+#include "options.h"
+
+using namespace gz;
+using namespace gz::launcher;
+
+namespace {
+LaunchOptions parse(std::vector<std::string> args) { return parse_options(args, 1); }
+const std::string kStrong = "0123456789abcdef0123456789abcdef";
+
+bool has_warning(const LaunchAuth& a, const std::string& part) {
+  for (const auto& w : a.warnings)
+    if (w.find(part) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+TEST(GzrunAuthUnit, Options) {
+  auto o = parse({"--rdzv-token", "abc", "--rdzv_insecure", "prog"});
+  EXPECT_EQ(o.rdzv_token, "abc");
+  EXPECT_TRUE(o.rdzv_insecure);
+  EXPECT_EQ(parse({"--rdzv-token-file=/x/y", "prog"}).rdzv_token_file, "/x/y");
+  EXPECT_THROW(parse({"--rdzv-token", "a", "--rdzv-token-file", "f", "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--rdzv-token=", "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--rdzv-token", std::string(300, 't'), "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--rdzv-insecure=1", "prog"}), InvalidArgument);
+}
+
+TEST(GzrunAuthUnit, OneNodeGetsAFreshTokenUnlessOneIsGiven) {
+  auto a = resolve_launch_auth(parse({"prog"}), "");
+  EXPECT_TRUE(a.generated);
+  EXPECT_EQ(a.token.size(), 64u);
+  EXPECT_NE(resolve_launch_auth(parse({"prog"}), "").token, a.token);
+  auto e = resolve_launch_auth(parse({"prog"}), kStrong);
+  EXPECT_FALSE(e.generated);
+  EXPECT_EQ(e.token, kStrong);
+  EXPECT_TRUE(e.warnings.empty());
+  // The command line wins over the environment; a short token works but is called weak.
+  auto c = resolve_launch_auth(parse({"--rdzv-token", "short", "prog"}), kStrong);
+  EXPECT_EQ(c.token, "short");
+  EXPECT_TRUE(has_warning(c, "easy to guess"));
+}
+
+TEST(GzrunAuthUnit, SeveralNodesBeyondLoopbackNeedATokenOrInsecure) {
+  auto multi = parse({"--nnodes", "3", "--node-rank", "1", "--master-addr", "10.0.0.1", "prog"});
+  try {
+    resolve_launch_auth(multi, "");
+    FAIL() << "several nodes beyond loopback started without a token";
+  } catch (const InvalidArgument& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("--nnodes 3"), std::string::npos) << m;
+    EXPECT_NE(m.find("10.0.0.1:29500"), std::string::npos) << m;
+    EXPECT_NE(m.find("--rdzv-token-file"), std::string::npos) << m;
+    EXPECT_NE(m.find("GZ_RDZV_TOKEN"), std::string::npos) << m;
+    EXPECT_NE(m.find("--rdzv-insecure"), std::string::npos) << m;
+  }
+  EXPECT_EQ(resolve_launch_auth(multi, kStrong).token, kStrong);
+  auto insecure =
+      parse({"--nnodes", "3", "--node-rank", "0", "--master-addr", "10.0.0.1", "--rdzv-insecure", "prog"});
+  auto a = resolve_launch_auth(insecure, "");
+  EXPECT_TRUE(a.insecure);
+  EXPECT_EQ(a.token, "");
+  EXPECT_TRUE(has_warning(a, "admits anyone")) << (a.warnings.empty() ? "" : a.warnings[0]);
+  // A token makes --rdzv-insecure moot (and says so).
+  auto both = resolve_launch_auth(insecure, kStrong);
+  EXPECT_FALSE(both.insecure);
+  EXPECT_TRUE(has_warning(both, "ignored"));
+  // Several gzruns on one machine, store on loopback: no token needed, none generated (each
+  // gzrun would make a different one).
+  auto local = resolve_launch_auth(parse({"--nnodes", "2", "--node-rank", "1", "prog"}), "");
+  EXPECT_EQ(local.token, "");
+  EXPECT_FALSE(local.insecure);
+}
+
+TEST(GzrunAuthUnit, TokenFile) {
+  char tmpl[] = "/tmp/gz_au_gzrun_token_XXXXXX";
+  int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  std::ofstream(tmpl) << kStrong << "\n";
+  ::chmod(tmpl, 0600);
+  auto o = parse({"--nnodes", "2", "--master-addr", "10.0.0.1", "--rdzv-token-file", tmpl, "prog"});
+  auto a = resolve_launch_auth(o, "from-env-loses");
+  EXPECT_EQ(a.token, kStrong);
+  EXPECT_TRUE(a.warnings.empty());
+  ::chmod(tmpl, 0644);
+  EXPECT_TRUE(has_warning(resolve_launch_auth(o, ""), "readable by other users"));
+  std::remove(tmpl);
+  EXPECT_THROW(resolve_launch_auth(o, ""), InvalidArgument);
+}
+
+TEST(GzrunAuthUnit, WhereTheStoreBinds) {
+  EXPECT_EQ(store_bind_addr(parse({"prog"})), "127.0.0.1");
+  EXPECT_EQ(store_bind_addr(parse({"--nnodes", "2", "prog"})), "127.0.0.1");
+  EXPECT_EQ(store_bind_addr(parse({"--master-addr", "127.0.0.2", "prog"})), "127.0.0.2");
+  EXPECT_EQ(store_bind_addr(parse({"--master-addr", "localhost", "prog"})), "127.0.0.1");
+  EXPECT_EQ(store_bind_addr(parse({"--master-addr", "10.0.0.1", "prog"})), "0.0.0.0");
+  EXPECT_EQ(store_bind_addr(parse({"--master-addr", "node0.example", "prog"})), "0.0.0.0");
+  EXPECT_TRUE(store_beyond_loopback(parse({"--master-addr", "node0.example", "prog"})));
+  EXPECT_FALSE(store_beyond_loopback(parse({"prog"})));
+}
+
+TEST(GzrunAuthUnit, TokenValueIsHiddenFromPs) {
+  std::vector<std::string> args = {"gzrun", "--rdzv-token", "sekrit", "--rdzv_token=sekrit2", "--nnodes", "2",
+                                   "prog",  "--rdzv-token", "mine"};
+  std::vector<std::vector<char>> bufs;
+  std::vector<char*> argv;
+  for (auto& a : args) {
+    bufs.emplace_back(a.begin(), a.end());
+    bufs.back().push_back('\0');
+  }
+  for (auto& b : bufs) argv.push_back(b.data());
+  hide_token_args(static_cast<int>(argv.size()), argv.data(), 6);
+  EXPECT_STREQ(argv[2], "******");
+  EXPECT_STREQ(argv[3], "--rdzv_token=*******");
+  EXPECT_STREQ(argv[5], "2");
+  EXPECT_STREQ(argv[8], "mine");  // the program's own arguments are its business
+}

@@ -1,0 +1,357 @@
+// The TcpStore server against unauthenticated clients: nothing readable or writable without the
+// token, a deadline to authenticate, a hello-sized budget before it, bounded slots per source,
+// a pause per wrong token, and authenticated ranks served unharmed through all of it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/store/tcp_store.h"
+#include "store/handshake.h"
+#include "store/raw_conn.h"
+
+namespace gz {
+namespace {
+
+using namespace std::chrono_literals;
+using test::first_reply;
+using test::hello_frame;
+using test::RawConn;
+
+const std::string kToken = "0123456789abcdef-test-token";
+
+TcpStoreServerOptions secured() {
+  TcpStoreServerOptions o;
+  o.bind_addr = "127.0.0.1";
+  o.token = kToken;
+  return o;
+}
+
+TcpStoreOptions client(Duration timeout = 5s, const std::string& token = kToken) {
+  TcpStoreOptions o;
+  o.timeout = timeout;
+  o.token = token;
+  return o;
+}
+
+std::string request(wire::Op op, std::vector<std::string> parts, int64_t num = 0) {
+  wire::Message m;
+  m.code = static_cast<uint8_t>(op);
+  m.num = num;
+  m.parts = std::move(parts);
+  return wire::encode(m);
+}
+
+// Every op a rank uses, as an attacker would send it.
+std::vector<std::string> all_ops() {
+  return {request(wire::Op::set, {"victim", "owned"}),
+          request(wire::Op::get, {"victim"}, 200),
+          request(wire::Op::get, {"secret"}, 200),
+          request(wire::Op::add, {"counter"}, 5),
+          request(wire::Op::append, {"victim", "owned"}),
+          request(wire::Op::compare_set, {"victim", "original", "owned"}),
+          request(wire::Op::wait, {"secret"}, 200),
+          request(wire::Op::check, {"secret"}),
+          request(wire::Op::delete_key, {"secret"}),
+          request(wire::Op::num_keys, {})};
+}
+
+TEST(StoreAuth, ServerBeyondLoopbackNeedsATokenOrAnExplicitOptOut) {
+  TcpStoreServerOptions o;
+  o.bind_addr = "0.0.0.0";
+  try {
+    TcpStoreServer s(o);
+    FAIL() << "a server on 0.0.0.0 started without a token";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a rendezvous token"), std::string::npos) << e.what();
+  }
+  o.bind_addr = "";
+  EXPECT_THROW(TcpStoreServer{o}, InvalidArgument);
+  // Loopback needs none; a token that cannot fit a hello is refused up front.
+  o.bind_addr = "127.0.0.1";
+  EXPECT_NO_THROW(TcpStoreServer{o});
+  o.token = std::string(kMaxRdzvTokenBytes + 1, 't');
+  EXPECT_THROW(TcpStoreServer{o}, InvalidArgument);
+  TcpStoreOptions co;
+  co.token = o.token;
+  EXPECT_THROW(TcpStore("127.0.0.1", 1, co), InvalidArgument);
+}
+
+TEST(StoreAuth, UnauthenticatedClientsCanNeitherReadNorWrite) {
+  TcpStoreServerOptions o = secured();
+  o.auth_failure_delay = 5ms;  // pacing has its own test
+  TcpStoreServer server(o);
+  TcpStore rank("127.0.0.1", server.port(), client());
+  rank.set("victim", to_bytes("original"));
+  rank.set("secret", to_bytes("s"));
+  rank.add("counter", 1);
+  const int64_t keys = rank.num_keys();
+
+  std::vector<std::string> openings = {"", hello_frame("wrong-token"), hello_frame(""),
+                                       hello_frame(kToken, 99)};
+  for (const auto& opening : openings)
+    for (const auto& op : all_ops()) {
+      RawConn raw(server.port());
+      raw.send(opening + op);
+      std::string got = raw.read_until_close(3s);
+      EXPECT_TRUE(raw.closed()) << "connection kept open";
+      wire::Message rep = first_reply(got);
+      EXPECT_EQ(rep.code, static_cast<uint8_t>(wire::Reply::refused)) << "got " << wire::code_name(rep.code);
+      // Nothing after the refusal: no second reply could carry a value.
+      std::string one = wire::encode(rep);
+      EXPECT_EQ(got.size(), one.size()) << "more than one reply to an unauthenticated client";
+      EXPECT_EQ(got.find("original"), std::string::npos);
+    }
+  EXPECT_EQ(to_string(rank.get("victim", Deadline::after(1s))), "original");
+  EXPECT_TRUE(rank.check({"secret"}));
+  EXPECT_EQ(rank.add("counter", 0), 1);
+  EXPECT_EQ(rank.num_keys(), keys);
+  auto st = server.stats();
+  EXPECT_EQ(st.authenticated, 1u);
+  EXPECT_EQ(st.wrong_token, 2u * all_ops().size());
+}
+
+TEST(StoreAuth, SilentClientsAreClosedAtTheAuthDeadline) {
+  TcpStoreServerOptions o = secured();
+  o.auth_timeout = 300ms;
+  TcpStoreServer server(o);
+  TcpStore rank("127.0.0.1", server.port(), client());
+  Stopwatch sw;
+  RawConn silent(server.port());
+  RawConn partial(server.port());
+  partial.send(hello_frame(kToken).substr(0, 10));  // a hello that never completes
+  silent.read_until_close(3s);
+  const auto first = sw.elapsed();
+  partial.read_until_close(3s);
+  EXPECT_TRUE(silent.closed());
+  EXPECT_TRUE(partial.closed());
+  EXPECT_GE(first.count(), 250);
+  EXPECT_LT(sw.elapsed().count(), 1500);
+  EXPECT_EQ(server.stats().auth_timeouts, 2u);
+  // The authenticated connection, idle all along, is untouched (a closed one would fail here).
+  rank.set("still", to_bytes("here"));
+  EXPECT_EQ(server.stats().accepted, 3u);
+  EXPECT_EQ(server.stats().clients, 1u);
+}
+
+TEST(StoreAuth, OversizedFrameBeforeHelloIsRefusedUnread) {
+  TcpStoreServerOptions o = secured();
+  o.max_value_bytes = 64u << 20;  // after authentication 32 MiB would be a legal request
+  TcpStoreServer server(o);
+  {
+    RawConn raw(server.port());
+    raw.send(std::string("\x00\x00\x00\x02", 4));  // announces 32 MiB, sends nothing more
+    Stopwatch sw;
+    std::string got = raw.read_until_close(2s);
+    EXPECT_TRUE(raw.closed()) << "the server waited for the body";
+    EXPECT_LT(sw.elapsed().count(), 1500);
+    EXPECT_EQ(first_reply(got).code, static_cast<uint8_t>(wire::Reply::refused));
+  }
+  {
+    // Streaming the body anyway: the server never buffers more than a hello's worth.
+    RawConn raw(server.port());
+    std::string frame("\x00\x00\x00\x01", 4);
+    frame += std::string(1u << 20, 'x');
+    std::thread sender([&] { raw.send(frame); });
+    raw.read_until_close(3s);
+    sender.join();
+    EXPECT_TRUE(raw.closed());
+  }
+  auto st = server.stats();
+  EXPECT_EQ(st.oversized, 2u);
+  EXPECT_LE(st.peak_pending_bytes, wire::kMaxHelloFrameBytes);
+  TcpStore rank("127.0.0.1", server.port(), client());
+  rank.set("k", to_bytes("v"));
+}
+
+TEST(StoreAuth, SlotsPerSourceEvictTheOldestNeverAnAuthenticatedClient) {
+  TcpStoreServerOptions o = secured();
+  o.max_pending_per_source = 4;
+  o.max_pending_auth = 100;
+  TcpStoreServer server(o);
+  TcpStore rank("127.0.0.1", server.port(), client());
+  std::vector<std::unique_ptr<RawConn>> flood;
+  for (int i = 0; i < 10; ++i) {
+    flood.push_back(std::make_unique<RawConn>(server.port()));
+    std::this_thread::sleep_for(5ms);  // accepted in this order
+  }
+  Deadline d = Deadline::after(3s);
+  while (server.stats().evicted < 6 && !d.expired()) std::this_thread::sleep_for(5ms);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(flood[static_cast<size_t>(i)]->closed_now(), i < 6) << "connection " << i;
+  }
+  auto st = server.stats();
+  EXPECT_EQ(st.evicted, 6u);
+  EXPECT_EQ(st.pending, 4u);
+  EXPECT_EQ(st.peak_pending, 4u);
+  // The authenticated rank was never a candidate; a new rank still gets in (evicting a raw one).
+  rank.set("k", to_bytes("v"));
+  TcpStore late("127.0.0.1", server.port(), client());
+  EXPECT_EQ(to_string(late.get("k", Deadline::after(1s))), "v");
+  EXPECT_EQ(server.stats().clients, 2u);
+}
+
+TEST(StoreAuth, AFloodFromOneSourceDoesNotEvictAnotherSource) {
+  TcpStoreServerOptions o = secured();
+  o.max_pending_per_source = 100;
+  o.max_pending_auth = 8;
+  TcpStoreServer server(o);
+  RawConn other(server.port(), "127.0.0.2");  // a slow client elsewhere, waiting to authenticate
+  std::this_thread::sleep_for(20ms);
+  std::vector<std::unique_ptr<RawConn>> flood;
+  for (int i = 0; i < 30; ++i) flood.push_back(std::make_unique<RawConn>(server.port()));
+  Deadline d = Deadline::after(3s);
+  while (server.stats().evicted < 23 && !d.expired()) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(server.stats().evicted, 23u);
+  EXPECT_FALSE(other.closed_now()) << "the flood evicted the other source's connection";
+  other.send(hello_frame(kToken));
+  EXPECT_EQ(first_reply(other.read_until_close(300ms)).code, static_cast<uint8_t>(wire::Reply::ok));
+}
+
+TEST(StoreAuth, WrongTokensArePacedPerSourceAndLoggedOnce) {
+  TcpStoreServerOptions o = secured();
+  o.auth_failure_delay = 200ms;
+  TcpStoreServer server(o);
+  testing::internal::CaptureStderr();
+  Stopwatch sw;
+  // Sequential guesses...
+  for (int i = 0; i < 3; ++i)
+    EXPECT_THROW(TcpStore("127.0.0.1", server.port(), client(2s, "guess-" + std::to_string(i))), Error);
+  // ...and parallel ones over separate connections are paced alike.
+  std::vector<std::unique_ptr<RawConn>> parallel;
+  for (int i = 0; i < 3; ++i) parallel.push_back(std::make_unique<RawConn>(server.port()));
+  for (auto& p : parallel) p->send(hello_frame("parallel-guess"));
+  for (auto& p : parallel)
+    EXPECT_EQ(first_reply(p->read_until_close(3s)).code, static_cast<uint8_t>(wire::Reply::refused));
+  const auto guesses = sw.elapsed();
+  // The rightful token after failures waits at most one delay.
+  sw.reset();
+  TcpStore rank("127.0.0.1", server.port(), client());
+  const auto good = sw.elapsed();
+  std::string log = testing::internal::GetCapturedStderr();
+  const bool logs_warnings = log_level() <= LogLevel::warn;
+  EXPECT_GE(guesses.count(), 5 * 200 - 50) << "6 wrong tokens from one source need 5 pauses";
+  EXPECT_LT(good.count(), 200 + 300);
+  EXPECT_EQ(server.stats().wrong_token, 6u);
+  size_t lines = 0;
+  for (size_t p = log.find("refused 127.0.0.1"); p != std::string::npos;
+       p = log.find("refused 127.0.0.1", p + 1))
+    ++lines;
+  if (logs_warnings) EXPECT_EQ(lines, 1u) << log;
+  EXPECT_EQ(log.find("guess-"), std::string::npos) << "a presented token reached the log:\n" << log;
+}
+
+TEST(StoreAuth, ThousandPendingSocketsDoNotDelayAuthenticatedRanks) {
+  if (!test::raise_fd_limit(4096)) GTEST_SKIP() << "cannot raise the descriptor limit to 4096";
+  TcpStoreServerOptions o = secured();
+  o.max_pending_auth = 2000;  // all 1,000 stay pending: the loop must cope with them
+  o.max_pending_per_source = 2000;
+  o.auth_timeout = 60s;
+  TcpStoreServer server(o);
+  TcpStore rank("127.0.0.1", server.port(), client());
+  auto ops_ms = [&](int n) {
+    std::vector<double> ms;
+    for (int i = 0; i < n; ++i) {
+      auto t0 = Clock::now();
+      rank.set("k" + std::to_string(i % 8), to_bytes("v"));
+      rank.get("k" + std::to_string(i % 8), Deadline::after(2s));
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms;
+  };
+  ops_ms(20);  // warm
+  auto before = ops_ms(200);
+  std::vector<std::unique_ptr<RawConn>> idle;
+  for (int i = 0; i < 1000; ++i) {
+    idle.push_back(std::make_unique<RawConn>(server.port()));
+    if (i % 2) idle.back()->send(std::string("\x10\x00", 2));  // half a header, never finished
+  }
+  Deadline d = Deadline::after(10s);
+  while (server.stats().pending < 1000 && !d.expired()) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(server.stats().pending, 1000u);
+  // With 1,000 silent or stalled sockets pending, a round trip stays a round trip.
+  auto during = ops_ms(200);
+  const double p50 = during[during.size() / 2], worst = during.back();
+  EXPECT_LT(p50, 20.0) << "median set+get with 1,000 pending sockets";
+  EXPECT_LT(worst, 200.0) << "slowest set+get with 1,000 pending sockets";
+  // A new rank authenticates among them promptly too.
+  Stopwatch sw;
+  TcpStore late("127.0.0.1", server.port(), client());
+  EXPECT_LT(sw.elapsed().count(), 500);
+  EXPECT_EQ(server.stats().evicted, 0u);
+  std::printf(
+      "set+get: median %.2f ms, max %.2f ms without; median %.2f ms, max %.2f ms with 1,000 pending "
+      "sockets\n",
+      before[before.size() / 2], before.back(), p50, worst);
+}
+
+/// A fake server that hangs up on its first connection without a word (as a loaded store sheds
+/// an unauthenticated connection), then answers hello and one request.
+class SheddingServer {
+ public:
+  SheddingServer() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    listen(fd_, 16);
+    socklen_t len = sizeof a;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~SheddingServer() {
+    thread_.join();
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+  int accepted() const { return accepted_; }
+
+ private:
+  static bool answer_one(int c) {
+    char hdr[4];
+    if (::recv(c, hdr, 4, MSG_WAITALL) != 4) return false;
+    std::string body(wire::read_u32(reinterpret_cast<const uint8_t*>(hdr)), '\0');
+    if (::recv(c, &body[0], body.size(), MSG_WAITALL) != static_cast<ssize_t>(body.size())) return false;
+    wire::Message ok;
+    ok.code = static_cast<uint8_t>(wire::Reply::ok);
+    std::string f = wire::encode(ok);
+    return ::send(c, f.data(), f.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(f.size());
+  }
+  void run() {
+    for (int i = 0; i < 2; ++i) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 5000) <= 0) return;
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      ++accepted_;
+      if (i == 0) {
+        ::close(c);  // shed
+        continue;
+      }
+      answer_one(c) && answer_one(c);  // hello, then the set
+      ::close(c);
+    }
+  }
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
+TEST(StoreAuth, ClientRetriesWhenTheServerShedsItsConnection) {
+  SheddingServer server;
+  TcpStore rank("127.0.0.1", server.port(), client(5s));
+  EXPECT_EQ(server.accepted(), 2);
+  rank.set("k", to_bytes("v"));
+}
+
+}  // namespace
+}  // namespace gz

@@ -1,0 +1,222 @@
+// The pieces of the store's authentication, alone: judging a hello (handshake.h), slots and
+// gates of unauthenticated connections (admission.h), the abuse log, and tokens (rdzv_auth.h).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include "gz/core/error.h"
+#include "gz/store/rdzv_auth.h"
+#include "store/admission.h"
+#include "store/handshake.h"
+#include "store/raw_conn.h"
+
+namespace gz {
+namespace {
+
+using namespace std::chrono_literals;
+using test::hello_frame;
+using wire::HelloVerdict;
+
+wire::HelloResult judge(const std::string& bytes, const std::string& token = "tok") {
+  return wire::judge_hello(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), token);
+}
+
+TEST(Handshake, VerdictsOfCompleteHellos) {
+  EXPECT_EQ(judge(hello_frame("tok")).verdict, HelloVerdict::accept);
+  EXPECT_EQ(judge(hello_frame("tok")).consumed, hello_frame("tok").size());
+  EXPECT_EQ(judge(hello_frame("tok2")).verdict, HelloVerdict::wrong_token);
+  EXPECT_EQ(judge(hello_frame("")).verdict, HelloVerdict::wrong_token);
+  EXPECT_EQ(judge(hello_frame("anything"), "").verdict, HelloVerdict::accept);  // no token configured
+  EXPECT_EQ(judge(hello_frame("tok", 7)).verdict, HelloVerdict::wrong_protocol);
+  // The refusal text never repeats the token presented.
+  EXPECT_EQ(judge(hello_frame("guess-123")).detail.find("guess-123"), std::string::npos);
+}
+
+TEST(Handshake, IncompleteHelloNeedsMoreUntilTheBudget) {
+  std::string h = hello_frame("tok");
+  for (size_t n = 0; n < h.size(); ++n)
+    EXPECT_EQ(judge(h.substr(0, n)).verdict, HelloVerdict::need_more) << n;
+  // A maximal token is still a hello; one byte more is not.
+  std::string longest(kMaxRdzvTokenBytes, 'x');
+  EXPECT_EQ(hello_frame(longest).size(), wire::kMaxHelloFrameBytes);
+  EXPECT_EQ(judge(hello_frame(longest)).verdict, HelloVerdict::wrong_token);
+  EXPECT_EQ(judge(hello_frame(longest + "x")).verdict, HelloVerdict::oversized);
+}
+
+TEST(Handshake, RequestsBeforeHelloAreRefusedWhateverTheirShape) {
+  for (auto op : {wire::Op::get, wire::Op::set, wire::Op::add, wire::Op::append, wire::Op::wait,
+                  wire::Op::check, wire::Op::compare_set, wire::Op::delete_key, wire::Op::num_keys}) {
+    wire::Message m;
+    m.code = static_cast<uint8_t>(op);
+    size_t arity = op == wire::Op::num_keys                          ? 0
+                   : op == wire::Op::compare_set                     ? 3
+                   : (op == wire::Op::set || op == wire::Op::append) ? 2
+                                                                     : 1;
+    for (size_t i = 0; i < arity; ++i) m.parts.push_back("k");
+    auto r = judge(wire::encode(m));
+    EXPECT_EQ(r.verdict, HelloVerdict::not_hello) << wire::code_name(m.code) << ": " << r.detail;
+  }
+  // A large set before hello is judged on its header alone.
+  wire::Message big;
+  big.code = static_cast<uint8_t>(wire::Op::set);
+  big.parts = {"k", std::string(4096, 'v')};
+  EXPECT_EQ(judge(wire::encode(big).substr(0, 4)).verdict, HelloVerdict::oversized);
+}
+
+TEST(Handshake, OversizedIsDecidedFromTheHeaderAlone) {
+  // 4 bytes announcing 60 MB: refused before a single body byte arrives.
+  std::string header("\x00\x00\x00\x04", 4);
+  auto r = judge(header);
+  EXPECT_EQ(r.verdict, HelloVerdict::oversized);
+  EXPECT_NE(r.detail.find("67108864"), std::string::npos) << r.detail;
+}
+
+TEST(Handshake, NeverNeedsMoreThanTheBudget) {
+  // Whatever the bytes, a full budget gets a final verdict (the server never buffers more).
+  std::srand(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string junk(wire::kMaxHelloFrameBytes + static_cast<size_t>(std::rand() % 64), '\0');
+    for (auto& c : junk) c = static_cast<char>(std::rand());
+    if (trial % 3 == 0) {  // a plausible length prefix
+      uint32_t len = static_cast<uint32_t>(std::rand() % 400);
+      for (int i = 0; i < 4; ++i) junk[static_cast<size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
+    }
+    EXPECT_NE(judge(junk).verdict, HelloVerdict::need_more) << trial;
+  }
+}
+
+TEST(Admission, PerSourceLimitEvictsThatSourcesOldest) {
+  wire::AdmissionLimits l;
+  l.max_pending = 100;
+  l.max_pending_per_source = 3;
+  wire::Admission a(l);
+  for (uint64_t id = 1; id <= 3; ++id) EXPECT_TRUE(a.admit(id, "10.0.0.9").empty());
+  EXPECT_TRUE(a.admit(10, "10.0.0.1").empty());
+  EXPECT_EQ(a.admit(4, "10.0.0.9"), std::vector<uint64_t>{1});
+  EXPECT_EQ(a.admit(5, "10.0.0.9"), std::vector<uint64_t>{2});
+  EXPECT_EQ(a.pending_from("10.0.0.9"), 3u);
+  EXPECT_EQ(a.pending_from("10.0.0.1"), 1u);
+  // An authenticated connection leaves the books: it is never a candidate again.
+  a.release(3, "10.0.0.9");
+  EXPECT_TRUE(a.admit(6, "10.0.0.9").empty());
+  EXPECT_EQ(a.admit(7, "10.0.0.9"), std::vector<uint64_t>{4});
+  EXPECT_EQ(a.pending(), 4u);
+}
+
+TEST(Admission, TotalLimitTakesFromTheBiggestSource) {
+  wire::AdmissionLimits l;
+  l.max_pending = 4;
+  l.max_pending_per_source = 10;
+  wire::Admission a(l);
+  EXPECT_TRUE(a.admit(1, "honest").empty());
+  for (uint64_t id = 2; id <= 4; ++id) EXPECT_TRUE(a.admit(id, "flood").empty());
+  // Full: the flood gives up its oldest, the honest client (older still) keeps its slot.
+  EXPECT_EQ(a.admit(5, "flood"), std::vector<uint64_t>{2});
+  EXPECT_EQ(a.admit(6, "other"), std::vector<uint64_t>{3});
+  EXPECT_EQ(a.pending_from("honest"), 1u);
+  // Equal shares: the longest waiting goes.
+  wire::Admission b(l);
+  for (uint64_t id = 1; id <= 4; ++id) b.admit(id, "s" + std::to_string(id));
+  EXPECT_EQ(b.admit(5, "s5"), std::vector<uint64_t>{1});
+}
+
+TEST(Admission, GateAfterAFailureAndForgetting) {
+  wire::AdmissionLimits l;
+  l.failure_delay = 100ms;
+  wire::Admission a(l);
+  auto t0 = Clock::now();
+  EXPECT_LE(a.gate("x"), t0);
+  a.failed("x", t0);
+  EXPECT_EQ(a.gate("x"), t0 + 100ms);
+  EXPECT_LE(a.gate("y"), t0);
+  a.forget_idle(t0 + 50ms);
+  EXPECT_EQ(a.sources(), 1u);  // gate still closed: remembered
+  a.forget_idle(t0 + 150ms);
+  EXPECT_EQ(a.sources(), 0u);
+}
+
+TEST(AbuseLog, FirstRefusalPerSourceThenSummaries) {
+  wire::AbuseLog log(Duration(1000));
+  auto t = Clock::now();
+  using K = wire::AbuseLog::Kind;
+  std::string first = log.note(K::wrong_token, "10.0.0.4", "wrong rendezvous token", t);
+  EXPECT_NE(first.find("10.0.0.4"), std::string::npos) << first;
+  for (int i = 0; i < 100; ++i)
+    EXPECT_EQ(log.note(K::wrong_token, "10.0.0.4", "wrong rendezvous token", t), "");
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(log.note(K::evicted, "10.0.0.5", "", t), "");
+  EXPECT_EQ(log.summary(t + Duration(10)), "");  // not due yet
+  std::string s = log.summary(t + Duration(2000));
+  EXPECT_NE(s.find("101 wrong token"), std::string::npos) << s;
+  EXPECT_NE(s.find("50 evicted"), std::string::npos) << s;
+  EXPECT_NE(s.find("2 sources"), std::string::npos) << s;
+  EXPECT_EQ(log.summary(t + Duration(4000)), "");  // nothing new
+  // Many sources: a few are named, the rest only counted, until the next period.
+  int named = 0;
+  for (int i = 0; i < 100; ++i)
+    named += log.note(K::bad_hello, "10.1.0." + std::to_string(i), "junk", t) != "";
+  EXPECT_EQ(named, static_cast<int>(wire::AbuseLog::kLinesPerPeriod));
+  EXPECT_NE(log.summary(t + Duration(6000)).find("100 bad first message"), std::string::npos);
+  EXPECT_NE(log.note(K::bad_hello, "10.2.0.1", "junk", t + Duration(6000)), "");
+}
+
+TEST(RdzvAuth, GeneratedTokensAreLongAndDistinct) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 64; ++i) {
+    std::string t = generate_rdzv_token();
+    EXPECT_EQ(t.size(), 64u);
+    EXPECT_EQ(t.find_first_not_of("0123456789abcdef"), std::string::npos) << t;
+    seen.insert(t);
+  }
+  EXPECT_EQ(seen.size(), 64u);
+}
+
+TEST(RdzvAuth, TokenFiles) {
+  char tmpl[] = "/tmp/gz_au_token_XXXXXX";
+  int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  const std::string path = tmpl;
+  auto write = [&](const std::string& s, mode_t mode) {
+    std::ofstream(path, std::ios::trunc) << s;
+    ::chmod(path.c_str(), mode);
+  };
+  std::string warning;
+  write("  s3cret-token-value \n second line\n", 0600);
+  EXPECT_EQ(read_rdzv_token_file(path, &warning), "s3cret-token-value");
+  EXPECT_EQ(warning, "");
+  write("abc", 0644);
+  EXPECT_EQ(read_rdzv_token_file(path, &warning), "abc");
+  EXPECT_NE(warning.find("readable by other users"), std::string::npos) << warning;
+  write("\n", 0600);
+  EXPECT_THROW(read_rdzv_token_file(path), InvalidArgument);
+  write(std::string(kMaxRdzvTokenBytes + 1, 'x'), 0600);
+  EXPECT_THROW(read_rdzv_token_file(path), InvalidArgument);
+  write(std::string(kMaxRdzvTokenBytes, 'x') + "\n", 0600);
+  EXPECT_EQ(read_rdzv_token_file(path).size(), kMaxRdzvTokenBytes);
+  std::remove(path.c_str());
+  EXPECT_THROW(read_rdzv_token_file(path), InvalidArgument);
+}
+
+TEST(RdzvAuth, LoopbackOrNot) {
+  for (const char* h : {"127.0.0.1", "127.1.2.3", "localhost", "::1", "::ffff:127.0.0.1"})
+    EXPECT_TRUE(is_loopback_host(h)) << h;
+  for (const char* h :
+       {"0.0.0.0", "", "::", "10.0.0.1", "128.0.0.1", "my-host", "localhost.example.com", "fe80::1"})
+    EXPECT_FALSE(is_loopback_host(h)) << h;
+}
+
+TEST(RdzvAuth, TokensEqualComparesEverything) {
+  EXPECT_TRUE(tokens_equal("abc", "abc"));
+  EXPECT_TRUE(tokens_equal("", ""));
+  EXPECT_FALSE(tokens_equal("abc", "abd"));
+  EXPECT_FALSE(tokens_equal("abc", "ab"));
+  EXPECT_FALSE(tokens_equal("ab", "abc"));
+  EXPECT_FALSE(tokens_equal(std::string("a\0", 2), "a"));
+}
+
+}  // namespace
+}  // namespace gz

@@ -1,0 +1,73 @@
+#include "launch_auth.h"
+
+#include <cstring>
+
+#include "gz/core/error.h"
+#include "gz/store/rdzv_auth.h"
+
+namespace gz::launcher {
+
+bool store_beyond_loopback(const LaunchOptions& o) { return !is_loopback_host(o.master_addr); }
+
+std::string store_bind_addr(const LaunchOptions& o) {
+  if (store_beyond_loopback(o)) return "0.0.0.0";
+  return o.master_addr == "localhost" ? "127.0.0.1" : o.master_addr;
+}
+
+LaunchAuth resolve_launch_auth(const LaunchOptions& o, const std::string& env_token) {
+  LaunchAuth a;
+  const std::string where = o.master_addr + ":" + std::to_string(o.master_port);
+  if (!o.rdzv_token_file.empty()) {
+    std::string warning;
+    a.token = read_rdzv_token_file(o.rdzv_token_file, &warning);
+    if (!warning.empty()) a.warnings.push_back(warning);
+  } else if (!o.rdzv_token.empty()) {
+    a.token = o.rdzv_token;
+  } else if (!env_token.empty()) {
+    check_rdzv_token(env_token, "GZ_RDZV_TOKEN");
+    a.token = env_token;
+  }
+  if (!a.token.empty()) {
+    if (a.token.size() < kMinStrongRdzvTokenBytes)
+      a.warnings.push_back("the rendezvous token has only " + std::to_string(a.token.size()) +
+                           " characters and is easy to guess; use e.g. `openssl rand -hex 32`");
+    if (o.rdzv_insecure) a.warnings.push_back("--rdzv-insecure is ignored: a rendezvous token is set");
+    return a;
+  }
+  if (o.rdzv_insecure) {
+    a.insecure = true;
+    if (store_beyond_loopback(o))
+      a.warnings.push_back("--rdzv-insecure: the rendezvous store (" + where +
+                           ") admits anyone who can reach it, without a token; use it only on a network "
+                           "where everyone who can reach that port is trusted");
+    return a;
+  }
+  if (o.nnodes == 1) {
+    a.token = generate_rdzv_token();
+    a.generated = true;
+    return a;
+  }
+  if (!store_beyond_loopback(o)) return a;  // every node on this machine: loopback only
+  GZ_THROW(InvalidArgument, "--nnodes ", o.nnodes, " with the store at ", where,
+           " (reachable beyond loopback) needs a rendezvous token shared by every node: create one "
+           "(`openssl rand -hex 32 > token; chmod 600 token`, copy it to every node) and pass "
+           "--rdzv-token-file token, or export GZ_RDZV_TOKEN; --rdzv-insecure runs without one, "
+           "on a network you trust completely");
+}
+
+void hide_token_args(int argc, char** argv, int program_index) {
+  const int end = program_index > 0 && program_index <= argc ? program_index : argc;
+  for (int i = 1; i < end; ++i) {
+    char* a = argv[i];
+    if (!std::strcmp(a, "--")) break;
+    char* value = nullptr;
+    if (!std::strcmp(a, "--rdzv-token") || !std::strcmp(a, "--rdzv_token")) {
+      if (i + 1 < end) value = argv[++i];
+    } else if (!std::strncmp(a, "--rdzv-token=", 13) || !std::strncmp(a, "--rdzv_token=", 13)) {
+      value = a + 13;
+    }
+    if (value) std::memset(value, '*', std::strlen(value));
+  }
+}
+
+}  // namespace gz::launcher
