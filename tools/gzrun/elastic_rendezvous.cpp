@@ -93,6 +93,8 @@ RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
   int q = current_round();
   while (!peek(JobMonitor::round_key(q, "members")).empty()) ++q;
   append_me(q);
+  if (q > 0 && q > current_round())
+    say("waiting to join the job at round " + std::to_string(q) + " (round " + std::to_string(q - 1) + " runs)");
   // When this gzrun first saw MIN nodes in round q (the join window runs from there).
   steady_clock::time_point window_start{};
   bool window_open = false;
