@@ -117,7 +117,7 @@ void JobMonitor::learn(const JobFailure& f) {
   // Tell node 0 this gzrun has seen the failure (it keeps the store up until everyone has).
   if (f.kind != JobFailure::Kind::store_lost) {
     try {
-      store().add(round_key(round_, "acked"), 1);
+      store().set(round_key(round_, "acked/" + std::to_string(node_rank_)), to_bytes("1"));
     } catch (const std::exception&) {
       // Not worth more: node 0 stops waiting after the heartbeat timeout anyway.
     }
@@ -210,11 +210,38 @@ void JobMonitor::end_round() {
   try {
     for (const JobFailure& p : pending) publish(p);
     if (!f.failed() || !hosts_store_) return;
-    // This gzrun hosts the store: keep it up until every node that is not lost has seen the
-    // failure, so nobody reports "lost the store host" instead of the real cause.
-    const int64_t expected = nnodes_ - (f.kind == JobFailure::Kind::node_lost ? 1 : 0);
+    // This gzrun hosts the store: keep it up until every node that is still there has seen the
+    // failure, so nobody reports "lost the store host" instead of the real cause. A node is
+    // waited for until it acknowledged, or until its heartbeat stood still for 3 intervals (a live
+    // gzrun heartbeats until it has acknowledged): a dead, stopped or cut-off node is not waited
+    // for the whole timeout.
+    const auto interval = ms_of(o_.effective_heartbeat_interval_s());
     Deadline deadline = Deadline::after(ms_of(o_.heartbeat_timeout_s));
-    while (store().add(round_key(round_, "acked"), 0) < expected && !deadline.expired()) ::usleep(10000);
+    struct Waiting {
+      int64_t beats;
+      steady_clock::time_point changed;
+    };
+    std::map<int, Waiting> waiting;
+    for (int n = 0; n < nnodes_; ++n)
+      if (n != node_rank_ && !(f.kind == JobFailure::Kind::node_lost && n == f.node))
+        waiting[n] = Waiting{-1, steady_clock::now()};
+    while (!waiting.empty() && !deadline.expired()) {
+      for (auto it = waiting.begin(); it != waiting.end();) {
+        if (store().check({round_key(round_, "acked/" + std::to_string(it->first))})) {
+          it = waiting.erase(it);
+          continue;
+        }
+        const int64_t beats = store().add(round_key(round_, "hb/" + std::to_string(it->first)), 0);
+        const auto now = steady_clock::now();
+        if (beats != it->second.beats) it->second = Waiting{beats, now};
+        if (now - it->second.changed >= 3 * interval) {
+          it = waiting.erase(it);
+          continue;
+        }
+        ++it;
+      }
+      if (!waiting.empty()) ::usleep(20000);
+    }
   } catch (const std::exception& e) {
     say(std::string("warning: while ending the round in the store: ") + e.what());
   }

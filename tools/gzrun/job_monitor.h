@@ -39,7 +39,8 @@ struct JobFailure {
 ///   gzrun/round<r>/hb/<node>    counter each gzrun adds 1 to every interval (its heartbeat)
 ///   gzrun/round                 the job's current round, moved by compare_set
 ///   gzrun/round<r>/failure      first failure of round r ("kind|node|text"), first writer wins
-///   gzrun/round<r>/acked        gzruns that saw round r's failure (the store host waits for them)
+///   gzrun/round<r>/acked/<node> set when that node's gzrun saw round r's failure (the store host
+///                               waits for the nodes that still heartbeat)
 ///   gzrun/round<r+1>/joined     elastic: nodes waiting for the next round (read to admit them)
 ///   gzrun/round<r>/exit/arrived nodes whose workers all succeeded (no admission after the first)
 class JobMonitor {
@@ -63,9 +64,9 @@ class JobMonitor {
   int fd() const { return pipe_[0]; }
   /// @brief The round's failure as known so far (kind none while the job runs).
   JobFailure failure() const;
-  /// @brief End the round: flush a pending report, acknowledge the failure and, on node 0 (the
-  /// store host), wait (at most the heartbeat timeout) until every node not lost acknowledged it
-  /// so nobody mistakes node 0 leaving for a lost store. Stops the thread.
+  /// @brief End the round: flush a pending report, acknowledge the failure and, on the store host,
+  /// wait (at most the heartbeat timeout) until every node that still heartbeats acknowledged it,
+  /// so nobody mistakes the store host leaving for a lost store. Stops the thread.
   void end_round();
   /// @brief After a failed round: move the job's round counter to round+1 (one compare_set in
   /// the store, whoever comes first) and return the round now stored. Throws gz::Error when the
