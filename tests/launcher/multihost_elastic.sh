@@ -75,7 +75,7 @@ start_node() {
       "$gzrun" --nnodes 2:3 --master-addr "$master" --master-port $port --nproc-per-node 1 --rdzv-timeout 30 \
       --rdzv-join-window 1 --heartbeat-timeout "$hb" --grace-period 1 --max-restarts 2 -- "${program[@]}" \
       >>"$dir/host$i.log" 2>&1
-    echo $? >"$dir/rc_$i.$k"
+    echo $? >"$dir/rc_$i.$k.tmp" && mv "$dir/rc_$i.$k.tmp" "$dir/rc_$i.$k"  # whole or absent
   ) 2>/dev/null &  # no "Killed" notices from this shell: the test kills gzruns on purpose
 }
 wait_for() {  # SECONDS DESCRIPTION COMMAND...: poll every 50 ms

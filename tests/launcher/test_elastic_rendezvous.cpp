@@ -146,6 +146,25 @@ TEST(ElasticRendezvous, LostNodeShrinksTheJobAndCountsARestart) {
   EXPECT_EQ(a.rdzv.cannot_continue(a1, failure(JobFailure::Kind::worker, 0)), "");
 }
 
+TEST(ElasticRendezvous, SurvivorsAlreadyInTheNextRoundAreNotCountedTwice) {
+  MemStore store;
+  auto o = elastic_options("3:4", 0.1);
+  Node a(o, store, 0), b(o, store, 1), c(o, store, 2);
+  auto fa = join_async(a), fb = join_async(b), fc = join_async(c);
+  RoundInfo ra = fa.get(), rb = fb.get(), rc = fc.get();
+  ASSERT_EQ(ra.nnodes, 3);
+  // c is lost; a decided first and already joined round 1 (where it waits: 1 of MIN 3). When b
+  // decides, a's entry in round 1 is a survivor, not a newcomer: 2 nodes are left, fewer than 3.
+  const JobFailure lost = failure(JobFailure::Kind::node_lost, rc.node_rank);
+  a.rdzv.advance(ra, lost);
+  auto fa1 = join_async(a);
+  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i) std::this_thread::sleep_for(10ms);
+  const std::string why = b.rdzv.cannot_continue(rb, lost);
+  EXPECT_NE(why.find("2 node(s) left, fewer than the minimum of 3"), std::string::npos) << why;
+  b.rdzv.end_job(why, false);
+  EXPECT_THROW(fa1.get(), Error);  // a, waiting in round 1, learns that the job ended
+}
+
 TEST(ElasticRendezvous, AWaitingNodeCountsTowardsMin) {
   MemStore store;
   auto o = elastic_options("2:3", 0.1);

@@ -112,10 +112,13 @@ def main():
             if sorted(steps[step][2]) != sorted(ref[step][2]):
                 sys.exit(f"FAIL: step {step} read other samples than the reference run")
     per_session = collections.Counter(s for s, _, _ in steps.values())
+    # Work lost to faults: steps some session ran that a later session ran again.
+    redone = sum(1 for sid, sess in sessions.items() for step in sess["steps"] if steps[step][0] != sid)
     counted_text = ", ".join("%d: %d" % (sessions[s]["world"], per_session[s]) for s in counted)
     sizes = sorted({len(v) for v in by_epoch.values()})
     print(f"sample log OK: {last} steps, {len(by_epoch)} epoch(s) of {sizes} distinct samples, no sample twice "
           f"in an epoch; sessions counted (world: steps): {counted_text}; "
+          f"{redone} step(s) run twice (lost to faults and redone after a resume), "
           f"{len(sessions) - len(counted)} session(s) fully redone")
 
 
