@@ -35,9 +35,9 @@ BatchPlan plan_batches(const BatchPlanOptions& o) {
     const int64_t largest = (p.global_batch + w - 1) / w;
     p.accumulation = (largest + o.batch_size - 1) / o.batch_size;
     if (p.global_batch / w < p.accumulation)
-      GZ_THROW(InvalidArgument, "global batch ", p.global_batch, " over ", w, " ranks with batch_size ", o.batch_size,
-               ": some rank would get an empty micro-batch (each needs at least ", p.accumulation,
-               " samples per step); use a larger global batch or batch_size");
+      GZ_THROW(InvalidArgument, "global batch ", p.global_batch, " over ", w, " ranks with batch_size ",
+               o.batch_size, ": some rank would get an empty micro-batch (each needs at least ",
+               p.accumulation, " samples per step); use a larger global batch or batch_size");
   }
   p.steps_per_epoch = static_cast<int64_t>(o.dataset_size / static_cast<size_t>(p.global_batch));
   if (p.steps_per_epoch < 1)
@@ -46,9 +46,14 @@ BatchPlan plan_batches(const BatchPlanOptions& o) {
   return p;
 }
 
-EpochPlan::EpochPlan(size_t epoch_size, size_t start, int64_t global_batch, int64_t accumulation, int world, int rank)
-    : epoch_size_(epoch_size), start_(start), global_batch_(global_batch), accumulation_(accumulation),
-      world_(world), rank_(rank) {
+EpochPlan::EpochPlan(size_t epoch_size, size_t start, int64_t global_batch, int64_t accumulation, int world,
+                     int rank)
+    : epoch_size_(epoch_size),
+      start_(start),
+      global_batch_(global_batch),
+      accumulation_(accumulation),
+      world_(world),
+      rank_(rank) {
   GZ_CHECK_ARG(world >= 1 && rank >= 0 && rank < world, "EpochPlan: rank ", rank, " of ", world);
   GZ_CHECK_ARG(global_batch >= world && accumulation >= 1, "EpochPlan: global batch ", global_batch, " over ",
                world, " ranks, accumulation ", accumulation);

@@ -250,20 +250,23 @@ void Trainer::plan_steps(int64_t reference) {
   state_.steps_per_epoch = p.steps_per_epoch;
   // The lr schedule is laid out in steps of the first launch's global batch (every launch's, with
   // keep_global); scale_lr reads it at samples seen / that batch.
-  const int64_t ref_steps_per_epoch = static_cast<int64_t>(bo.dataset_size / static_cast<size_t>(p.reference_global_batch));
+  const int64_t ref_steps_per_epoch =
+      static_cast<int64_t>(bo.dataset_size / static_cast<size_t>(p.reference_global_batch));
   const int64_t ref_total = c.max_steps > 0 ? c.max_steps : ref_steps_per_epoch * c.num_epochs;
   if (policy == ElasticBatchPolicy::keep_global) {
     state_.total_steps = ref_total;
   } else {
     if (c.max_steps > 0)
-      GZ_THROW(InvalidArgument, "max_steps counts steps of a fixed global batch: use elastic_batch: keep_global with it");
+      GZ_THROW(InvalidArgument,
+               "max_steps counts steps of a fixed global batch: use elastic_batch: keep_global with it");
     // The steps this world still has to take: the rest of this epoch, then whole epochs.
     const int64_t left_in_epoch =
-        state_.epoch >= c.num_epochs ? 0
-                                     : static_cast<int64_t>((bo.dataset_size - static_cast<size_t>(state_.epoch_samples)) /
-                                                            static_cast<size_t>(p.global_batch));
-    state_.total_steps =
-        state_.step + left_in_epoch + std::max<int64_t>(0, c.num_epochs - state_.epoch - 1) * p.steps_per_epoch;
+        state_.epoch >= c.num_epochs
+            ? 0
+            : static_cast<int64_t>((bo.dataset_size - static_cast<size_t>(state_.epoch_samples)) /
+                                   static_cast<size_t>(p.global_batch));
+    state_.total_steps = state_.step + left_in_epoch +
+                         std::max<int64_t>(0, c.num_epochs - state_.epoch - 1) * p.steps_per_epoch;
   }
   SchedulerOptions so;
   so.name = c.scheduler.name;
@@ -274,7 +277,8 @@ void Trainer::plan_steps(int64_t reference) {
                         : static_cast<int64_t>(std::llround(c.scheduler.warmup_epochs * ref_steps_per_epoch));
   so.gamma = c.scheduler.gamma;
   so.min_lr = std::min(c.scheduler.min_lr, c.lr);
-  for (auto m : c.scheduler.milestones) so.milestones.push_back(c.scheduler.unit == "epoch" ? m * ref_steps_per_epoch : m);
+  for (auto m : c.scheduler.milestones)
+    so.milestones.push_back(c.scheduler.unit == "epoch" ? m * ref_steps_per_epoch : m);
   impl_->scheduler = std::make_unique<LrScheduler>(so);
   if (impl_->hvd) impl_->hvd->set_backward_passes_per_step(static_cast<int>(p.accumulation));
 }
@@ -434,12 +438,12 @@ std::string Trainer::save_checkpoint() {
         std::lock_guard<std::mutex> lock(gen.mutex());
         root.write("rng_cpu", gen.get_state());
       }
-      root.write("counters", torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
-                                            static_cast<int64_t>(world_), state_.total_steps,
-                                            config_.batch_size, config_.gradient_accumulation_steps,
-                                            state_.epoch_samples, state_.samples_seen,
-                                            impl_->plan.reference_global_batch},
-                                           torch::kInt64));
+      root.write("counters",
+                 torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
+                                static_cast<int64_t>(world_), state_.total_steps, config_.batch_size,
+                                config_.gradient_accumulation_steps, state_.epoch_samples,
+                                state_.samples_seen, impl_->plan.reference_global_batch},
+                               torch::kInt64));
       root.write("best_metric", torch::tensor({state_.best_metric}, torch::kFloat64));
       auto metrics = state_.metrics;
       metrics["train_loss"] = state_.loss;
@@ -496,17 +500,19 @@ void Trainer::apply_checkpoint(torch::serialize::InputArchive& root, const Check
       state_.samples_seen = at(9);
       reference = at(10);
     } else {
-      const int64_t spe = std::max<int64_t>(1, static_cast<int64_t>(train_data_->size() / static_cast<size_t>(reference)));
+      const int64_t spe =
+          std::max<int64_t>(1, static_cast<int64_t>(train_data_->size() / static_cast<size_t>(reference)));
       state_.epoch = state_.step / spe;
       state_.epoch_samples = (state_.step % spe) * reference;
       state_.samples_seen = state_.step * reference;
     }
     plan_steps(reference);
     if (written_world != world_ && is_main())
-      GZ_LOG(info, "resuming on ", world_, " rank(s), checkpoint written by ", written_world, " (elastic_batch ",
-             config_.elastic_batch, "): global batch ", state_.global_batch, " (first launch ",
-             impl_->plan.reference_global_batch, "), ", impl_->plan.accumulation, " micro-batch(es) per step, lr x ",
-             state_.lr_scale, "; epoch ", state_.epoch, " at sample ", state_.epoch_samples, " of ", train_data_->size());
+      GZ_LOG(info, "resuming on ", world_, " rank(s), checkpoint written by ", written_world,
+             " (elastic_batch ", config_.elastic_batch, "): global batch ", state_.global_batch,
+             " (first launch ", impl_->plan.reference_global_batch, "), ", impl_->plan.accumulation,
+             " micro-batch(es) per step, lr x ", state_.lr_scale, "; epoch ", state_.epoch, " at sample ",
+             state_.epoch_samples, " of ", train_data_->size());
   } catch (const gz::Error&) {
     throw;
   } catch (const c10::Error& e) {
@@ -622,7 +628,8 @@ std::map<std::string, double> Trainer::train() {
     // The rest of the epoch on this world, from the samples of its order already consumed.
     const int64_t epoch = state_.epoch;
     const BatchPlan& p = impl_->plan;
-    EpochPlan plan(n, static_cast<size_t>(state_.epoch_samples), p.global_batch, p.accumulation, world_, rank_);
+    EpochPlan plan(n, static_cast<size_t>(state_.epoch_samples), p.global_batch, p.accumulation, world_,
+                   rank_);
     if (plan.steps() == 0) {  // resumed at the end of an epoch: its end-of-epoch work is done
       ++state_.epoch;
       state_.epoch_samples = 0;
@@ -631,7 +638,8 @@ std::map<std::string, double> Trainer::train() {
     if (state_.epoch_samples == 0)
       for (auto& cb : callbacks_) cb->on_epoch_begin(*this);
     const std::vector<size_t> order = epoch_order(epoch);
-    const size_t steps = std::min<size_t>(plan.steps(), static_cast<size_t>(state_.total_steps - state_.step));
+    const size_t steps =
+        std::min<size_t>(plan.steps(), static_cast<size_t>(state_.total_steps - state_.step));
     std::vector<std::vector<size_t>> batches;
     batches.reserve(steps * static_cast<size_t>(p.accumulation));
     for (size_t k = 0; k < steps; ++k)
@@ -644,7 +652,8 @@ std::map<std::string, double> Trainer::train() {
       const uint64_t seed = mix(static_cast<uint64_t>(c.seed) + 1, static_cast<uint64_t>(epoch));
       transform = [seed](Example e, size_t idx) { return augment_image(std::move(e), mix(seed, idx)); };
     }
-    const std::vector<std::vector<size_t>> planned = c.log_samples ? batches : std::vector<std::vector<size_t>>{};
+    const std::vector<std::vector<size_t>> planned =
+        c.log_samples ? batches : std::vector<std::vector<size_t>>{};
     DataLoader loader(train_data_, std::move(batches), static_cast<int>(c.num_workers), transform);
     for (size_t k = 0; k < steps && !state_.should_stop; ++k) {
       step_samples_.clear();

@@ -76,14 +76,15 @@ int main(int argc, char** argv) {
       }
       if (iteration == 0) {
         write_file(dir + "/pid_" + std::to_string(rank), std::to_string(getpid()) + "\n");
-        std::printf("rank %d of %d: backend %s, all-reducing %zu floats\n", rank, c->size(), c->backend().c_str(),
-                    floats);
+        std::printf("rank %d of %d: backend %s, all-reducing %zu floats\n", rank, c->size(),
+                    c->backend().c_str(), floats);
         std::fflush(stdout);
       }
     }
   } catch (const std::exception& e) {
     const long long now = wall_ns();
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
     if (rank >= 0) write_file(dir + "/raised_" + std::to_string(rank), std::to_string(now) + "\n");
     std::fprintf(stderr, "rank %d raised after %lld ms in all-reduce #%lld: %s\n", rank,
                  static_cast<long long>(ms.count()), iteration, e.what());

@@ -26,7 +26,8 @@ LaunchOptions elastic_options(const std::string& nnodes, double window_s, double
 
 // One node ("h<i>:<100 + i>"): its own rendezvous object over the shared store.
 struct Node {
-  Node(const LaunchOptions& o, Store& s, int i) : rdzv(o, s, "h" + std::to_string(i) + ":" + std::to_string(100 + i)) {}
+  Node(const LaunchOptions& o, Store& s, int i)
+      : rdzv(o, s, "h" + std::to_string(i) + ":" + std::to_string(100 + i)) {}
   ElasticRendezvous rdzv;
 };
 
@@ -101,7 +102,8 @@ TEST(ElasticRendezvous, LateNodeIsAdmittedAtTheNextRoundKeepingRanks) {
   ASSERT_EQ(ra.nnodes, 2);
   // The late node waits for round 1 (round 0 runs): the running nodes' monitors see it there.
   auto fl = join_async(late);
-  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i)
+    std::this_thread::sleep_for(10ms);
   ASSERT_TRUE(store.check({JobMonitor::round_key(1, "joined")}));
   EXPECT_EQ(fl.wait_for(300ms), std::future_status::timeout) << "admitted while round 0 still runs";
   // Round 0 ends to admit it: no restart is counted; the three start round 1 together.
@@ -158,7 +160,8 @@ TEST(ElasticRendezvous, SurvivorsAlreadyInTheNextRoundAreNotCountedTwice) {
   const JobFailure lost = failure(JobFailure::Kind::node_lost, rc.node_rank);
   a.rdzv.advance(ra, lost);
   auto fa1 = join_async(a);
-  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i)
+    std::this_thread::sleep_for(10ms);
   const std::string why = b.rdzv.cannot_continue(rb, lost);
   EXPECT_NE(why.find("2 node(s) left, fewer than the minimum of 3"), std::string::npos) << why;
   b.rdzv.end_job(why, false);
@@ -173,7 +176,8 @@ TEST(ElasticRendezvous, AWaitingNodeCountsTowardsMin) {
   RoundInfo ra = fa.get(), rb = fb.get();
   ASSERT_EQ(ra.nnodes, 2);
   auto fs = join_async(spare);  // waits for round 1
-  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i)
+    std::this_thread::sleep_for(10ms);
   // b is lost: a and the waiting spare make MIN again. a's own entry in round 1 (it may have
   // joined already) does not count twice.
   const JobFailure lost = failure(JobFailure::Kind::node_lost, rb.node_rank);
@@ -207,7 +211,8 @@ TEST(ElasticRendezvous, WaitingNodesLeaveWhenTheJobEnds) {
     y.rdzv.join(nullptr);
     FAIL() << "joined an ended job";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the job has ended: giving up after 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the job has ended: giving up after 1"), std::string::npos)
+        << e.what();
   }
 }
 

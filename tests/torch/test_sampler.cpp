@@ -166,8 +166,8 @@ TEST(DistributedSampler, BadArgumentsAndStates) {
 namespace {
 
 // Ranks of one world in lock step: each takes `per_rank` more samples (or all that are left).
-std::vector<size_t> run_world(size_t n, int world, DistributedSamplerOptions o, int64_t epoch, size_t consumed,
-                              size_t per_rank, size_t* consumed_after) {
+std::vector<size_t> run_world(size_t n, int world, DistributedSamplerOptions o, int64_t epoch,
+                              size_t consumed, size_t per_rank, size_t* consumed_after) {
   std::vector<size_t> seen;
   for (int r = 0; r < world; ++r) {
     DistributedSampler s(n, world, r, o);
@@ -225,8 +225,8 @@ TEST(DistributedSampler, GlobalStateSurvivesSaveAndLoadAndReset) {
   EXPECT_EQ(b.next_batch(100), a.next_batch(100));
   EXPECT_THROW(b.load_global_state(2, 51), gz::InvalidArgument);
   EXPECT_THROW(b.load_state({2, 11, 20}), gz::InvalidArgument);  // beyond the shard after the offset
-  EXPECT_EQ(b.position(), 10u);                                   // unchanged
-  b.reset();                                                      // the whole epoch again
+  EXPECT_EQ(b.position(), 10u);                                  // unchanged
+  b.reset();                                                     // the whole epoch again
   EXPECT_EQ(b.num_samples(), 16u);
   EXPECT_EQ(b.global_position(), 0u);
 }

@@ -13,7 +13,8 @@ using namespace gz::train;
 
 namespace {
 
-BatchPlan plan(size_t n, int world, int64_t batch, int64_t accum, ElasticBatchPolicy policy, int64_t reference = 0) {
+BatchPlan plan(size_t n, int world, int64_t batch, int64_t accum, ElasticBatchPolicy policy,
+               int64_t reference = 0) {
   BatchPlanOptions o;
   o.dataset_size = n;
   o.world = world;
@@ -63,16 +64,17 @@ TEST(ElasticBatch, ThreeTwoThreeMidEpochReadsEachSampleOnce) {
   EXPECT_EQ(p2.steps_per_epoch, p3.steps_per_epoch);
 
   auto uninterrupted = run(n, 0, p3, 3, 10, b);
-  auto a = run(n, 0, p3, 3, 3, b);                // 3 ranks, steps 0-2
-  auto m = run(n, 3 * 96, p2, 2, 4, b);           // 2 ranks resume at sample 288, steps 3-6
-  auto z = run(n, 7 * 96, p3, 3, 3, b);           // 3 ranks resume at sample 672, steps 7-9
+  auto a = run(n, 0, p3, 3, 3, b);       // 3 ranks, steps 0-2
+  auto m = run(n, 3 * 96, p2, 2, 4, b);  // 2 ranks resume at sample 288, steps 3-6
+  auto z = run(n, 7 * 96, p3, 3, 3, b);  // 3 ranks resume at sample 672, steps 7-9
   std::vector<std::vector<size_t>> resized = a;
   resized.insert(resized.end(), m.begin(), m.end());
   resized.insert(resized.end(), z.begin(), z.end());
   ASSERT_EQ(resized.size(), uninterrupted.size());
   std::vector<size_t> all;
   for (size_t s = 0; s < resized.size(); ++s) {
-    std::set<size_t> got(resized[s].begin(), resized[s].end()), want(uninterrupted[s].begin(), uninterrupted[s].end());
+    std::set<size_t> got(resized[s].begin(), resized[s].end()),
+        want(uninterrupted[s].begin(), uninterrupted[s].end());
     EXPECT_EQ(got.size(), resized[s].size()) << "step " << s << ": a position read twice";
     EXPECT_EQ(got, want) << "step " << s << " reads other samples than the uninterrupted run";
     all.insert(all.end(), resized[s].begin(), resized[s].end());

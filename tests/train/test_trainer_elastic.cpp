@@ -3,9 +3,8 @@
 // 3-rank run does and ends with the same weights; with scale_lr each epoch still reads every
 // sample at most once and none twice.
 #include <gtest/gtest.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
@@ -86,7 +85,8 @@ TrainConfig config(const fs::path& dir, const std::string& policy) {
 
 // One launch on `world` ranks (threads, shm); crash_at > 0: every rank stops after that step.
 // Returns rank 0's final parameters (empty after a crash).
-std::vector<torch::Tensor> launch(const TrainConfig& c, int world, int64_t crash_at, Record& rec, int64_t session) {
+std::vector<torch::Tensor> launch(const TrainConfig& c, int world, int64_t crash_at, Record& rec,
+                                  int64_t session) {
   std::vector<torch::Tensor> out;
   std::vector<ModelPtr> nets;
   for (int r = 0; r < world; ++r) {
@@ -200,7 +200,8 @@ TEST(TrainerElastic, ScaleLrReadsEachSampleOncePerEpoch) {
   auto steps = surviving_steps(rb, &epoch_of);
   // Epoch 0: 3 steps of 24 + 11 of 16 = 248; epoch 1: 1 of 16 + 9 of 24 = 232 (234 left, 9 steps).
   std::map<int64_t, std::vector<size_t>> by_epoch;
-  for (auto& [step, samples] : steps) by_epoch[epoch_of[step]].insert(by_epoch[epoch_of[step]].end(), samples.begin(), samples.end());
+  for (auto& [step, samples] : steps)
+    by_epoch[epoch_of[step]].insert(by_epoch[epoch_of[step]].end(), samples.begin(), samples.end());
   ASSERT_EQ(by_epoch.size(), 2u);
   EXPECT_EQ(by_epoch[0].size(), 248u);
   EXPECT_EQ(by_epoch[1].size(), 232u);

@@ -70,7 +70,9 @@ int ElasticRendezvous::current_round() {
   return v.empty() ? 0 : std::atoi(v.c_str());
 }
 
-void ElasticRendezvous::append_me(int round) { s_.append(JobMonitor::round_key(round, "joined"), to_bytes(entry_ + ";")); }
+void ElasticRendezvous::append_me(int round) {
+  s_.append(JobMonitor::round_key(round, "joined"), to_bytes(entry_ + ";"));
+}
 
 void ElasticRendezvous::close_round(int round, const std::vector<std::string>& joined) {
   std::vector<std::string> members = joined;
@@ -83,7 +85,8 @@ void ElasticRendezvous::close_round(int round, const std::vector<std::string>& j
 
 RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
   Stopwatch sw;
-  const Deadline deadline = Deadline::after(std::chrono::milliseconds(static_cast<long long>(o_.rdzv_timeout_s * 1000)));
+  const Deadline deadline =
+      Deadline::after(std::chrono::milliseconds(static_cast<long long>(o_.rdzv_timeout_s * 1000)));
   if (seq_ < 0) {
     seq_ = s_.add("gzrun/seq", 1);
     entry_ = std::to_string(seq_) + ":" + me_;
@@ -94,7 +97,8 @@ RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
   while (!peek(JobMonitor::round_key(q, "members")).empty()) ++q;
   append_me(q);
   if (q > 0 && q > current_round())
-    say("waiting to join the job at round " + std::to_string(q) + " (round " + std::to_string(q - 1) + " runs)");
+    say("waiting to join the job at round " + std::to_string(q) + " (round " + std::to_string(q - 1) +
+        " runs)");
   // When this gzrun first saw MIN nodes in round q (the join window runs from there).
   steady_clock::time_point window_start{};
   bool window_open = false;
@@ -122,7 +126,8 @@ RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
         r.restarts = restarts.empty() ? 0 : std::atoi(restarts.c_str());
         if (job_.empty()) {
           // The job's id: the pid of round 0's first node, the same for every node and round.
-          const std::vector<std::string> first = parse_entries(q == 0 ? members : peek(JobMonitor::round_key(0, "members")));
+          const std::vector<std::string> first =
+              parse_entries(q == 0 ? members : peek(JobMonitor::round_key(0, "members")));
           job_ = first.empty() ? std::string("0") : first.front().substr(first.front().rfind(':') + 1);
         }
         r.run_id = job_ + "-" + std::to_string(q);
@@ -151,7 +156,8 @@ RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
       if (joined >= o_.min_nodes) {
         if (!window_open) window_start = now;
         window_open = true;
-        if (now - window_start >= std::chrono::milliseconds(static_cast<long long>(o_.join_window_s * 1000))) {
+        if (now - window_start >=
+            std::chrono::milliseconds(static_cast<long long>(o_.join_window_s * 1000))) {
           close_round(q, list);
           continue;
         }
@@ -166,15 +172,15 @@ RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
       window_open = false;
       continue;
     }
-    if (cancelled && cancelled())
-      GZ_THROW(Aborted, "cancelled while waiting for the nodes of round ", q);
+    if (cancelled && cancelled()) GZ_THROW(Aborted, "cancelled while waiting for the nodes of round ", q);
     if (deadline.expired()) {
       if (cur != q)
-        GZ_THROW(TimeoutError, "waited ", format_duration(sw.elapsed()), " (--rdzv-timeout) to join the job at round ",
-                 q, ", but round ", cur, " still runs (with ", o_.max_nodes, " nodes there is no place to admit one)");
+        GZ_THROW(TimeoutError, "waited ", format_duration(sw.elapsed()),
+                 " (--rdzv-timeout) to join the job at round ", q, ", but round ", cur, " still runs (with ",
+                 o_.max_nodes, " nodes there is no place to admit one)");
       GZ_THROW(TimeoutError, "only ", joined, " node(s) joined round ", q, " within --rdzv-timeout (",
-               format_duration(sw.elapsed()), "); the job needs at least ", o_.min_nodes, " (--nnodes ", o_.min_nodes,
-               ":", o_.max_nodes, ")");
+               format_duration(sw.elapsed()), "); the job needs at least ", o_.min_nodes, " (--nnodes ",
+               o_.min_nodes, ":", o_.max_nodes, ")");
     }
     ::usleep(50000);
   }

@@ -47,7 +47,8 @@ JobFailure JobFailure::decode(const std::string& record) {
   return f;
 }
 
-JobMonitor::JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where, bool hosts_store)
+JobMonitor::JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where,
+                       bool hosts_store)
     : o_(options), connect_(std::move(connect)), where_(std::move(store_where)), hosts_store_(hosts_store) {
   if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw SystemError("pipe2 for the job monitor", errno);
 }
@@ -172,8 +173,8 @@ void JobMonitor::tick() {
       JobFailure f;
       f.kind = JobFailure::Kind::node_lost;
       f.node = node;
-      f.text = "node " + std::to_string(node) + " lost: no heartbeat from its gzrun for " + format_duration(silent) +
-               " (seen by node " + std::to_string(node_rank_) +
+      f.text = "node " + std::to_string(node) + " lost: no heartbeat from its gzrun for " +
+               format_duration(silent) + " (seen by node " + std::to_string(node_rank_) +
                "; its gzrun was killed or stopped, its host is down or its network is cut)";
       publish(f);
       return;
@@ -260,7 +261,8 @@ bool JobMonitor::admit_waiting(Store& s) {
     if (e == std::string::npos) e = list.size();
     std::string entry = list.substr(b, e - b);  // "seq:host:pid"
     auto c = entry.find(':');
-    if (!entry.empty()) who += (who.empty() ? "" : ", ") + (c == std::string::npos ? entry : entry.substr(c + 1));
+    if (!entry.empty())
+      who += (who.empty() ? "" : ", ") + (c == std::string::npos ? entry : entry.substr(c + 1));
     b = e + 1;
   }
   JobFailure f;

@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "elastic_rendezvous.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/store/store.h"
-#include "options.h"
-#include "elastic_rendezvous.h"
-#include "output_relay.h"
 #include "job_monitor.h"
+#include "options.h"
+#include "output_relay.h"
 #include "process.h"
 #include "store_host.h"
 #include "supervisor.h"
@@ -126,7 +126,9 @@ int run(int argc, char** argv) {
       elastic->advance(r, f);
       return r.round + 1;
     };
-    cfg.cannot_continue = [&elastic](const RoundInfo& r, const JobFailure& f) { return elastic->cannot_continue(r, f); };
+    cfg.cannot_continue = [&elastic](const RoundInfo& r, const JobFailure& f) {
+      return elastic->cannot_continue(r, f);
+    };
     cfg.end_job = [&elastic](const std::string& reason, bool success) {
       if (elastic) elastic->end_job(reason, success);
     };
@@ -145,10 +147,13 @@ int run(int argc, char** argv) {
   // Several nodes: failures, lost nodes and restarts are decided job-wide through the store.
   if (o.nnodes > 1) {
     const std::string where = o.elastic ? store.where() : "node 0 at " + store.where();
-    monitor = std::make_unique<JobMonitor>(o, [&store] { return store.monitor_client(); }, where, store.hosts_store());
+    monitor = std::make_unique<JobMonitor>(
+        o, [&store] { return store.monitor_client(); }, where, store.hosts_store());
     cfg.monitor = monitor.get();
     if (!o.elastic)
-      cfg.next_round = [m = monitor.get()](const RoundInfo& r, const JobFailure&) { return m->advance_round(r.round); };
+      cfg.next_round = [m = monitor.get()](const RoundInfo& r, const JobFailure&) {
+        return m->advance_round(r.round);
+      };
   }
   Supervisor sup(o, std::move(cfg));
   return sup.run();

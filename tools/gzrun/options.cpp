@@ -126,8 +126,8 @@ void validate(LaunchOptions& o) {
   }
   if (o.elastic) {
     if (o.node_rank_given)
-      GZ_THROW(InvalidArgument, "--node-rank cannot be combined with --nnodes ", o.min_nodes, ":", o.max_nodes,
-               ": an elastic job's rendezvous assigns node ranks");
+      GZ_THROW(InvalidArgument, "--node-rank cannot be combined with --nnodes ", o.min_nodes, ":",
+               o.max_nodes, ": an elastic job's rendezvous assigns node ranks");
   }
   if (o.node_rank >= o.nnodes)
     GZ_THROW(InvalidArgument, "--node-rank ", o.node_rank, " must be smaller than --nnodes ", o.nnodes);

@@ -218,7 +218,8 @@ bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelle
     if (deadline.expired()) {
       int64_t now = s.add(name + "/arrived", 0);
       GZ_THROW(TimeoutError, "node ", o_.node_rank, ": only ", now, " of ", nnodes, " nodes reached ", name,
-               " within --rdzv-timeout (", format_duration(sw.elapsed()), ", store at ", o_.master_addr, ":", port_, ")");
+               " within --rdzv-timeout (", format_duration(sw.elapsed()), ", store at ", o_.master_addr, ":",
+               port_, ")");
     }
     ::usleep(20000);  // short: node starts are not latency-critical, signals must stay responsive
   }

@@ -95,7 +95,8 @@ int Supervisor::after_failure(Outcome out, int& next) {
     on_job_failure();  // the job-wide report, also when the local workers ended before it came
   }
   if (out == Outcome::interrupted) {
-    end_job("gzrun of node " + std::to_string(r.node_rank) + " received " + signal_name(interrupt_sig_), false);
+    end_job("gzrun of node " + std::to_string(r.node_rank) + " received " + signal_name(interrupt_sig_),
+            false);
     return 128 + interrupt_sig_;
   }
   // The job's failure (the first one recorded in the store) names the node, rank and cause.
@@ -150,8 +151,9 @@ int Supervisor::after_failure(Outcome out, int& next) {
     say("new round " + std::to_string(next) + " to admit waiting node(s) (no restart counted): " + cause);
   else
     say(std::string("restarting all ") + (mon ? "nodes' " : "local ") + "workers (restart " +
-        std::to_string(r.restarts + 1) + " of " + std::to_string(o_.max_restarts) + (mon ? ", job-wide round " : "") +
-        (mon ? std::to_string(next) : std::string()) + ") after: " + cause);
+        std::to_string(r.restarts + 1) + " of " + std::to_string(o_.max_restarts) +
+        (mon ? ", job-wide round " : "") + (mon ? std::to_string(next) : std::string()) +
+        ") after: " + cause);
   return -1;
 }
 
@@ -160,7 +162,8 @@ void Supervisor::publish_local(int kind, const std::string& what) {
   JobFailure f;
   f.kind = static_cast<JobFailure::Kind>(kind);
   f.node = round_.node_rank;
-  f.text = "node " + std::to_string(round_.node_rank) + (c_.hostname.empty() ? "" : " (" + c_.hostname + ")") + ": " + what;
+  f.text = "node " + std::to_string(round_.node_rank) +
+           (c_.hostname.empty() ? "" : " (" + c_.hostname + ")") + ": " + what;
   c_.monitor->report_local(std::move(f));
 }
 

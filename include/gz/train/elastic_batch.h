@@ -30,8 +30,8 @@ const char* to_string(ElasticBatchPolicy policy);
 struct BatchPlanOptions {
   size_t dataset_size = 0;
   int world = 1;
-  int64_t batch_size = 1;     ///< per rank, per micro-batch (the most a micro-batch holds)
-  int64_t accumulation = 1;   ///< gradient_accumulation_steps of the config
+  int64_t batch_size = 1;    ///< per rank, per micro-batch (the most a micro-batch holds)
+  int64_t accumulation = 1;  ///< gradient_accumulation_steps of the config
   ElasticBatchPolicy policy = ElasticBatchPolicy::keep_global;
   /// @brief G of the first launch (from the checkpoint); 0 = this is the first launch:
   /// configured_global_batch, or batch_size x accumulation x world when that is 0 too.

@@ -92,8 +92,8 @@ size_t DistributedSampler::global_position() const {
 
 void DistributedSampler::load_global_state(int64_t epoch, size_t consumed) {
   if (consumed > dataset_size_)
-    GZ_THROW(InvalidArgument, "DistributedSampler::load_global_state: ", consumed, " samples consumed > dataset size ",
-             dataset_size_);
+    GZ_THROW(InvalidArgument, "DistributedSampler::load_global_state: ", consumed,
+             " samples consumed > dataset size ", dataset_size_);
   epoch_ = epoch;
   offset_ = consumed;
   position_ = 0;

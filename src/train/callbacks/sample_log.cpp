@@ -1,6 +1,6 @@
-#include <filesystem>
-
 #include <torch/torch.h>
+
+#include <filesystem>
 
 #include "gz/core/error.h"
 #include "gz/train/callback.h"
@@ -20,9 +20,9 @@ void SampleLog::on_train_begin(Trainer& t) {
   out_.open(file, std::ios::trunc);
   if (!out_) throw SystemError("open " + file.string(), errno);
   const auto& s = t.state();
-  out_ << "# session " << t.session_id() << " world " << t.world_size() << " rank " << t.rank() << " start_step "
-       << s.step << " epoch " << s.epoch << " epoch_samples " << s.epoch_samples << " global_batch "
-       << s.global_batch << "\n"
+  out_ << "# session " << t.session_id() << " world " << t.world_size() << " rank " << t.rank()
+       << " start_step " << s.step << " epoch " << s.epoch << " epoch_samples " << s.epoch_samples
+       << " global_batch " << s.global_batch << "\n"
        << std::flush;
 }
 
