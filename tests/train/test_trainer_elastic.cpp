@@ -187,6 +187,23 @@ TEST(TrainerElastic, KeepGlobalBatchResizedRunMatchesUninterrupted) {
   expect_each_epoch_once(sb, epoch_b, 250, 2);
 }
 
+TEST(TrainerElastic, HorovodModeChangesItsAccumulationWithTheWorld) {
+  // Global batch 24: one micro-batch of 8 per rank on 3 ranks, two of 6 on 2 ranks; the
+  // DistributedOptimizer built for one backward pass per step must then wait for two.
+  TmpDir a("hvd_a"), b("hvd_b");
+  Record ra, rb;
+  auto ca = config(a.path, "keep_global"), cb = config(b.path, "keep_global");
+  ca.mode = cb.mode = "horovod";
+  auto reference = launch(ca, 3, -1, ra, 0);
+  launch(cb, 3, 5, rb, 0);
+  launch(cb, 2, 14, rb, 1);
+  auto resized = launch(cb, 3, -1, rb, 2);
+  ASSERT_EQ(reference.size(), resized.size());
+  for (size_t i = 0; i < reference.size(); ++i)
+    EXPECT_TRUE(torch::allclose(reference[i], resized[i], 1e-4, 1e-5))
+        << "param " << i << " max diff " << (reference[i] - resized[i]).abs().max().item<float>();
+}
+
 TEST(TrainerElastic, ScaleLrReadsEachSampleOncePerEpoch) {
   TmpDir b("scale");
   Record rb;
