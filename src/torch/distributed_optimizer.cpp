@@ -442,6 +442,12 @@ void DistributedOptimizer::step() {
 
 void DistributedOptimizer::zero_grad() { optimizer_->zero_grad(); }
 
+void DistributedOptimizer::set_backward_passes_per_step(int n) {
+  GZ_CHECK_ARG(n >= 1, "backward_passes_per_step = ", n);
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.backward_passes_per_step = n;
+}
+
 void broadcast_parameters(const NamedParameters& params, int root, const comm::CommPtr& group) {
   auto g = resolve_group(group);
   torch::NoGradGuard no_grad;

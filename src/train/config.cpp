@@ -132,6 +132,10 @@ std::vector<Field> fields(TrainConfig& c) {
       {"mixed_precision", Kind::String, &c.mixed_precision, one_of(&c.mixed_precision, {"no", "bf16", "fp16"})},
       {"finetune", Kind::String, &c.finetune, none},
       {"resume_from_checkpoint", Kind::String, &c.resume_from_checkpoint, none},
+      {"elastic_batch", Kind::String, &c.elastic_batch,
+       one_of(&c.elastic_batch, {"keep_global", "scale_lr"})},
+      {"global_batch_size", Kind::Int, &c.global_batch_size, at_least<int64_t>(&c.global_batch_size, 0)},
+      {"log_samples", Kind::Bool, &c.log_samples, none},
   };
 }
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "gz/train/checkpoint.h"
 #include "gz/train/data_loader.h"
 #include "gz/train/data/factory.h"
+#include "gz/train/elastic_batch.h"
 #include "gz/train/scheduler.h"
 
 namespace gz::train {
@@ -40,7 +42,7 @@ struct Trainer::Impl {
   Stopwatch clock;
   bool set_up = false;
   int64_t last_eval_step = -1;
-  int64_t micro_batches_per_epoch = 0;
+  BatchPlan plan;
 };
 
 namespace {
@@ -166,28 +168,7 @@ void Trainer::setup() {
   }
   model_->to(impl_->device);
 
-  // Steps: every rank reads ceil(N / world) samples per epoch (the permutation wraps to pad), in
-  // micro-batches of batch_size (a partial last one is dropped), accumulated into optimizer steps.
-  const size_t n = train_data_->size();
-  const size_t per_rank = (n + world_ - 1) / world_;
-  impl_->micro_batches_per_epoch = static_cast<int64_t>(per_rank / c.batch_size);
-  state_.steps_per_epoch = impl_->micro_batches_per_epoch / c.gradient_accumulation_steps;
-  if (state_.steps_per_epoch < 1)
-    GZ_THROW(InvalidArgument, "training set too small: ", n, " samples over ", world_, " ranks give no full step of ",
-             c.batch_size, " x ", c.gradient_accumulation_steps, " samples");
-  state_.total_steps = c.max_steps > 0 ? c.max_steps : state_.steps_per_epoch * c.num_epochs;
-
-  SchedulerOptions so;
-  so.name = c.scheduler.name;
-  so.base_lr = c.lr;
-  so.total_steps = state_.total_steps;
-  so.warmup_steps = c.scheduler.warmup_steps > 0
-                        ? c.scheduler.warmup_steps
-                        : static_cast<int64_t>(std::llround(c.scheduler.warmup_epochs * state_.steps_per_epoch));
-  so.gamma = c.scheduler.gamma;
-  so.min_lr = std::min(c.scheduler.min_lr, c.lr);
-  for (auto m : c.scheduler.milestones) so.milestones.push_back(c.scheduler.unit == "epoch" ? m * state_.steps_per_epoch : m);
-  impl_->scheduler = std::make_unique<LrScheduler>(so);
+  plan_steps(0);
 
   if (!c.finetune.empty()) {
     torch::serialize::InputArchive archive;
@@ -207,7 +188,7 @@ void Trainer::setup() {
     for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
     broadcast_parameters(*model_, 0, group_);
     impl_->hvd = std::make_unique<DistributedOptimizer>(impl_->optimizer, named, Compression::none,
-                                                        static_cast<int>(c.gradient_accumulation_steps), group_);
+                                                        static_cast<int>(impl_->plan.accumulation), group_);
   } else if (c.mode == "dp") {
     DataParallelOptions dpo;
     dpo.devices.assign(static_cast<size_t>(c.dp_replicas), impl_->device);
@@ -237,28 +218,72 @@ void Trainer::setup() {
     if (c.early_stopping_patience > 0)
       callbacks_.push_back(std::make_shared<EarlyStopping>(c.early_stopping_patience, c.early_stopping_threshold));
   }
+  if (c.log_samples) callbacks_.push_back(std::make_shared<SampleLog>());
   for (auto& cb : user_callbacks_) callbacks_.push_back(cb);
   impl_->set_up = true;
 }
 
-std::vector<std::vector<size_t>> Trainer::epoch_batches(int64_t epoch) const {
+std::vector<size_t> Trainer::epoch_order(int64_t epoch) const {
   const size_t n = train_data_->size();
   std::vector<size_t> perm(n);
   for (size_t i = 0; i < n; ++i) perm[i] = i;
   std::mt19937_64 rng(mix(static_cast<uint64_t>(config_.seed), static_cast<uint64_t>(epoch)));
   for (size_t i = n; i > 1; --i) std::swap(perm[i - 1], perm[rng() % i]);  // Fisher-Yates, portable
-  const size_t per_rank = (n + world_ - 1) / world_;
-  std::vector<size_t> mine;
-  mine.reserve(per_rank);
-  for (size_t k = 0; k < per_rank; ++k) mine.push_back(perm[(k * world_ + rank_) % n]);
-  std::vector<std::vector<size_t>> batches;
-  const size_t b = static_cast<size_t>(config_.batch_size);
-  for (int64_t i = 0; i < impl_->micro_batches_per_epoch; ++i)
-    batches.emplace_back(mine.begin() + i * b, mine.begin() + (i + 1) * b);
-  return batches;
+  return perm;
 }
 
-void Trainer::train_step(DataLoader& loader) {
+void Trainer::plan_steps(int64_t reference) {
+  const auto& c = config_;
+  const ElasticBatchPolicy policy = parse_elastic_batch_policy(c.elastic_batch);
+  BatchPlanOptions bo;
+  bo.dataset_size = train_data_->size();
+  bo.world = world_;
+  bo.batch_size = c.batch_size;
+  bo.accumulation = c.gradient_accumulation_steps;
+  bo.policy = policy;
+  bo.reference_global_batch = reference;
+  bo.configured_global_batch = c.global_batch_size;
+  impl_->plan = plan_batches(bo);
+  const BatchPlan& p = impl_->plan;
+  state_.global_batch = p.global_batch;
+  state_.lr_scale = p.lr_scale;
+  state_.steps_per_epoch = p.steps_per_epoch;
+  // The lr schedule is laid out in steps of the first launch's global batch (every launch's, with
+  // keep_global); scale_lr reads it at samples seen / that batch.
+  const int64_t ref_steps_per_epoch =
+      static_cast<int64_t>(bo.dataset_size / static_cast<size_t>(p.reference_global_batch));
+  const int64_t ref_total = c.max_steps > 0 ? c.max_steps : ref_steps_per_epoch * c.num_epochs;
+  if (policy == ElasticBatchPolicy::keep_global) {
+    state_.total_steps = ref_total;
+  } else {
+    if (c.max_steps > 0)
+      GZ_THROW(InvalidArgument,
+               "max_steps counts steps of a fixed global batch: use elastic_batch: keep_global with it");
+    // The steps this world still has to take: the rest of this epoch, then whole epochs.
+    const int64_t left_in_epoch =
+        state_.epoch >= c.num_epochs
+            ? 0
+            : static_cast<int64_t>((bo.dataset_size - static_cast<size_t>(state_.epoch_samples)) /
+                                   static_cast<size_t>(p.global_batch));
+    state_.total_steps = state_.step + left_in_epoch +
+                         std::max<int64_t>(0, c.num_epochs - state_.epoch - 1) * p.steps_per_epoch;
+  }
+  SchedulerOptions so;
+  so.name = c.scheduler.name;
+  so.base_lr = c.lr;
+  so.total_steps = ref_total;
+  so.warmup_steps = c.scheduler.warmup_steps > 0
+                        ? c.scheduler.warmup_steps
+                        : static_cast<int64_t>(std::llround(c.scheduler.warmup_epochs * ref_steps_per_epoch));
+  so.gamma = c.scheduler.gamma;
+  so.min_lr = std::min(c.scheduler.min_lr, c.lr);
+  for (auto m : c.scheduler.milestones)
+    so.milestones.push_back(c.scheduler.unit == "epoch" ? m * ref_steps_per_epoch : m);
+  impl_->scheduler = std::make_unique<LrScheduler>(so);
+  if (impl_->hvd) impl_->hvd->set_backward_passes_per_step(static_cast<int>(p.accumulation));
+}
+
+void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch) {
   const auto& c = config_;
   auto& opt = *impl_->optimizer;
   model_->train();
@@ -266,7 +291,6 @@ void Trainer::train_step(DataLoader& loader) {
   else opt.zero_grad();
   double loss_sum = 0;
   const bool bf16 = c.mixed_precision == "bf16", fp16 = c.mixed_precision == "fp16";
-  const int64_t accum = c.gradient_accumulation_steps;
   for (int64_t k = 0; k < accum; ++k) {
     auto batch = loader.next();
     if (!batch) GZ_THROW(Error, "rank ", rank_, ": data loader ran out of batches at step ", state_.step);
@@ -284,8 +308,11 @@ void Trainer::train_step(DataLoader& loader) {
     auto opts = torch::nn::functional::CrossEntropyFuncOptions();
     if (c.loss == "label_smoothing") opts.label_smoothing(c.label_smoothing);
     auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), label, opts);
-    loss_sum += loss.item<double>();
-    impl_->scaler->scale(loss / static_cast<double>(accum)).backward();
+    // Weighted by the micro-batch's share of the global batch (n W / G): with gradients averaged
+    // over the ranks, the step's gradient is the mean over the global batch however it is split.
+    const auto n = static_cast<double>(label.size(0));
+    loss_sum += loss.item<double>() * n;
+    impl_->scaler->scale(loss * (n * world_ / static_cast<double>(global_batch))).backward();
     if (impl_->dp) impl_->dp->reduce_gradients();
   }
   if (impl_->hvd) impl_->hvd->synchronize();
@@ -296,9 +323,9 @@ void Trainer::train_step(DataLoader& loader) {
   }
   scaler.step(opt);
   scaler.update();
-  std::vector<double> loss{loss_sum / static_cast<double>(accum)};
+  std::vector<double> loss{loss_sum};
   allreduce_sum(loss);
-  state_.loss = loss[0] / world_;
+  state_.loss = loss[0] / static_cast<double>(global_batch);
 }
 
 std::map<std::string, double> Trainer::evaluate() {
@@ -411,10 +438,12 @@ std::string Trainer::save_checkpoint() {
         std::lock_guard<std::mutex> lock(gen.mutex());
         root.write("rng_cpu", gen.get_state());
       }
-      root.write("counters", torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
-                                            static_cast<int64_t>(world_), state_.total_steps,
-                                            config_.batch_size, config_.gradient_accumulation_steps},
-                                           torch::kInt64));
+      root.write("counters",
+                 torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
+                                static_cast<int64_t>(world_), state_.total_steps, config_.batch_size,
+                                config_.gradient_accumulation_steps, state_.epoch_samples,
+                                state_.samples_seen, impl_->plan.reference_global_batch},
+                               torch::kInt64));
       root.write("best_metric", torch::tensor({state_.best_metric}, torch::kFloat64));
       auto metrics = state_.metrics;
       metrics["train_loss"] = state_.loss;
@@ -446,10 +475,7 @@ void Trainer::apply_checkpoint(torch::serialize::InputArchive& root, const Check
       GZ_THROW(Error, "checkpoint ", file, " has no trainer counters (not a training checkpoint?)");
     auto cnt = counters.to(torch::kInt64);
     auto at = [&](int i) { return cnt[i].item<int64_t>(); };
-    if (at(4) != world_ || at(6) != config_.batch_size || at(7) != config_.gradient_accumulation_steps)
-      GZ_LOG(warn, "checkpoint ", file, " was written with world=", at(4), " batch_size=", at(6), " accumulation=",
-             at(7), "; now world=", world_, " batch_size=", config_.batch_size, " accumulation=",
-             config_.gradient_accumulation_steps, ": the data order will differ from an uninterrupted run");
+    const bool accounted = counters.numel() >= 11;  // written with the sample accounting
     load_module_state(*model_, model_archive, file);
     if (root.try_read("optimizer", opt_archive)) impl_->optimizer->load(opt_archive);
     if (root.try_read("scaler", scaler_archive)) impl_->scaler->load(scaler_archive);
@@ -465,6 +491,28 @@ void Trainer::apply_checkpoint(torch::serialize::InputArchive& root, const Check
     if (root.try_read("best_metric", best)) state_.best_metric = best.item<double>();
     state_.metrics = info.metrics;
     state_.metrics.erase("train_loss");
+    // Where the data stands: the epoch and the samples of its order consumed, all ranks together,
+    // so that any world size reads the rest of the epoch exactly once.
+    const int64_t written_world = at(4);
+    int64_t reference = at(6) * at(7) * written_world;
+    if (accounted) {
+      state_.epoch_samples = at(8);
+      state_.samples_seen = at(9);
+      reference = at(10);
+    } else {
+      const int64_t spe =
+          std::max<int64_t>(1, static_cast<int64_t>(train_data_->size() / static_cast<size_t>(reference)));
+      state_.epoch = state_.step / spe;
+      state_.epoch_samples = (state_.step % spe) * reference;
+      state_.samples_seen = state_.step * reference;
+    }
+    plan_steps(reference);
+    if (written_world != world_ && is_main())
+      GZ_LOG(info, "resuming on ", world_, " rank(s), checkpoint written by ", written_world,
+             " (elastic_batch ", config_.elastic_batch, "): global batch ", state_.global_batch,
+             " (first launch ", impl_->plan.reference_global_batch, "), ", impl_->plan.accumulation,
+             " micro-batch(es) per step, lr x ", state_.lr_scale, "; epoch ", state_.epoch, " at sample ",
+             state_.epoch_samples, " of ", train_data_->size());
   } catch (const gz::Error&) {
     throw;
   } catch (const c10::Error& e) {
@@ -545,6 +593,11 @@ std::map<std::string, double> Trainer::train() {
     save_config(c, (fs::path(c.work_dir) / "config.yaml").string());
   }
   maybe_resume();
+  if (c.log_samples) {
+    // One id per launch, the same on every rank (rank 0's clock), naming this session's sample logs.
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    session_id_ = broadcast_value(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
+  }
   if (impl_->hvd && state_.step > 0) broadcast_optimizer_state(*impl_->optimizer, 0, group_);
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
 
@@ -570,35 +623,62 @@ std::map<std::string, double> Trainer::train() {
     for (auto& cb : callbacks_) cb->on_evaluate(*this);
   };
 
+  const size_t n = train_data_->size();
   while (state_.step < state_.total_steps && !state_.should_stop) {
-    const int64_t epoch = state_.step / state_.steps_per_epoch;
-    const int64_t in_epoch = state_.step % state_.steps_per_epoch;
-    state_.epoch = epoch;
-    if (in_epoch == 0)
+    // The rest of the epoch on this world, from the samples of its order already consumed.
+    const int64_t epoch = state_.epoch;
+    const BatchPlan& p = impl_->plan;
+    EpochPlan plan(n, static_cast<size_t>(state_.epoch_samples), p.global_batch, p.accumulation, world_,
+                   rank_);
+    if (plan.steps() == 0) {  // resumed at the end of an epoch: its end-of-epoch work is done
+      ++state_.epoch;
+      state_.epoch_samples = 0;
+      continue;
+    }
+    if (state_.epoch_samples == 0)
       for (auto& cb : callbacks_) cb->on_epoch_begin(*this);
-    auto batches = epoch_batches(epoch);
-    const int64_t accum = c.gradient_accumulation_steps;
-    batches.erase(batches.begin(), batches.begin() + in_epoch * accum);
-    batches.resize(static_cast<size_t>((state_.steps_per_epoch - in_epoch) * accum));
+    const std::vector<size_t> order = epoch_order(epoch);
+    const size_t steps =
+        std::min<size_t>(plan.steps(), static_cast<size_t>(state_.total_steps - state_.step));
+    std::vector<std::vector<size_t>> batches;
+    batches.reserve(steps * static_cast<size_t>(p.accumulation));
+    for (size_t k = 0; k < steps; ++k)
+      for (auto& mb : plan.micro_batches(k)) {
+        for (auto& pos : mb) pos = order[pos];
+        batches.push_back(std::move(mb));
+      }
     DataLoader::Transform transform;
     if (c.augment) {
       const uint64_t seed = mix(static_cast<uint64_t>(c.seed) + 1, static_cast<uint64_t>(epoch));
       transform = [seed](Example e, size_t idx) { return augment_image(std::move(e), mix(seed, idx)); };
     }
+    const std::vector<std::vector<size_t>> planned =
+        c.log_samples ? batches : std::vector<std::vector<size_t>>{};
     DataLoader loader(train_data_, std::move(batches), static_cast<int>(c.num_workers), transform);
-    while (state_.step < state_.total_steps && !state_.should_stop) {
+    for (size_t k = 0; k < steps && !state_.should_stop; ++k) {
+      step_samples_.clear();
+      for (size_t m = 0; c.log_samples && m < static_cast<size_t>(p.accumulation); ++m) {
+        const auto& mb = planned[k * static_cast<size_t>(p.accumulation) + m];
+        step_samples_.insert(step_samples_.end(), mb.begin(), mb.end());
+      }
+      state_.schedule_step =
+          c.elastic_batch == "keep_global" ? state_.step : state_.samples_seen / p.reference_global_batch;
       for (auto& cb : callbacks_) cb->on_step_begin(*this);
-      train_step(loader);
+      train_step(loader, p.accumulation, p.global_batch);
       ++state_.step;
+      state_.epoch_samples += p.global_batch;
+      state_.samples_seen += p.global_batch;
       if (c.eval_steps > 0 && state_.step % c.eval_steps == 0) run_eval();
       for (auto& cb : callbacks_) cb->on_step_end(*this);
       if (state_.step == crash_at_step_)
         GZ_THROW(Aborted, "rank ", rank_, ": simulated crash after step ", state_.step);
-      if (state_.step % state_.steps_per_epoch == 0) break;
     }
-    if (state_.step % state_.steps_per_epoch == 0) {
+    if (static_cast<size_t>(state_.epoch_samples) == plan.end()) {
       if (c.eval_steps == 0 && impl_->last_eval_step != state_.step) run_eval();
       for (auto& cb : callbacks_) cb->on_epoch_end(*this);
+      // A checkpoint written above records the epoch as consumed; resuming there moves on.
+      ++state_.epoch;
+      state_.epoch_samples = 0;
     }
   }
   if (impl_->last_eval_step != state_.step) run_eval();

@@ -76,7 +76,7 @@ for ((i = 0; i < hosts; ++i)); do
       --nproc-per-node 2 --rdzv-timeout 20 --heartbeat-timeout "$hb" --grace-period 1 --max-restarts $restarts \
       -- "$worker" job "$dir" $fail_rank 7 1.5 $steps $fail_attempts >"$dir/host$i.log" 2>&1
     echo $? >"$dir/rc_$i"
-    now_ns >"$dir/end_$i"
+    now_ns >"$dir/end_$i.tmp" && mv "$dir/end_$i.tmp" "$dir/end_$i"  # whole or absent
   ) &
   pids+=($!)
 done

@@ -69,8 +69,26 @@ TEST(GzrunOptions, MultiNode) {
   EXPECT_EQ(e.master_addr, "host");
   EXPECT_EQ(e.master_port, 1234);
   EXPECT_THROW(parse({"--nnodes", "2", "--master-port", "0", "prog"}), InvalidArgument);
-  EXPECT_THROW(parse({"--nnodes", "1:4", "prog"}), InvalidArgument);
+  EXPECT_FALSE(e.elastic);  // N:N is a fixed size
   EXPECT_THROW(parse({"--nnodes", "2", "--node-rank", "2", "prog"}), InvalidArgument);
+}
+
+TEST(GzrunOptions, Elastic) {
+  auto o = parse({"--nnodes", "2:4", "--master-addr", "10.0.0.1", "--rdzv-join-window", "1.5", "prog"});
+  EXPECT_TRUE(o.elastic);
+  EXPECT_EQ(o.min_nodes, 2);
+  EXPECT_EQ(o.max_nodes, 4);
+  EXPECT_EQ(o.nnodes, 4);  // the most there can be
+  EXPECT_DOUBLE_EQ(o.join_window_s, 1.5);
+  EXPECT_EQ(o.master_port, kDefaultMultiNodePort);
+  EXPECT_DOUBLE_EQ(parse({"--nnodes=1:2", "prog"}).join_window_s, 10.0);
+  EXPECT_TRUE(parse({"--nnodes=1:2", "prog"}).elastic);
+  // Ranks come from the rendezvous; a range must be ordered; one node cannot be elastic alone.
+  EXPECT_THROW(parse({"--nnodes", "1:4", "--node-rank", "0", "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--nnodes", "4:2", "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--nnodes", "1:2", "--standalone", "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--nnodes", "1:2", "--master-port", "0", "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--rdzv-join-window", "-1", "prog"}), InvalidArgument);
 }
 
 TEST(GzrunOptions, Standalone) {
@@ -203,6 +221,19 @@ TEST(GzrunWorkerEnv, TorchrunNamesAndRanks) {
   a.cores = 2;
   base = Env();
   EXPECT_EQ(worker_env(base, o, a, 0)["OMP_NUM_THREADS"], "1");  // never 0
+  // Elastic: the round's node rank and node count replace the command line's.
+  LaunchOptions e = parse({"--nnodes", "1:3", "--nproc-per-node", "2", "prog"});
+  AttemptInfo ea = a;
+  ea.node_rank = 1;
+  ea.nnodes = 2;
+  auto eenv = worker_env(base, e, ea, 1);
+  EXPECT_EQ(eenv["RANK"], "3");
+  EXPECT_EQ(eenv["WORLD_SIZE"], "4");
+  EXPECT_EQ(eenv["GROUP_RANK"], "1");
+  EXPECT_EQ(eenv["GROUP_WORLD_SIZE"], "2");
+  EXPECT_EQ(eenv["GZ_NNODES"], "2");
+  EXPECT_EQ(eenv["GZ_MIN_NODES"], "1");
+  EXPECT_EQ(eenv["GZ_MAX_NODES"], "3");
   auto envp = to_envp({{"A", "1"}, {"B", "x=y"}});
   EXPECT_EQ(envp, (std::vector<std::string>{"A=1", "B=x=y"}));
 }

@@ -162,3 +162,71 @@ TEST(DistributedSampler, BadArgumentsAndStates) {
   EXPECT_EQ(s.next_batch(100).size(), 5u);
   EXPECT_TRUE(s.next_batch(1).empty());
 }
+
+namespace {
+
+// Ranks of one world in lock step: each takes `per_rank` more samples (or all that are left).
+std::vector<size_t> run_world(size_t n, int world, DistributedSamplerOptions o, int64_t epoch,
+                              size_t consumed, size_t per_rank, size_t* consumed_after) {
+  std::vector<size_t> seen;
+  for (int r = 0; r < world; ++r) {
+    DistributedSampler s(n, world, r, o);
+    s.load_global_state(epoch, consumed);
+    s.set_epoch(epoch);  // the training loop's call keeps the resumed position
+    for (size_t left = per_rank; left > 0;) {
+      auto b = s.next_batch(std::min<size_t>(left, 7));
+      if (b.empty()) break;
+      left -= b.size();
+      seen.insert(seen.end(), b.begin(), b.end());
+    }
+    *consumed_after = s.global_position();
+  }
+  return seen;
+}
+
+}  // namespace
+
+TEST(DistributedSampler, ResizedWorldReadsTheRestOfTheEpochExactlyOnce) {
+  DistributedSamplerOptions o;
+  o.seed = 11;
+  const size_t n = 999;
+  // 3 ranks read 30 samples each, then 2 ranks 60 each, then 3 ranks the rest (789 = 3 x 263).
+  size_t consumed = 0;
+  std::vector<size_t> all = run_world(n, 3, o, 4, 0, 30, &consumed);
+  EXPECT_EQ(consumed, 90u);
+  auto part = run_world(n, 2, o, 4, consumed, 60, &consumed);
+  EXPECT_EQ(consumed, 210u);
+  all.insert(all.end(), part.begin(), part.end());
+  part = run_world(n, 3, o, 4, consumed, n, &consumed);
+  EXPECT_EQ(consumed, n);
+  all.insert(all.end(), part.begin(), part.end());
+  ASSERT_EQ(all.size(), n);
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(all[i], i) << "sample " << i << " repeated or skipped";
+  // The rest is the epoch's order from `consumed` on: the same positions whatever the world.
+  DistributedSampler one(n, 1, 0, o);
+  one.set_epoch(4);
+  DistributedSampler rest(n, 1, 0, o);
+  rest.load_global_state(4, 210);
+  EXPECT_EQ(rest.indices(), std::vector<size_t>(one.indices().begin() + 210, one.indices().end()));
+}
+
+TEST(DistributedSampler, GlobalStateSurvivesSaveAndLoadAndReset) {
+  DistributedSamplerOptions o;
+  o.drop_last = true;
+  DistributedSampler a(50, 3, 1, o);
+  a.load_global_state(2, 20);  // 30 left: 10 per rank
+  EXPECT_EQ(a.num_samples(), 10u);
+  a.next_batch(4);
+  EXPECT_EQ(a.global_position(), 32u);
+  DistributedSampler b(50, 3, 1, o);
+  b.load_state(a.state());
+  EXPECT_EQ(b.indices(), a.indices());
+  EXPECT_EQ(b.next_batch(100), a.next_batch(100));
+  EXPECT_THROW(b.load_global_state(2, 51), gz::InvalidArgument);
+  EXPECT_THROW(b.load_state({2, 11, 20}), gz::InvalidArgument);  // beyond the shard after the offset
+  EXPECT_EQ(b.position(), 10u);                                  // unchanged
+  b.reset();                                                     // the whole epoch again
+  EXPECT_EQ(b.num_samples(), 16u);
+  EXPECT_EQ(b.global_position(), 0u);
+}

@@ -21,13 +21,11 @@ std::chrono::milliseconds ms_of(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
 }
 
-std::string round_key(int round, const char* what) {
+}  // namespace
+
+std::string JobMonitor::round_key(int round, const std::string& what) {
   return "gzrun/round" + std::to_string(round) + "/" + what;
 }
-
-std::string hb_key(int node) { return "gzrun/hb/" + std::to_string(node); }
-
-}  // namespace
 
 std::string JobFailure::encode() const {
   return std::to_string(static_cast<int>(kind)) + "|" + std::to_string(node) + "|" + text;
@@ -43,14 +41,15 @@ JobFailure JobFailure::decode(const std::string& record) {
     return f;
   }
   int k = std::atoi(record.substr(0, a).c_str());
-  f.kind = (k >= 1 && k <= 4) ? static_cast<Kind>(k) : Kind::worker;
+  f.kind = (k >= 1 && k <= 5) ? static_cast<Kind>(k) : Kind::worker;
   f.node = std::atoi(record.substr(a + 1, b - a - 1).c_str());
   f.text = record.substr(b + 1);
   return f;
 }
 
-JobMonitor::JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where)
-    : o_(options), connect_(std::move(connect)), where_(std::move(store_where)) {
+JobMonitor::JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where,
+                       bool hosts_store)
+    : o_(options), connect_(std::move(connect)), where_(std::move(store_where)), hosts_store_(hosts_store) {
   if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw SystemError("pipe2 for the job monitor", errno);
 }
 
@@ -70,12 +69,14 @@ Store& JobMonitor::store() {
   return *store_;
 }
 
-void JobMonitor::start_round(int round) {
+void JobMonitor::start_round(int round, int node_rank, int nnodes) {
   if (thread_.joinable()) end_round();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = false;
     round_ = round;
+    node_rank_ = node_rank;
+    nnodes_ = nnodes;
     failure_ = JobFailure{};
     pending_.clear();
   }
@@ -84,8 +85,8 @@ void JobMonitor::start_round(int round) {
   }
   const auto now = steady_clock::now();
   peers_.clear();
-  for (int n = 0; n < o_.nnodes; ++n)
-    if (n != o_.node_rank) peers_[n] = Peer{-1, now};
+  for (int n = 0; n < nnodes_; ++n)
+    if (n != node_rank_) peers_[n] = Peer{-1, now};
   last_ok_ = now;
   store_lost_ = false;
   thread_ = std::thread([this] { loop(); });
@@ -117,7 +118,7 @@ void JobMonitor::learn(const JobFailure& f) {
   // Tell node 0 this gzrun has seen the failure (it keeps the store up until everyone has).
   if (f.kind != JobFailure::Kind::store_lost) {
     try {
-      store().add(round_key(round_, "acked"), 1);
+      store().set(round_key(round_, "acked/" + std::to_string(node_rank_)), to_bytes("1"));
     } catch (const std::exception&) {
       // Not worth more: node 0 stops waiting after the heartbeat timeout anyway.
     }
@@ -152,14 +153,14 @@ void JobMonitor::tick() {
     }
     for (const JobFailure& f : pending) publish(f);
     Store& s = store();
-    s.add(hb_key(o_.node_rank), 1);
+    s.add(round_key(round_, "hb/" + std::to_string(node_rank_)), 1);
     const std::string fkey = round_key(round_, "failure");
     const bool known = failure().failed();
     if (!known && s.check({fkey})) learn(JobFailure::decode(to_string(s.get(fkey, Deadline::after(timeout)))));
     last_ok_ = steady_clock::now();
     if (known || failure().failed()) return;
     for (auto& [node, peer] : peers_) {
-      int64_t beats = s.add(hb_key(node), 0);
+      int64_t beats = s.add(round_key(round_, "hb/" + std::to_string(node)), 0);
       const auto now = steady_clock::now();
       last_ok_ = now;
       if (beats != peer.beats) {
@@ -172,12 +173,13 @@ void JobMonitor::tick() {
       JobFailure f;
       f.kind = JobFailure::Kind::node_lost;
       f.node = node;
-      f.text = "node " + std::to_string(node) + " lost: no heartbeat from its gzrun for " + format_duration(silent) +
-               " (seen by node " + std::to_string(o_.node_rank) +
+      f.text = "node " + std::to_string(node) + " lost: no heartbeat from its gzrun for " +
+               format_duration(silent) + " (seen by node " + std::to_string(node_rank_) +
                "; its gzrun was killed or stopped, its host is down or its network is cut)";
       publish(f);
       return;
     }
+    if (o_.elastic) admit_waiting(s);
   } catch (const std::exception& e) {
     const auto silent = std::chrono::duration_cast<Duration>(steady_clock::now() - last_ok_);
     if (silent < timeout) return;  // a blip: try again next interval, until the deadline
@@ -185,7 +187,7 @@ void JobMonitor::tick() {
     JobFailure f;
     f.kind = JobFailure::Kind::store_lost;
     f.node = 0;
-    f.text = "lost the store host (node 0 at " + where_ + "): no answer for " + format_duration(silent) +
+    f.text = "lost the store host (" + where_ + "): no answer for " + format_duration(silent) +
              " (last error: " + e.what() + ")";
     learn(f);
   }
@@ -208,15 +210,67 @@ void JobMonitor::end_round() {
   if (store_lost_) return;
   try {
     for (const JobFailure& p : pending) publish(p);
-    if (!f.failed() || o_.node_rank != 0) return;
-    // Node 0 hosts the store: keep it up until every node that is not lost has seen the failure,
-    // so nobody reports "lost the store host" instead of the real cause.
-    const int64_t expected = o_.nnodes - (f.kind == JobFailure::Kind::node_lost ? 1 : 0);
+    if (!f.failed() || !hosts_store_) return;
+    // This gzrun hosts the store: keep it up until every node that is still there has seen the
+    // failure, so nobody reports "lost the store host" instead of the real cause. A node is
+    // waited for until it acknowledged, or until its heartbeat stood still for 3 intervals (a live
+    // gzrun heartbeats until it has acknowledged): a dead, stopped or cut-off node is not waited
+    // for the whole timeout.
+    const auto interval = ms_of(o_.effective_heartbeat_interval_s());
     Deadline deadline = Deadline::after(ms_of(o_.heartbeat_timeout_s));
-    while (store().add(round_key(round_, "acked"), 0) < expected && !deadline.expired()) ::usleep(10000);
+    struct Waiting {
+      int64_t beats;
+      steady_clock::time_point changed;
+    };
+    std::map<int, Waiting> waiting;
+    for (int n = 0; n < nnodes_; ++n)
+      if (n != node_rank_ && !(f.kind == JobFailure::Kind::node_lost && n == f.node))
+        waiting[n] = Waiting{-1, steady_clock::now()};
+    while (!waiting.empty() && !deadline.expired()) {
+      for (auto it = waiting.begin(); it != waiting.end();) {
+        if (store().check({round_key(round_, "acked/" + std::to_string(it->first))})) {
+          it = waiting.erase(it);
+          continue;
+        }
+        const int64_t beats = store().add(round_key(round_, "hb/" + std::to_string(it->first)), 0);
+        const auto now = steady_clock::now();
+        if (beats != it->second.beats) it->second = Waiting{beats, now};
+        if (now - it->second.changed >= 3 * interval) {
+          it = waiting.erase(it);
+          continue;
+        }
+        ++it;
+      }
+      if (!waiting.empty()) ::usleep(20000);
+    }
   } catch (const std::exception& e) {
     say(std::string("warning: while ending the round in the store: ") + e.what());
   }
+}
+
+bool JobMonitor::admit_waiting(Store& s) {
+  // One round trip per interval while nobody waits. A full round cannot take anyone in (the
+  // joiner waits for a place), and once a node's workers all succeeded the job is finishing.
+  if (nnodes_ >= o_.max_nodes) return false;
+  const std::string joined = round_key(round_ + 1, "joined");
+  if (!s.check({joined}) || s.check({round_key(round_, "exit/arrived")})) return false;
+  std::string who;
+  const std::string list = to_string(s.get(joined, Deadline::after(ms_of(o_.heartbeat_timeout_s))));
+  for (size_t b = 0; b < list.size();) {
+    size_t e = list.find(';', b);
+    if (e == std::string::npos) e = list.size();
+    std::string entry = list.substr(b, e - b);  // "seq:host:pid"
+    auto c = entry.find(':');
+    if (!entry.empty())
+      who += (who.empty() ? "" : ", ") + (c == std::string::npos ? entry : entry.substr(c + 1));
+    b = e + 1;
+  }
+  JobFailure f;
+  f.kind = JobFailure::Kind::admit;
+  f.text = "node(s) waiting to join (" + who + "): new round with more nodes (" + std::to_string(nnodes_) +
+           " now, at most " + std::to_string(o_.max_nodes) + ")";
+  publish(f);
+  return true;
 }
 
 int JobMonitor::advance_round(int round) {

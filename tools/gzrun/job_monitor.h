@@ -24,7 +24,8 @@ namespace gz::launcher {
 
 /// @brief How a round ended for the whole job.
 struct JobFailure {
-  enum class Kind { none, worker, node_lost, store_lost, interrupted };
+  /// @brief admit is no failure: an elastic job ends the round to take in a node waiting to join.
+  enum class Kind { none, worker, node_lost, store_lost, interrupted, admit };
   Kind kind = Kind::none;
   int node = -1;     ///< the node that failed or was lost (-1: not known / the store host)
   std::string text;  ///< what every gzrun prints: node, rank, cause
@@ -35,22 +36,27 @@ struct JobFailure {
 };
 
 /// @brief Store keys (all under "gzrun/"):
-///   gzrun/hb/<node>             counter each gzrun adds 1 to every interval (its heartbeat)
-///   gzrun/round                 the job's current round (restart count), moved by compare_set
+///   gzrun/round<r>/hb/<node>    counter each gzrun adds 1 to every interval (its heartbeat)
+///   gzrun/round                 the job's current round, moved by compare_set
 ///   gzrun/round<r>/failure      first failure of round r ("kind|node|text"), first writer wins
-///   gzrun/round<r>/acked        gzruns that saw round r's failure (node 0 waits for them)
+///   gzrun/round<r>/acked/<node> set when that node's gzrun saw round r's failure (the store host
+///                               waits for the nodes that still heartbeat)
+///   gzrun/round<r+1>/joined     elastic: nodes waiting for the next round (read to admit them)
+///   gzrun/round<r>/exit/arrived nodes whose workers all succeeded (no admission after the first)
 class JobMonitor {
  public:
   /// @brief `connect` makes a fresh store client whose every operation is bounded by the
   /// heartbeat timeout (the monitor owns it; only the monitor's thread uses it).
   using Connect = std::function<std::unique_ptr<Store>()>;
-  JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where);
+  /// @brief `store_where` names the store host in messages; `hosts_store`: this gzrun runs it.
+  JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where, bool hosts_store);
   ~JobMonitor();
   JobMonitor(const JobMonitor&) = delete;
   JobMonitor& operator=(const JobMonitor&) = delete;
 
-  /// @brief Start watching round `round` (after the nodes met for it).
-  void start_round(int round);
+  /// @brief Start watching round `round` (after the nodes met for it), in which this gzrun is node
+  /// `node_rank` of `nnodes`.
+  void start_round(int round, int node_rank, int nnodes);
   /// @brief Publish a failure of this node (asynchronously: the supervisor's loop never blocks
   /// on the store). The first failure recorded in the round wins; failure() then tells it.
   void report_local(JobFailure f);
@@ -58,14 +64,16 @@ class JobMonitor {
   int fd() const { return pipe_[0]; }
   /// @brief The round's failure as known so far (kind none while the job runs).
   JobFailure failure() const;
-  /// @brief End the round: flush a pending report, acknowledge the failure and, on node 0 (the
-  /// store host), wait (at most the heartbeat timeout) until every node not lost acknowledged it
-  /// so nobody mistakes node 0 leaving for a lost store. Stops the thread.
+  /// @brief End the round: flush a pending report, acknowledge the failure and, on the store host,
+  /// wait (at most the heartbeat timeout) until every node that still heartbeats acknowledged it,
+  /// so nobody mistakes the store host leaving for a lost store. Stops the thread.
   void end_round();
   /// @brief After a failed round: move the job's round counter to round+1 (one compare_set in
   /// the store, whoever comes first) and return the round now stored. Throws gz::Error when the
   /// store cannot be reached.
   int advance_round(int round);
+  /// @brief Store key of round r's item `what` ("gzrun/round<r>/<what>").
+  static std::string round_key(int round, const std::string& what);
 
  private:
   void loop();
@@ -73,11 +81,15 @@ class JobMonitor {
   /// @brief Set the failure once and wake the supervisor.
   void learn(const JobFailure& f);
   void publish(const JobFailure& f);
+  /// @brief Elastic: a node waits to join the next round while this one has room and no node has
+  /// finished: publish an admit record (ends the round without counting a restart).
+  bool admit_waiting(Store& s);
   Store& store();
 
   const LaunchOptions& o_;
   Connect connect_;
   std::string where_;
+  bool hosts_store_ = false;
   std::unique_ptr<Store> store_;
   int pipe_[2] = {-1, -1};
 
@@ -86,6 +98,8 @@ class JobMonitor {
   std::condition_variable cv_;
   bool stop_ = false;
   int round_ = 0;
+  int node_rank_ = 0;
+  int nnodes_ = 1;
   JobFailure failure_;
   std::vector<JobFailure> pending_;  ///< local failures to publish
 

@@ -12,12 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "elastic_rendezvous.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/store/store.h"
+#include "job_monitor.h"
 #include "options.h"
 #include "output_relay.h"
-#include "job_monitor.h"
 #include "launch_auth.h"
 #include "process.h"
 #include "store_host.h"
@@ -124,18 +125,51 @@ int run(int argc, char** argv) {
   cfg.master_addr = o.master_addr;
   cfg.store_port = store.port();
   cfg.cores = usable_cores();
-  cfg.before_attempt = [&store](int attempt, const SupervisorConfig::Cancelled& c) { return store.meet(attempt, c); };
-  cfg.after_success = [&store](int attempt, const SupervisorConfig::Cancelled& c, const std::function<bool()>& failed) {
-    return store.finish(attempt, c, failed);
-  };
-  // Several nodes: failures, lost nodes and restarts are decided job-wide through the store.
-  std::unique_ptr<JobMonitor> monitor;
-  if (o.nnodes > 1) {
-    monitor = std::make_unique<JobMonitor>(o, [&store] { return store.monitor_client(); }, store.where());
-    cfg.monitor = monitor.get();
-  }
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) == 0) cfg.hostname = host;
+  std::unique_ptr<JobMonitor> monitor;
+  std::unique_ptr<ElasticRendezvous> elastic;
+  if (o.elastic) {
+    // Elastic: the rendezvous assigns node ranks round by round; the store host is whoever owns
+    // --master-addr.
+    auto me = cfg.hostname + ":" + std::to_string(getpid());
+    cfg.begin_round = [&store, &elastic, &o, me](int, const SupervisorConfig::Cancelled& c) {
+      if (!elastic) elastic = std::make_unique<ElasticRendezvous>(o, store.client(), me);
+      return elastic->join(c);
+    };
+    cfg.next_round = [&elastic](const RoundInfo& r, const JobFailure& f) {
+      elastic->advance(r, f);
+      return r.round + 1;
+    };
+    cfg.cannot_continue = [&elastic](const RoundInfo& r, const JobFailure& f) {
+      return elastic->cannot_continue(r, f);
+    };
+    cfg.end_job = [&elastic](const std::string& reason, bool success) {
+      if (elastic) elastic->end_job(reason, success);
+    };
+  } else {
+    cfg.begin_round = [&store, &o](int round, const SupervisorConfig::Cancelled& c) {
+      RoundInfo r;
+      r.round = r.restarts = round;
+      r.node_rank = o.node_rank;
+      r.nnodes = o.nnodes;
+      r.run_id = store.meet(round, c);
+      return r;
+    };
+  }
+  cfg.after_success = [&store](const RoundInfo& r, const SupervisorConfig::Cancelled& c,
+                               const std::function<bool()>& failed) { return store.finish(r, c, failed); };
+  // Several nodes: failures, lost nodes and restarts are decided job-wide through the store.
+  if (o.nnodes > 1) {
+    const std::string where = o.elastic ? store.where() : "node 0 at " + store.where();
+    monitor = std::make_unique<JobMonitor>(
+        o, [&store] { return store.monitor_client(); }, where, store.hosts_store());
+    cfg.monitor = monitor.get();
+    if (!o.elastic)
+      cfg.next_round = [m = monitor.get()](const RoundInfo& r, const JobFailure&) {
+        return m->advance_round(r.round);
+      };
+  }
   Supervisor sup(o, std::move(cfg));
   return sup.run();
 }

@@ -31,6 +31,7 @@ constexpr Spec kSpecs[] = {
     {"version", Kind::flag},         {"heartbeat-timeout", Kind::value}, {"heartbeat-interval", Kind::value},
     // Rendezvous authentication (launch_auth.h).
     {"rdzv-token", Kind::value},     {"rdzv-token-file", Kind::value}, {"rdzv-insecure", Kind::flag},
+    {"rdzv-join-window", Kind::value},
 };
 
 const Spec* find_spec(const std::string& name) {
@@ -69,19 +70,22 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
       o.nproc_per_node = parse_bounded(v, name, 1, 65536);
     }
   } else if (name == "nnodes") {
-    // torchrun accepts MIN:MAX for elastic jobs; gzrun supports fixed sizes only.
+    // torchrun's forms: N (fixed), MIN:MAX (elastic when MIN < MAX; N:N is fixed).
     auto colon = v.find(':');
+    int lo = 0, hi = 0;
     if (colon == std::string::npos) {
-      o.nnodes = parse_bounded(v, name, 1, 65536);
+      lo = hi = parse_bounded(v, name, 1, 65536);
     } else {
-      int lo = parse_bounded(v.substr(0, colon), name, 1, 65536);
-      int hi = parse_bounded(v.substr(colon + 1), name, 1, 65536);
-      if (lo != hi)
-        GZ_THROW(InvalidArgument, "--nnodes ", v, ": elastic ranges are not supported, give one number");
-      o.nnodes = lo;
+      lo = parse_bounded(v.substr(0, colon), name, 1, 65536);
+      hi = parse_bounded(v.substr(colon + 1), name, 1, 65536);
+      if (lo > hi) GZ_THROW(InvalidArgument, "--nnodes ", v, ": MIN must not be larger than MAX");
     }
+    o.min_nodes = lo;
+    o.max_nodes = o.nnodes = hi;
+    o.elastic = lo < hi;
   } else if (name == "node-rank") {
     o.node_rank = parse_bounded(v, name, 0, 65535);
+    o.node_rank_given = true;
   } else if (name == "master-addr") {
     if (v.empty()) GZ_THROW(InvalidArgument, "--master-addr must not be empty");
     o.master_addr = v;
@@ -116,6 +120,8 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
   } else if (name == "rdzv-token-file") {
     if (v.empty()) GZ_THROW(InvalidArgument, "--rdzv-token-file must not be empty");
     o.rdzv_token_file = v;
+  } else if (name == "rdzv-join-window") {
+    o.join_window_s = parse_seconds(v, name, true);
   }
 }
 
@@ -130,6 +136,11 @@ void validate(LaunchOptions& o) {
   }
   if (!o.rdzv_token.empty() && !o.rdzv_token_file.empty())
     GZ_THROW(InvalidArgument, "give either --rdzv-token or --rdzv-token-file, not both");
+  if (o.elastic) {
+    if (o.node_rank_given)
+      GZ_THROW(InvalidArgument, "--node-rank cannot be combined with --nnodes ", o.min_nodes, ":",
+               o.max_nodes, ": an elastic job's rendezvous assigns node ranks");
+  }
   if (o.node_rank >= o.nnodes)
     GZ_THROW(InvalidArgument, "--node-rank ", o.node_rank, " must be smaller than --nnodes ", o.nnodes);
   if (o.nnodes > 1) {
@@ -244,9 +255,16 @@ the whole group (SIGTERM, then SIGKILL after the grace period).
 
 options (underscores work too: --nproc_per_node; so does --opt=value):
   --nproc-per-node N|auto  workers on this node (auto: GPUs if /dev/nvidiaN exist, else cores); default 1
-  --nnodes N               number of nodes (default 1)
-  --node-rank R            this node's rank in [0, nnodes) (default 0)
-  --master-addr A          address of node rank 0, where the store runs (default 127.0.0.1)
+  --nnodes N|MIN:MAX       number of nodes (default 1). MIN:MAX (MIN < MAX): elastic job, node
+                           ranks assigned by the rendezvous; it starts once MIN nodes joined and
+                           the join window passed, or at once at MAX; a lost node leaves the
+                           others to go on (a restart) while at least MIN remain; a node that
+                           joins later is admitted at a new round (no restart counted)
+  --node-rank R            this node's rank in [0, nnodes) (default 0; not with MIN:MAX)
+  --rdzv-join-window S     elastic: after MIN nodes joined a round, wait this long for more
+                           (default 10)
+  --master-addr A          address of the store host (default 127.0.0.1): node rank 0, or with
+                           MIN:MAX the gzrun on the host that owns this address
   --master-port P          store port; default: a free port on one node, 29500 on several
   --rdzv-endpoint A:P      same as --master-addr A --master-port P
   --standalone             single node on a free local port
@@ -254,7 +272,8 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
   --rdzv-timeout SECONDS   how long nodes wait for each other (default 900); exported to
                            workers as GZ_RDZV_TIMEOUT_S
   --max-restarts K         restart the job up to K times after a failure (default 0); with
-                           several nodes the budget and the round are job-wide (in the store)
+                           several nodes the budget and the round are job-wide (in the store).
+                           Elastic: a lost node costs one restart, admitting a node none
   --grace-period SECONDS   SIGTERM -> SIGKILL delay when stopping workers (default 5)
   --heartbeat-timeout S    several nodes: a node whose gzrun is silent this long is lost, and the
                            deadline of the job monitor's store operations (default 10; env

@@ -10,8 +10,18 @@ namespace gz::launcher {
 struct LaunchOptions {
   int nproc_per_node = 1;
   bool nproc_auto = false;  ///< "--nproc-per-node auto" was given (value already resolved)
+  /// @brief Fixed-size jobs: the number of nodes. Elastic jobs: max_nodes (the most there can be).
   int nnodes = 1;
   int node_rank = 0;
+  bool node_rank_given = false;
+  /// @brief "--nnodes MIN:MAX" with MIN < MAX: nodes join a rendezvous that assigns node ranks; the
+  /// job runs on every round's members (at least MIN, at most MAX), see elastic_rendezvous.h.
+  bool elastic = false;
+  int min_nodes = 1;
+  int max_nodes = 1;
+  /// @brief Elastic: once MIN nodes have joined a round, how long to wait for more (up to MAX)
+  /// before the round starts (torchrun's last-call timeout). At MAX it starts at once.
+  double join_window_s = 10;
   std::string master_addr = "127.0.0.1";
   bool master_addr_given = false;
   /// @brief Store port. 0 = a free port (single node only). Default: 0 on one node, 29500 on many.

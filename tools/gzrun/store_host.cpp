@@ -2,12 +2,16 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
@@ -69,12 +73,54 @@ void check_port_free(const std::string& addr, int port) {
                       err);
 }
 
+bool is_local_address(const std::string& addr) {
+  std::vector<in_addr_t> wanted;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(addr.c_str(), nullptr, &hints, &res) != 0) return false;
+  for (addrinfo* p = res; p; p = p->ai_next)
+    wanted.push_back(reinterpret_cast<sockaddr_in*>(p->ai_addr)->sin_addr.s_addr);
+  freeaddrinfo(res);
+  for (in_addr_t a : wanted)
+    if ((ntohl(a) >> 24) == 127) return true;
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return false;
+  bool found = false;
+  for (ifaddrs* i = ifs; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    const in_addr_t mine = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+    found = std::find(wanted.begin(), wanted.end(), mine) != wanted.end();
+  }
+  freeifaddrs(ifs);
+  return found;
+}
+
 void StoreHost::start() {
-  if (o_.node_rank != 0) return;
+  if (o_.elastic) {
+    // No node ranks before the rendezvous: the store runs where --master-addr points.
+    if (!is_local_address(o_.master_addr)) return;
+  } else if (o_.node_rank != 0) {
+    return;
+  }
   // Loopback when --master-addr is a loopback address (one node by default), else everywhere:
   // then a token is required (launch_auth.h), or --rdzv-insecure.
   std::string bind_addr = store_bind_addr(o_);
+  // Elastic, several gzruns of the job on the host that owns the address: the first one hosts.
+  auto taken_by_another_gzrun = [&] {
+    if (!o_.elastic) return false;
+    try {
+      check_port_free(bind_addr, o_.master_port);
+      return false;
+    } catch (const SystemError& e) {
+      if (e.code() != EADDRINUSE) throw;
+      say("store port " + std::to_string(o_.master_port) + " is taken on this host: joining the store there");
+      return true;
+    }
+  };
+  if (taken_by_another_gzrun()) return;
   check_port_free(bind_addr, o_.master_port);
+  hosts_ = true;
 #if GZ_HAVE_TCP_STORE
   TcpStoreServerOptions so;
   so.bind_addr = bind_addr;
@@ -84,6 +130,10 @@ void StoreHost::start() {
   try {
     impl_->server = std::make_unique<TcpStoreServer>(so);
   } catch (const Error& e) {
+    if (taken_by_another_gzrun()) {
+      hosts_ = false;
+      return;
+    }
     throw Error("cannot host the rendezvous store on port " + std::to_string(o_.master_port) + ": " +
                 e.what());
   }
@@ -115,12 +165,11 @@ void StoreHost::start() {
 
 #if GZ_HAVE_TCP_STORE
 namespace {
-std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, int port, const std::string& token) {
+std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, const std::string& host, int port,
+                                         const std::string& token) {
   TcpStoreOptions co;
   co.token = token;
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_s * 1000));
-  // Node 0 talks to its own server over loopback unless an address was named.
-  std::string host = (o.node_rank == 0 && !o.master_addr_given) ? std::string("127.0.0.1") : o.master_addr;
   auto client = std::make_unique<TcpStore>(host, port, co);
   // Connecting may take the whole rendezvous timeout (nodes start at different times); each
   // operation after that is bounded by the heartbeat timeout, so a lost store host is noticed.
@@ -130,9 +179,19 @@ std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, int port, const
 }  // namespace
 #endif
 
-std::string StoreHost::where() const {
-  std::string host = (o_.node_rank == 0 && !o_.master_addr_given) ? std::string("127.0.0.1") : o_.master_addr;
-  return host + ":" + std::to_string(port_);
+std::string StoreHost::client_host() const {
+  return (hosts_ && !o_.master_addr_given) ? std::string("127.0.0.1") : o_.master_addr;
+}
+
+std::string StoreHost::where() const { return client_host() + ":" + std::to_string(port_); }
+
+Store& StoreHost::client() {
+#if GZ_HAVE_TCP_STORE
+  if (!impl_->client) impl_->client = connect_client(o_, client_host(), port_, token_);
+  return *impl_->client;
+#else
+  GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
+#endif
 }
 
 std::unique_ptr<Store> StoreHost::monitor_client() const {
@@ -140,31 +199,30 @@ std::unique_ptr<Store> StoreHost::monitor_client() const {
   TcpStoreOptions co;
   co.token = token_;
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000));
-  std::string host = (o_.node_rank == 0 && !o_.master_addr_given) ? std::string("127.0.0.1") : o_.master_addr;
-  return std::make_unique<TcpStore>(host, port_, co);
+  return std::make_unique<TcpStore>(client_host(), port_, co);
 #else
   GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
 #endif
 }
 
-bool StoreHost::node_barrier(const std::string& name, const Cancelled& cancelled,
+bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelled& cancelled,
                              const std::function<bool()>& job_failed) {
 #if GZ_HAVE_TCP_STORE
-  if (!impl_->client) impl_->client = connect_client(o_, port_, token_);
-  TcpStore& s = *impl_->client;
+  Store& s = client();
   Stopwatch sw;
   Deadline deadline = Deadline::after(std::chrono::milliseconds(static_cast<long long>(o_.rdzv_timeout_s * 1000)));
   const std::string released = name + "/released";
   int64_t arrived = s.add(name + "/arrived", 1);
-  if (arrived == o_.nnodes) s.set(released, to_bytes("1"));
+  if (arrived == nnodes) s.set(released, to_bytes("1"));
   while (!s.check({released})) {
     if (job_failed && job_failed()) return false;
     if (cancelled && cancelled())
       GZ_THROW(Aborted, "node ", o_.node_rank, ": cancelled while waiting for the other nodes (", name, ")");
     if (deadline.expired()) {
       int64_t now = s.add(name + "/arrived", 0);
-      GZ_THROW(TimeoutError, "node ", o_.node_rank, ": only ", now, " of ", o_.nnodes, " nodes reached ", name,
-               " within --rdzv-timeout (", format_duration(sw.elapsed()), ", store at ", o_.master_addr, ":", port_, ")");
+      GZ_THROW(TimeoutError, "node ", o_.node_rank, ": only ", now, " of ", nnodes, " nodes reached ", name,
+               " within --rdzv-timeout (", format_duration(sw.elapsed()), ", store at ", o_.master_addr, ":",
+               port_, ")");
     }
     ::usleep(20000);  // short: node starts are not latency-critical, signals must stay responsive
   }
@@ -179,23 +237,24 @@ std::string StoreHost::meet(int attempt, const Cancelled& cancelled) {
   if (o_.nnodes == 1) return local_id;
 #if GZ_HAVE_TCP_STORE
   const std::string name = "gzrun/attempt" + std::to_string(attempt);
-  if (!impl_->client) impl_->client = connect_client(o_, port_, token_);
-  if (o_.node_rank == 0) impl_->client->set(name + "/run_id", to_bytes(local_id));
-  node_barrier(name + "/nodes", cancelled);
+  Store& s = client();
+  if (o_.node_rank == 0) s.set(name + "/run_id", to_bytes(local_id));
+  node_barrier(name + "/nodes", o_.nnodes, cancelled);
   return to_string(impl_->client->get(name + "/run_id", Deadline::after(std::chrono::seconds(30))));
 #else
-  node_barrier("", cancelled);
+  node_barrier("", o_.nnodes, cancelled);
   return local_id;
 #endif
 }
 
-StoreHost::Finish StoreHost::finish(int attempt, const Cancelled& cancelled, const std::function<bool()>& job_failed) {
+StoreHost::Finish StoreHost::finish(const RoundInfo& round, const Cancelled& cancelled,
+                                    const std::function<bool()>& job_failed) {
   if (o_.nnodes == 1) return Finish::done;
   // Per round: a node whose workers succeeded waits here, and takes part in the restart when
   // another node's round fails meanwhile.
-  const std::string name = "gzrun/round" + std::to_string(attempt) + "/exit";
+  const std::string name = "gzrun/round" + std::to_string(round.round) + "/exit";
   try {
-    if (!node_barrier(name, cancelled, job_failed)) return Finish::job_failed;
+    if (!node_barrier(name, round.nnodes, cancelled, job_failed)) return Finish::job_failed;
   } catch (const Error& e) {
     if (job_failed && job_failed()) return Finish::job_failed;
     say(std::string("error: this node's workers succeeded, but: ") + e.what());
@@ -203,20 +262,22 @@ StoreHost::Finish StoreHost::finish(int attempt, const Cancelled& cancelled, con
   }
 #if GZ_HAVE_TCP_STORE
   // Everyone finished. The host must not stop the server while another node still polls for
-  // the release: each node checks out, and node 0 waits (briefly) for all check-outs.
+  // the release: each node checks out, and the store host waits (briefly) for all check-outs.
   try {
-    int64_t departed = impl_->client->add(name + "/departed", 1);
-    Deadline deadline = Deadline::after(std::chrono::seconds(10));
-    while (o_.node_rank == 0 && departed < o_.nnodes && !deadline.expired() && !(cancelled && cancelled())) {
-      ::usleep(10000);
-      departed = impl_->client->add(name + "/departed", 0);
-    }
+    client().add(name + "/departed", 1);
+    if (hosts_ && !(cancelled && cancelled())) await_departures(round.round, round.nnodes, 10);
   } catch (const Error& e) {
     // The job is done; a store hiccup while leaving is not worth failing it.
     say(std::string("warning: while leaving the store: ") + e.what());
   }
 #endif
   return Finish::done;
+}
+
+void StoreHost::await_departures(int round, int nnodes, double seconds) {
+  const std::string key = "gzrun/round" + std::to_string(round) + "/exit/departed";
+  Deadline deadline = Deadline::after(std::chrono::milliseconds(static_cast<long long>(seconds * 1000)));
+  while (client().add(key, 0) < nnodes && !deadline.expired()) ::usleep(10000);
 }
 
 }  // namespace gz::launcher

@@ -34,26 +34,36 @@ bool Supervisor::poll_interrupt() {
 int Supervisor::run() {
   const SupervisorConfig::Cancelled cancelled = [this] { return poll_interrupt(); };
   JobMonitor* mon = c_.monitor;
-  for (int attempt = 0;;) {
-    if (poll_interrupt()) return 128 + interrupt_sig_;  // e.g. Ctrl-C between two attempts
-    std::string run_id;
+  for (int expected = 0;;) {
+    if (poll_interrupt()) return 128 + interrupt_sig_;  // e.g. Ctrl-C between two rounds
+    RoundInfo r;
     try {
-      run_id = c_.before_attempt ? c_.before_attempt(attempt, cancelled)
-                                 : std::to_string(getpid()) + "-" + std::to_string(attempt);
+      if (c_.begin_round) {
+        r = c_.begin_round(expected, cancelled);
+      } else {
+        r.round = r.restarts = expected;
+        r.node_rank = o_.node_rank;
+        r.nnodes = o_.nnodes;
+        r.run_id = std::to_string(getpid()) + "-" + std::to_string(expected);
+      }
     } catch (const std::exception& e) {
       if (interrupt_sig_) return 128 + interrupt_sig_;
       say(std::string("error: ") + e.what());
       return 1;
     }
-    attempt_ = attempt;
+    if (r.job_done) {
+      say("the job finished before this node was admitted: nothing to run");
+      return 0;
+    }
+    round_ = r;
     job_failure_seen_ = false;
-    if (mon) mon->start_round(attempt);
-    Outcome out = run_attempt(attempt, run_id);
+    if (mon) mon->start_round(r.round, r.node_rank, r.nnodes);
+    Outcome out = run_attempt();
     if (out == Outcome::success) {
       SupervisorConfig::Finish f = SupervisorConfig::Finish::done;
       if (c_.after_success) {
         std::function<bool()> job_failed = [mon] { return mon && mon->failure().failed(); };
-        f = c_.after_success(attempt, cancelled, job_failed);
+        f = c_.after_success(r, cancelled, job_failed);
       }
       if (f == SupervisorConfig::Finish::job_failed) {
         on_job_failure();
@@ -61,52 +71,99 @@ int Supervisor::run() {
       } else {
         if (mon) mon->end_round();
         if (interrupt_sig_) return 128 + interrupt_sig_;
-        if (attempt > 0) say("all workers exited 0 (after " + std::to_string(attempt) + " restart(s))");
+        if (f == SupervisorConfig::Finish::done) end_job("every worker exited 0", true);
+        if (r.restarts > 0) say("all workers exited 0 (after " + std::to_string(r.restarts) + " restart(s))");
         return f == SupervisorConfig::Finish::done ? 0 : 1;
       }
     }
-    if (mon) {
-      mon->end_round();
-      on_job_failure();  // the job-wide report, also when the local workers ended before it came
-    }
-    if (out == Outcome::interrupted) return 128 + interrupt_sig_;
-    // The job's failure (the first one recorded in the store) names the node, rank and cause.
-    JobFailure jf = mon ? mon->failure() : JobFailure{};
-    const std::string cause = jf.failed() ? jf.text : failure_;
-    if (jf.kind == JobFailure::Kind::store_lost || jf.kind == JobFailure::Kind::interrupted) {
-      say("giving up (no restart possible): " + cause);
-      return 1;
-    }
-    if (attempt >= o_.max_restarts) {
-      if (o_.max_restarts > 0)
-        say(std::string("giving up after ") + std::to_string(o_.max_restarts) + (mon ? " job-wide" : "") +
-            " restart(s); last failure: " + cause);
-      else if (mon)
-        say("job failed (no restarts allowed): " + cause);
-      return 1;
-    }
-    int next = attempt + 1;
-    if (mon) {
-      try {
-        next = mon->advance_round(attempt);
-      } catch (const std::exception& e) {
-        say(std::string("error: cannot agree on the next round through the store: ") + e.what());
-        return 1;
-      }
-    }
-    say(std::string("restarting all ") + (mon ? "nodes' " : "local ") + "workers (restart " +
-        std::to_string(next) + " of " + std::to_string(o_.max_restarts) + (mon ? ", job-wide round " : "") +
-        (mon ? std::to_string(next) : std::string()) + ") after: " + cause);
-    attempt = next;
+    int next = r.round + 1;
+    const int rc = after_failure(out, next);
+    if (rc >= 0) return rc;
+    expected = next;
   }
+}
+
+void Supervisor::end_job(const std::string& reason, bool success) {
+  if (c_.end_job) c_.end_job(reason, success);
+}
+
+int Supervisor::after_failure(Outcome out, int& next) {
+  JobMonitor* mon = c_.monitor;
+  const RoundInfo& r = round_;
+  if (mon) {
+    mon->end_round();
+    on_job_failure();  // the job-wide report, also when the local workers ended before it came
+  }
+  if (out == Outcome::interrupted) {
+    end_job("gzrun of node " + std::to_string(r.node_rank) + " received " + signal_name(interrupt_sig_),
+            false);
+    return 128 + interrupt_sig_;
+  }
+  // The job's failure (the first one recorded in the store) names the node, rank and cause.
+  JobFailure jf = mon ? mon->failure() : JobFailure{};
+  const std::string cause = jf.failed() ? jf.text : failure_;
+  if (jf.kind == JobFailure::Kind::store_lost || jf.kind == JobFailure::Kind::interrupted) {
+    say("giving up (no restart possible): " + cause);
+    end_job(cause, false);
+    return 1;
+  }
+  if (o_.elastic && jf.kind == JobFailure::Kind::node_lost && jf.node == r.node_rank) {
+    // The others declared this node lost (it was stopped or cut off and is back): they decide
+    // about the job; this node only asks to be admitted again.
+    say("the other nodes declared this node lost; asking to join the job again");
+    next = r.round + 1;
+    return -1;
+  }
+  const bool admit = jf.kind == JobFailure::Kind::admit;
+  if (!admit && r.restarts >= o_.max_restarts) {
+    std::string why;
+    if (o_.max_restarts > 0)
+      why = std::string("giving up after ") + std::to_string(o_.max_restarts) + (mon ? " job-wide" : "") +
+            " restart(s); last failure: " + cause;
+    else if (mon)
+      why = "job failed (no restarts allowed): " + cause;
+    if (!why.empty()) say(why);
+    end_job(why.empty() ? cause : why, false);
+    return 1;
+  }
+  if (c_.cannot_continue) {
+    std::string why;
+    try {
+      why = c_.cannot_continue(r, jf);
+    } catch (const std::exception& e) {
+      why = std::string("cannot read the job's membership from the store: ") + e.what();
+    }
+    if (!why.empty()) {
+      say("giving up: " + why);
+      end_job(why, false);
+      return 1;
+    }
+  }
+  if (c_.next_round) {
+    try {
+      next = c_.next_round(r, jf);
+    } catch (const std::exception& e) {
+      say(std::string("error: cannot agree on the next round through the store: ") + e.what());
+      return 1;
+    }
+  }
+  if (admit)
+    say("new round " + std::to_string(next) + " to admit waiting node(s) (no restart counted): " + cause);
+  else
+    say(std::string("restarting all ") + (mon ? "nodes' " : "local ") + "workers (restart " +
+        std::to_string(r.restarts + 1) + " of " + std::to_string(o_.max_restarts) +
+        (mon ? ", job-wide round " : "") + (mon ? std::to_string(next) : std::string()) +
+        ") after: " + cause);
+  return -1;
 }
 
 void Supervisor::publish_local(int kind, const std::string& what) {
   if (!c_.monitor) return;
   JobFailure f;
   f.kind = static_cast<JobFailure::Kind>(kind);
-  f.node = o_.node_rank;
-  f.text = "node " + std::to_string(o_.node_rank) + (c_.hostname.empty() ? "" : " (" + c_.hostname + ")") + ": " + what;
+  f.node = round_.node_rank;
+  f.text = "node " + std::to_string(round_.node_rank) +
+           (c_.hostname.empty() ? "" : " (" + c_.hostname + ")") + ": " + what;
   c_.monitor->report_local(std::move(f));
 }
 
@@ -115,7 +172,10 @@ void Supervisor::on_job_failure() {
   JobFailure f = c_.monitor->failure();
   if (!f.failed()) return;
   job_failure_seen_ = true;
-  say("job failure in round " + std::to_string(attempt_) + ": " + f.text);
+  if (f.kind == JobFailure::Kind::admit)
+    say("round " + std::to_string(round_.round) + " ends: " + f.text);
+  else
+    say("job failure in round " + std::to_string(round_.round) + ": " + f.text);
   if (failure_.empty()) failure_ = f.text;
   if (!stopping_ && !all_reaped()) {
     say("stopping the local workers (SIGTERM, then SIGKILL after " +
@@ -124,10 +184,11 @@ void Supervisor::on_job_failure() {
   }
 }
 
-void Supervisor::open_logs(int attempt) {
+void Supervisor::open_logs() {
   if (o_.log_dir.empty()) return;
+  const int attempt = round_.round;
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
-    int rank = o_.node_rank * o_.nproc_per_node + lr;
+    int rank = round_.node_rank * o_.nproc_per_node + lr;
     std::string path = o_.log_dir + "/rank_" + std::to_string(rank) + ".log";
     int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (attempt == 0 ? O_TRUNC : 0);
     int fd = ::open(path.c_str(), flags, 0644);
@@ -140,17 +201,19 @@ void Supervisor::open_logs(int attempt) {
   if (attempt > 0) relay_.note_in_logs("[gzrun] restart " + std::to_string(attempt));
 }
 
-void Supervisor::start_workers(int attempt, const std::string& run_id) {
+void Supervisor::start_workers() {
   AttemptInfo a;
-  a.attempt = attempt;
-  a.run_id = run_id;
+  a.attempt = round_.round;
+  a.run_id = round_.run_id;
+  a.node_rank = round_.node_rank;
+  a.nnodes = round_.nnodes;
   a.master_addr = c_.master_addr;
   a.store_port = c_.store_port;
   a.cores = c_.cores;
   std::vector<std::string> argv{o_.program};
   argv.insert(argv.end(), o_.args.begin(), o_.args.end());
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
-    int rank = o_.node_rank * o_.nproc_per_node + lr;
+    int rank = round_.node_rank * o_.nproc_per_node + lr;
     int out[2] = {-1, -1}, err[2] = {-1, -1};
     try {
       if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
@@ -274,14 +337,14 @@ void Supervisor::on_signal(int sig) {
   }
 }
 
-Supervisor::Outcome Supervisor::run_attempt(int attempt, const std::string& run_id) {
+Supervisor::Outcome Supervisor::run_attempt() {
   stopping_ = false;
   escalated_ = false;
   failure_.clear();
   workers_.clear();
   relay_.reset();
-  open_logs(attempt);
-  start_workers(attempt, run_id);
+  open_logs();
+  start_workers();
 
   std::vector<pollfd> fds;
   while (!all_reaped()) {

@@ -13,6 +13,7 @@
 #include "output_relay.h"
 #include "job_monitor.h"
 #include "process.h"
+#include "round_info.h"
 #include "store_host.h"
 
 namespace gz::launcher {
@@ -26,13 +27,22 @@ struct SupervisorConfig {
   int cores = 1;
   /// @brief Polled while gzrun waits for other nodes: handles pending signals, true = stop.
   using Cancelled = std::function<bool()>;
-  /// @brief Called before each attempt; returns the run id for it (nodes meet there). May throw.
-  std::function<std::string(int attempt, const Cancelled&)> before_attempt;
+  /// @brief Called before each round (nodes meet there, or join an elastic job's next round);
+  /// returns this node's place in it. `round` is the round the job is expected to be at. May
+  /// throw. Unset: one node, round `round`, run id "<pid>-<round>".
+  std::function<RoundInfo(int round, const Cancelled&)> begin_round;
   /// @brief Called once every local worker succeeded (nodes wait for each other there, polling
   /// `job_failed`): done; others_did_not_finish (gzrun exits 1); job_failed (the round failed on
   /// another node: restart with the job or give up).
   using Finish = StoreHost::Finish;
-  std::function<Finish(int attempt, const Cancelled&, const std::function<bool()>& job_failed)> after_success;
+  std::function<Finish(const RoundInfo&, const Cancelled&, const std::function<bool()>& job_failed)> after_success;
+  /// @brief Multi-node: after a round ended by `failure` with the job going on, move the job to
+  /// the next round (in the store); returns its number. Throws gz::Error.
+  std::function<int(const RoundInfo&, const JobFailure& failure)> next_round;
+  /// @brief Elastic: why the job cannot go on after `failure` (too few nodes), "" when it can.
+  std::function<std::string(const RoundInfo&, const JobFailure& failure)> cannot_continue;
+  /// @brief Elastic: the job is over (success, or the reason), for nodes still waiting to join.
+  std::function<void(const std::string& reason, bool success)> end_job;
   /// @brief Multi-node: the job-wide failure detector (nullptr on one node).
   JobMonitor* monitor = nullptr;
   std::string hostname;  ///< this node's name, for failure records
@@ -61,9 +71,13 @@ class Supervisor {
     int status = 0;
   };
 
-  Outcome run_attempt(int attempt, const std::string& run_id);
-  void open_logs(int attempt);
-  void start_workers(int attempt, const std::string& run_id);
+  Outcome run_attempt();
+  void open_logs();
+  void start_workers();
+  /// @brief The round is over without success: decide (give up, or the next round). Returns the
+  /// exit code, or -1 with `next` set to go on.
+  int after_failure(Outcome out, int& next);
+  void end_job(const std::string& reason, bool success);
   void reap();
   void on_exit(Worker& w);
   void on_signal(int sig);
@@ -89,7 +103,7 @@ class Supervisor {
   Clock::time_point kill_at_{};
   std::string failure_;  ///< first failure of this attempt, "" when none
   int interrupt_sig_ = 0;
-  int attempt_ = 0;
+  RoundInfo round_;
   bool job_failure_seen_ = false;
   /// @brief Publish a failure of this node to the other nodes (multi-node only).
   void publish_local(int kind, const std::string& what);

@@ -8,20 +8,28 @@ std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptio
                                               const AttemptInfo& a, int local_rank) {
   std::map<std::string, std::string> env = base.vars();
   auto s = [](long long v) { return std::to_string(v); };
-  const int rank = o.node_rank * o.nproc_per_node + local_rank;
+  const int node = a.node_rank >= 0 ? a.node_rank : o.node_rank;
+  const int nnodes = a.nnodes > 0 ? a.nnodes : o.nnodes;
+  const long long world = static_cast<long long>(nnodes) * o.nproc_per_node;
+  const int rank = node * o.nproc_per_node + local_rank;
   env["RANK"] = s(rank);
   env["LOCAL_RANK"] = s(local_rank);
-  env["WORLD_SIZE"] = s(o.world_size());
+  env["WORLD_SIZE"] = s(world);
   env["LOCAL_WORLD_SIZE"] = s(o.nproc_per_node);
-  env["GROUP_RANK"] = s(o.node_rank);
-  env["NODE_RANK"] = s(o.node_rank);
+  env["GROUP_RANK"] = s(node);
+  env["NODE_RANK"] = s(node);
+  env["GROUP_WORLD_SIZE"] = s(nnodes);
   env["ROLE_RANK"] = s(rank);  // one role ("default") covering all workers, as in torchrun
-  env["ROLE_WORLD_SIZE"] = s(o.world_size());
+  env["ROLE_WORLD_SIZE"] = s(world);
   env["MASTER_ADDR"] = a.master_addr;
   env["MASTER_PORT"] = s(a.store_port);
   env["GZ_LAUNCHER"] = "gzrun";
   env["GZ_STORE_HOSTED"] = "1";
-  env["GZ_NNODES"] = s(o.nnodes);
+  env["GZ_NNODES"] = s(nnodes);
+  if (o.elastic) {
+    env["GZ_MIN_NODES"] = s(o.min_nodes);
+    env["GZ_MAX_NODES"] = s(o.max_nodes);
+  }
   env["GZ_RUN_ID"] = a.run_id;
   env["GZ_RESTART_COUNT"] = s(a.attempt);
   env["TORCHELASTIC_RESTART_COUNT"] = s(a.attempt);

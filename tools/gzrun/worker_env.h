@@ -17,6 +17,10 @@ struct AttemptInfo {
   std::string master_addr;
   int store_port = 0;  ///< the store's actual port
   int cores = 1;       ///< usable cores on this node
+  /// @brief This node's rank and the node count of the round; -1 = from the options (fixed-size
+  /// jobs). Elastic jobs take both from the rendezvous.
+  int node_rank = -1;
+  int nnodes = -1;
 };
 
 /// @brief Full environment for the worker with `local_rank` on this node: `base` (gzrun's own

@@ -77,6 +77,9 @@ class DistributedOptimizer {
   void synchronize();
   /// @brief synchronize(), then the wrapped optimizer's step().
   void step();
+  /// @brief Change how many backward passes make a step (between steps only), e.g. when a resumed
+  /// run keeps its global batch on fewer ranks. Throws gz::InvalidArgument when n < 1.
+  void set_backward_passes_per_step(int n);
   void zero_grad();
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const comm::CommPtr& group() const { return group_; }

@@ -71,6 +71,12 @@ struct TrainConfig {
   std::string mixed_precision = "no";  ///< no, bf16, fp16 (fp16 needs CUDA)
   std::string finetune;  ///< initial weights (a checkpoint dir/file or model file)
   std::string resume_from_checkpoint;  ///< path, or "auto" = latest in work_dir
+  // elastic: resuming on another world size (gz/train/elastic_batch.h)
+  std::string elastic_batch = "keep_global";  ///< keep_global | scale_lr
+  /// @brief Samples per optimizer step over all ranks; 0 = batch_size x gradient_accumulation_steps
+  /// x world of the first launch (a resumed run takes it from the checkpoint).
+  int64_t global_batch_size = 0;
+  bool log_samples = false;  ///< every rank appends each step's sample indices to work_dir/samples/
 };
 
 /// @brief Parse a YAML file (may be empty) then apply `--key value` / `--key=value` flags.

@@ -22,6 +22,12 @@ struct TrainState {
   std::map<std::string, double> metrics;  ///< latest evaluation (test_accuracy, test_loss, ...)
   bool should_stop = false;     ///< set by callbacks (early stopping) to end training
   double samples_per_second = 0;
+  // Sample accounting (all ranks together), exact across resumes on another world size.
+  int64_t epoch_samples = 0;  ///< positions of this epoch's order already trained on
+  int64_t samples_seen = 0;   ///< samples trained on since the start of the run (all epochs)
+  int64_t global_batch = 0;   ///< samples per optimizer step on the current world
+  double lr_scale = 1;        ///< multiplies the scheduled lr (elastic_batch: scale_lr)
+  int64_t schedule_step = 0;  ///< where the lr schedule is read (= step unless scale_lr)
 };
 
 }  // namespace gz::train

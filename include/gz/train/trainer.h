@@ -29,9 +29,12 @@ struct CheckpointInfo;
 /// Modes: single (one process), ddp (gradients averaged across the group during backward),
 /// horovod (DistributedOptimizer-style averaging before the step, parameters and optimizer state
 /// broadcast from rank 0), dp (one process, CPU replicas). Every rank builds the same model from the
-/// same seed; each rank reads its own shard of a per-epoch permutation. lr is a pure function of
-/// the step, so resuming (model, optimizer, scaler, RNG, step; the data position follows from the
-/// step) continues exactly where the checkpoint was taken.
+/// same seed; each optimizer step reads the next global batch of a per-epoch permutation, each rank
+/// its share (gz/train/elastic_batch.h). lr is a pure function of the step, so resuming (model,
+/// optimizer, scaler, RNG, step, samples consumed in the epoch) continues exactly where the
+/// checkpoint was taken, on the same world size or another one (config key elastic_batch says
+/// whether the global batch or the per-rank batch is kept; no sample of the epoch is repeated or
+/// skipped either way).
 class Trainer {
  public:
   /// @brief `group`: communicator for ddp/horovod; nullptr = gz's default group when initialized,
@@ -87,12 +90,22 @@ class Trainer {
   void allreduce_sum(std::vector<double>& values);
   /// @brief Seconds since train() began.
   double elapsed_seconds() const;
+  /// @brief Dataset indices this rank trained on in the current optimizer step (valid from
+  /// on_step_begin to the next step).
+  const std::vector<size_t>& step_samples() const { return step_samples_; }
+  /// @brief Identifies this run (launch) of train(), the same on every rank: rank 0's wall clock
+  /// in ns when it started (set when log_samples is on, 0 otherwise).
+  int64_t session_id() const { return session_id_; }
 
  private:
   struct Impl;
   void setup();
-  void train_step(class DataLoader& loader);
-  std::vector<std::vector<size_t>> epoch_batches(int64_t epoch) const;
+  void train_step(class DataLoader& loader, int64_t accumulation, int64_t global_batch);
+  /// @brief The epoch's order of the training set (a permutation depending on seed and epoch).
+  std::vector<size_t> epoch_order(int64_t epoch) const;
+  /// @brief Global batch, accumulation, steps and lr schedule on this world; `reference` = the
+  /// first launch's global batch (0 = this is it). Called by setup() and after a resume.
+  void plan_steps(int64_t reference);
   void maybe_resume();
   // Apply an opened checkpoint archive (`file` names it in errors).
   void apply_checkpoint(torch::serialize::InputArchive& root, const CheckpointInfo& info, const std::string& file);
@@ -114,6 +127,8 @@ class Trainer {
   std::vector<CallbackPtr> user_callbacks_;
   bool default_callbacks_ = true;
   int64_t crash_at_step_ = -1;
+  std::vector<size_t> step_samples_;
+  int64_t session_id_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -14,13 +14,14 @@ DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, in
   if (num_replicas < 1 || rank < 0 || rank >= num_replicas)
     GZ_THROW(InvalidArgument, "DistributedSampler: rank ", rank, " of num_replicas ", num_replicas,
              " (need 0 <= rank < num_replicas)");
-  const size_t r = static_cast<size_t>(num_replicas);
-  num_samples_ = options.drop_last ? dataset_size / r : (dataset_size + r - 1) / r;
   build_indices();
 }
 
 void DistributedSampler::build_indices() {
   indices_.clear();
+  const size_t r = static_cast<size_t>(num_replicas_);
+  const size_t rest = dataset_size_ - offset_;
+  num_samples_ = options_.drop_last ? rest / r : (rest + r - 1) / r;
   if (num_samples_ == 0) return;
   std::vector<size_t> order(dataset_size_);
   std::iota(order.begin(), order.end(), size_t{0});
@@ -28,10 +29,11 @@ void DistributedSampler::build_indices() {
     detail::SplitMix64 rng({options_.seed, static_cast<uint64_t>(epoch_)});
     detail::fisher_yates(order.begin(), order.size(), rng);
   }
-  // Rank r takes global positions r, r+R, ... of the (padded or cut) order; position p >= N wraps.
+  // Rank r takes global positions offset+r, offset+r+R, ... of the (padded or cut) order; a
+  // position p >= N wraps.
   indices_.reserve(num_samples_);
   for (size_t i = 0; i < num_samples_; ++i) {
-    const size_t p = i * static_cast<size_t>(num_replicas_) + static_cast<size_t>(rank_);
+    const size_t p = offset_ + i * static_cast<size_t>(num_replicas_) + static_cast<size_t>(rank_);
     indices_.push_back(order[p % dataset_size_]);
   }
 }
@@ -40,10 +42,17 @@ void DistributedSampler::set_epoch(int64_t epoch) {
   if (epoch == epoch_) return;
   epoch_ = epoch;
   position_ = 0;
+  offset_ = 0;
   build_indices();
 }
 
-void DistributedSampler::reset() { position_ = 0; }
+void DistributedSampler::reset() {
+  position_ = 0;
+  if (offset_ != 0) {
+    offset_ = 0;
+    build_indices();
+  }
+}
 
 std::vector<size_t> DistributedSampler::next_batch(size_t n) {
   const size_t take = std::min(n, remaining());
@@ -54,6 +63,18 @@ std::vector<size_t> DistributedSampler::next_batch(size_t n) {
 }
 
 void DistributedSampler::load_state(const DistributedSamplerState& state) {
+  if (state.offset != offset_) {
+    if (state.offset > dataset_size_)
+      GZ_THROW(InvalidArgument, "DistributedSampler::load_state: offset ", state.offset, " > dataset size ",
+               dataset_size_);
+    DistributedSampler probe(*this);
+    probe.offset_ = state.offset;
+    probe.epoch_ = state.epoch;
+    probe.build_indices();
+    probe.load_state(state);  // same offset now: validates the position, changes nothing on error
+    *this = std::move(probe);
+    return;
+  }
   if (state.position > num_samples_)
     GZ_THROW(InvalidArgument, "DistributedSampler::load_state: position ", state.position, " > num_samples ",
              num_samples_, " (rank ", rank_, " of ", num_replicas_, ", dataset size ", dataset_size_,
@@ -63,6 +84,20 @@ void DistributedSampler::load_state(const DistributedSamplerState& state) {
     build_indices();
   }
   position_ = state.position;
+}
+
+size_t DistributedSampler::global_position() const {
+  return std::min(dataset_size_, offset_ + position_ * static_cast<size_t>(num_replicas_));
+}
+
+void DistributedSampler::load_global_state(int64_t epoch, size_t consumed) {
+  if (consumed > dataset_size_)
+    GZ_THROW(InvalidArgument, "DistributedSampler::load_global_state: ", consumed,
+             " samples consumed > dataset size ", dataset_size_);
+  epoch_ = epoch;
+  offset_ = consumed;
+  position_ = 0;
+  build_indices();
 }
 
 }  // namespace gz

@@ -9,7 +9,8 @@
 namespace gz::train {
 
 void LrSchedulerCallback::on_step_begin(Trainer& t) {
-  double lr = t.scheduler().lr_at(t.state().step);
+  // schedule_step = step, except with elastic_batch scale_lr (samples seen / first global batch).
+  double lr = t.scheduler().lr_at(t.state().schedule_step) * t.state().lr_scale;
   for (auto& group : t.optimizer().param_groups()) group.options().set_lr(lr);
   t.state().lr = lr;
 }

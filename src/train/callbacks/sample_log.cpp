@@ -1,0 +1,39 @@
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "gz/core/error.h"
+#include "gz/train/callback.h"
+#include "gz/train/trainer.h"
+
+namespace gz::train {
+
+namespace fs = std::filesystem;
+
+void SampleLog::on_train_begin(Trainer& t) {
+  const fs::path dir = fs::path(t.config().work_dir) / "samples";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw SystemError("create directory " + dir.string(), ec.value());
+  const fs::path file =
+      dir / ("session-" + std::to_string(t.session_id()) + "-rank" + std::to_string(t.rank()) + ".txt");
+  out_.open(file, std::ios::trunc);
+  if (!out_) throw SystemError("open " + file.string(), errno);
+  const auto& s = t.state();
+  out_ << "# session " << t.session_id() << " world " << t.world_size() << " rank " << t.rank()
+       << " start_step " << s.step << " epoch " << s.epoch << " epoch_samples " << s.epoch_samples
+       << " global_batch " << s.global_batch << "\n"
+       << std::flush;
+}
+
+void SampleLog::on_step_end(Trainer& t) {
+  const auto& idx = t.step_samples();
+  out_ << t.state().epoch << ' ' << t.state().step << ' ' << idx.size();
+  for (size_t i : idx) out_ << ' ' << i;
+  // Flushed per step: a crash right after must not lose what the step trained on.
+  out_ << '\n' << std::flush;
+}
+
+void SampleLog::on_train_end(Trainer&) { out_.flush(); }
+
+}  // namespace gz::train

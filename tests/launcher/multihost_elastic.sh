@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Elastic membership of gzrun (--nnodes MIN:MAX) on a simulated cluster (scripts/cluster.sh).
+#
+#   multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO
+#     resize    3 hosts, --nnodes 2:3, gz-train (CONFIG, one rank per host, samples logged):
+#               host 2's gzrun and worker are SIGKILLed mid-training; the survivors must stop
+#               their workers within the heartbeat timeout + 2 s and go on as 2 nodes (round 1,
+#               resumed from the last checkpoint); then host 2's gzrun is started again and is
+#               admitted at round 2 (3 nodes). The job must finish, and CHECKER must find every
+#               epoch read each sample exactly once across the 3 -> 2 -> 3 worlds.
+#     belowmin  2 hosts, --nnodes 2:3 (gzrun_test_worker job): the job starts with 2 nodes after
+#               the join window; host 1's gzrun is SIGKILLed: host 0 must give up within the bound,
+#               saying that fewer than MIN nodes are left, and exit 1.
+# Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR. Exit 77 (skip) without namespaces.
+set -uo pipefail
+[ $# = 7 ] || { echo "usage: multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO" >&2; exit 2; }
+cluster=$1 gzrun=$2 worker=$3 gztrain=$4 config=$5 checker=$6 scenario=$7
+for f in "$cluster" "$gzrun" "$worker" "$checker"; do [ -x "$f" ] || { echo "FAIL: $f is not executable"; exit 1; }; done
+"$cluster" check || exit $?
+
+hb=${HB:-3}
+bound_ms=$(((hb + 2) * 1000))
+port=29500
+case $scenario in
+  resize)
+    [ -x "$gztrain" ] || { echo "SKIP: gz-train not built ($gztrain)"; exit 77; }
+    [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
+      { echo "SKIP: Fashion-MNIST not installed (dataset-fashion-mnist)"; exit 77; }
+    hosts=3 ;;
+  belowmin) hosts=2 ;;
+  *) echo "FAIL: unknown scenario '$scenario'"; exit 2 ;;
+esac
+
+id=el$$
+C=("$cluster" -c "$id")
+dir=$(mktemp -d)
+starts=0
+fail() {
+  for f in "$dir"/host*.log; do
+    echo "---- $(basename "$f") (last 40 lines)"
+    grep -v '\[train\]' "$f" | tail -n 40
+  done
+  echo "FAIL: $scenario: $*"
+  exit 1
+}
+cleanup() {
+  for f in "$dir"/gzpid_*; do
+    [ -f "$f" ] || continue
+    p=$(cat "$f")
+    kill -CONT "$p" 2>/dev/null
+    for c in $(pgrep -P "$p"); do kill -9 "$c" 2>/dev/null; done
+    kill -9 "$p" 2>/dev/null
+  done
+  "${C[@]}" down
+  [ -n "${KEEP_LOGS:-}" ] && mkdir -p "$KEEP_LOGS" && cp "$dir"/host*.log "$KEEP_LOGS"/ 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+"${C[@]}" up "$hosts" || exit $?
+master=$("${C[@]}" ip 0)
+now_ns() { date +%s%N; }
+ms_since() { echo $((($(now_ns) - $1) / 1000000)); }
+
+# Start gzrun on host $1 as instance k (set to $starts, returned in $k): pid in gzpid_$1.$k, exit
+# code in rc_$1.$k.
+start_node() {
+  local i=$1
+  k=$starts
+  starts=$((starts + 1))
+  (
+    "${C[@]}" run "$i" env -u GZ_NODE_ID GZ_RDZV_TOKEN="el-test-$$" GZ_TIMEOUT_S=20 \
+      sh -c 'echo $$ >"$0"; exec "$@"' "$dir/gzpid_$i.$k" \
+      "$gzrun" --nnodes 2:3 --master-addr "$master" --master-port $port --nproc-per-node 1 --rdzv-timeout 30 \
+      --rdzv-join-window 1 --heartbeat-timeout "$hb" --grace-period 1 --max-restarts 2 -- "${program[@]}" \
+      >>"$dir/host$i.log" 2>&1
+    echo $? >"$dir/rc_$i.$k.tmp" && mv "$dir/rc_$i.$k.tmp" "$dir/rc_$i.$k"  # whole or absent
+  ) 2>/dev/null &  # no "Killed" notices from this shell: the test kills gzruns on purpose
+}
+wait_for() {  # SECONDS DESCRIPTION COMMAND...: poll every 50 ms
+  local limit=$(($1 * 20)) what=$2
+  shift 2
+  for ((t = 0; t < limit; ++t)); do "$@" && return 0; sleep 0.05; done
+  fail "timed out ($limit polls) waiting for: $what"
+}
+in_log() { grep -q "$2" "$dir/host$1.log" 2>/dev/null; }
+gone() { for p in "$@"; do kill -0 "$p" 2>/dev/null && return 1; done; return 0; }
+
+if [ "$scenario" = belowmin ]; then
+  program=("$worker" job "$dir" -1 0 0 400 0)
+  t_start=$(now_ns)
+  start_node 0; k0=$k
+  start_node 1; k1=$k
+  wait_for 30 "both nodes in round 0" bash -c "grep -q 'elastic round 0: node . of 2' '$dir/host0.log' && grep -q 'elastic round 0: node . of 2' '$dir/host1.log'"
+  started_ms=$(ms_since "$t_start")
+  [ "$started_ms" -ge 1000 ] || fail "round 0 started after $started_ms ms, before the 1 s join window passed"
+  wait_for 30 "workers running" bash -c "ls '$dir'/pid_0 '$dir'/pid_1 >/dev/null 2>&1"
+  sleep 0.5
+  workers0=$(pgrep -P "$(cat "$dir/gzpid_0.$k0")")
+  t0=$(now_ns)
+  kill -9 "$(cat "$dir/gzpid_1.$k1")" $(pgrep -P "$(cat "$dir/gzpid_1.$k1")")
+  wait_for 20 "host 0's gzrun to end" test -f "$dir/rc_0.$k0"
+  ms=$(ms_since "$t0")
+  [ "$ms" -le "$bound_ms" ] || fail "host 0 took $ms ms to end after node 1 was lost (bound $bound_ms ms)"
+  gone $workers0 || fail "host 0's workers still run"
+  [ "$(cat "$dir/rc_0.$k0")" = 1 ] || fail "host 0's gzrun exited $(cat "$dir/rc_0.$k0"), expected 1"
+  in_log 0 "giving up: node 1 lost: 1 node(s) left, fewer than the minimum of 2 (--nnodes 2:3)" ||
+    fail "host 0 does not say that fewer than MIN nodes are left"
+  echo "PASS: belowmin: round 0 started with 2 of 2:3 nodes after the join window ($started_ms ms); node 1" \
+    "SIGKILLed: host 0 gave up in $ms ms (bound $bound_ms ms): fewer than MIN nodes left"
+  exit 0
+fi
+
+# resize: 3 -> 2 -> 3 with gz-train.
+program=("$gztrain" --config "$config" --work_dir "$dir/work" --num_epochs 3)
+start_node 0; k0=$k
+start_node 1; k1=$k
+start_node 2; k2=$k
+for i in 0 1 2; do wait_for 60 "host $i in round 0 with 3 nodes" in_log $i 'elastic round 0: node . of 3'; done
+wait_for 90 "a checkpoint at step 15" test -d "$dir/work/checkpoints/checkpoint-00000015"
+survivors="$(pgrep -P "$(cat "$dir/gzpid_0.$k0")") $(pgrep -P "$(cat "$dir/gzpid_1.$k1")")"
+victim=$(cat "$dir/gzpid_2.$k2")
+t0=$(now_ns)
+kill -9 "$victim" $(pgrep -P "$victim")
+# Every survivor's worker stops (raises, or gzrun stops it) within the bound.
+wait_for 20 "the survivors' round-0 workers to stop" gone $survivors
+stop_ms=$(ms_since "$t0")
+[ "$stop_ms" -le "$bound_ms" ] || fail "survivors' workers stopped $stop_ms ms after the fault (bound $bound_ms ms)"
+for i in 0 1; do wait_for 30 "host $i in round 1 with 2 nodes" in_log $i 'elastic round 1: node . of 2'; done
+for i in 0 1; do in_log $i 'job failure in round 0: ' || fail "host $i reports no failure of round 0"; done
+# Round 1 trains on 2 ranks for a while (its sample log grows), then host 2 comes back.
+round1_steps() {
+  local f
+  for f in "$dir"/work/samples/session-*-rank0.txt; do
+    head -n 1 "$f" | grep -q ' world 2 ' && [ "$(wc -l <"$f")" -gt 10 ] && return 0
+  done
+  return 1
+}
+wait_for 60 "round 1 to train 10 steps on 2 ranks" round1_steps
+t1=$(now_ns)
+start_node 2; k2b=$k
+for i in 0 1 2; do wait_for 30 "host $i in round 2 with 3 nodes" in_log $i 'elastic round 2: node . of 3'; done
+admit_ms=$(ms_since "$t1")
+for i in 0 1; do
+  in_log $i 'new round 2 to admit waiting node(s) (no restart counted)' || fail "host $i: no admission round"
+done
+wait_for 120 "host 0's gzrun to finish" test -f "$dir/rc_0.$k0"
+wait_for 30 "host 1's gzrun to finish" test -f "$dir/rc_1.$k1"
+wait_for 30 "host 2's gzrun to finish" test -f "$dir/rc_2.$k2b"
+for f in "rc_0.$k0" "rc_1.$k1" "rc_2.$k2b"; do
+  [ "$(cat "$dir/$f")" = 0 ] || fail "gzrun ($f) exited $(cat "$dir/$f")"
+done
+final=$(grep -ho 'final: test_accuracy=[0-9.]*' "$dir"/host*.log | tail -n 1)
+[ -n "$final" ] || fail "no final evaluation line"
+audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size 4800 --epochs 3 --worlds 3,2,3) || fail "$audit"
+echo "PASS: resize: 3 nodes -> node 2 SIGKILLed: survivors' workers stopped in $stop_ms ms (bound $bound_ms ms)," \
+  "2 nodes in round 1 -> node 2 back: admitted, 3 nodes in round 2 after $admit_ms ms -> finished ($final);" \
+  "$audit"

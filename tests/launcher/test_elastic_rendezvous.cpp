@@ -1,0 +1,223 @@
+// The elastic rendezvous of gzrun (--nnodes MIN:MAX) against an in-memory store: nodes as threads.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "elastic_rendezvous.h"
+#include "gz/core/error.h"
+#include "gz/store/mem_store.h"
+
+using namespace gz;
+using namespace gz::launcher;
+using namespace std::chrono_literals;
+
+namespace {
+
+LaunchOptions elastic_options(const std::string& nnodes, double window_s, double timeout_s = 10) {
+  return parse_options({"--nnodes", nnodes, "--rdzv-join-window", std::to_string(window_s), "--rdzv-timeout",
+                        std::to_string(timeout_s), "prog"},
+                       1);
+}
+
+// One node ("h<i>:<100 + i>"): its own rendezvous object over the shared store.
+struct Node {
+  Node(const LaunchOptions& o, Store& s, int i)
+      : rdzv(o, s, "h" + std::to_string(i) + ":" + std::to_string(100 + i)) {}
+  ElasticRendezvous rdzv;
+};
+
+std::future<RoundInfo> join_async(Node& n) {
+  return std::async(std::launch::async, [&n] { return n.rdzv.join(nullptr); });
+}
+
+JobFailure failure(JobFailure::Kind kind, int node = -1) {
+  JobFailure f;
+  f.kind = kind;
+  f.node = node;
+  f.text = "test";
+  return f;
+}
+
+}  // namespace
+
+TEST(ElasticRendezvous, StartsAtOnceWhenMaxNodesJoined) {
+  MemStore store;
+  auto o = elastic_options("2:3", 60);  // a window far longer than the test: MAX must not wait for it
+  Node a(o, store, 0), b(o, store, 1), c(o, store, 2);
+  auto t0 = std::chrono::steady_clock::now();
+  auto fa = join_async(a), fb = join_async(b), fc = join_async(c);
+  std::vector<RoundInfo> r{fa.get(), fb.get(), fc.get()};
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  std::set<int> ranks;
+  for (const auto& x : r) {
+    EXPECT_EQ(x.round, 0);
+    EXPECT_EQ(x.nnodes, 3);
+    EXPECT_EQ(x.restarts, 0);
+    EXPECT_EQ(x.run_id, r[0].run_id);
+    ranks.insert(x.node_rank);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  // The run id names the job by the pid of round 0's node 0.
+  const auto first = std::find_if(r.begin(), r.end(), [](const RoundInfo& x) { return x.node_rank == 0; });
+  EXPECT_EQ(r[0].run_id, std::to_string(100 + (first - r.begin())) + "-0");
+}
+
+TEST(ElasticRendezvous, StartsWithMinNodesAfterTheJoinWindow) {
+  MemStore store;
+  auto o = elastic_options("2:3", 0.4);
+  Node a(o, store, 0), b(o, store, 1);
+  auto t0 = std::chrono::steady_clock::now();
+  auto fa = join_async(a), fb = join_async(b);
+  RoundInfo ra = fa.get(), rb = fb.get();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 400ms);  // waited for a third node
+  EXPECT_EQ(ra.nnodes, 2);
+  EXPECT_EQ(rb.nnodes, 2);
+  EXPECT_NE(ra.node_rank, rb.node_rank);
+}
+
+TEST(ElasticRendezvous, FewerThanMinTimesOutNamingTheCount) {
+  MemStore store;
+  auto o = elastic_options("2:3", 0, 0.5);
+  Node a(o, store, 0);
+  try {
+    a.rdzv.join(nullptr);
+    FAIL() << "joined alone with MIN = 2";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("only 1 node(s) joined round 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at least 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ElasticRendezvous, LateNodeIsAdmittedAtTheNextRoundKeepingRanks) {
+  MemStore store;
+  auto o = elastic_options("2:3", 0.2);
+  Node a(o, store, 0), b(o, store, 1), late(o, store, 2);
+  auto fa = join_async(a), fb = join_async(b);
+  RoundInfo ra = fa.get(), rb = fb.get();
+  ASSERT_EQ(ra.nnodes, 2);
+  // The late node waits for round 1 (round 0 runs): the running nodes' monitors see it there.
+  auto fl = join_async(late);
+  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(store.check({JobMonitor::round_key(1, "joined")}));
+  EXPECT_EQ(fl.wait_for(300ms), std::future_status::timeout) << "admitted while round 0 still runs";
+  // Round 0 ends to admit it: no restart is counted; the three start round 1 together.
+  a.rdzv.advance(ra, failure(JobFailure::Kind::admit));
+  b.rdzv.advance(rb, failure(JobFailure::Kind::admit));
+  auto fa1 = join_async(a), fb1 = join_async(b);
+  RoundInfo a1 = fa1.get(), b1 = fb1.get(), l1 = fl.get();
+  for (const auto* x : {&a1, &b1, &l1}) {
+    EXPECT_EQ(x->round, 1);
+    EXPECT_EQ(x->nnodes, 3);
+    EXPECT_EQ(x->restarts, 0);
+  }
+  // Ranks follow the order of first arrival: the nodes that stayed keep theirs, the newcomer is last.
+  EXPECT_EQ(a1.node_rank, ra.node_rank);
+  EXPECT_EQ(b1.node_rank, rb.node_rank);
+  EXPECT_EQ(l1.node_rank, 2);
+  EXPECT_NE(a1.run_id, ra.run_id);
+}
+
+TEST(ElasticRendezvous, LostNodeShrinksTheJobAndCountsARestart) {
+  MemStore store;
+  auto o = elastic_options("2:3", 0.1);
+  Node a(o, store, 0), b(o, store, 1), c(o, store, 2);
+  auto fa = join_async(a), fb = join_async(b), fc = join_async(c);
+  RoundInfo ra = fa.get(), rb = fb.get(), rc = fc.get();
+  ASSERT_EQ(ra.nnodes, 3);
+  const JobFailure lost = failure(JobFailure::Kind::node_lost, rc.node_rank);
+  EXPECT_EQ(a.rdzv.cannot_continue(ra, lost), "");
+  a.rdzv.advance(ra, lost);
+  b.rdzv.advance(rb, lost);
+  auto fa1 = join_async(a), fb1 = join_async(b);
+  RoundInfo a1 = fa1.get(), b1 = fb1.get();
+  EXPECT_EQ(a1.nnodes, 2);
+  EXPECT_EQ(a1.restarts, 1);
+  EXPECT_EQ(b1.restarts, 1);
+  EXPECT_EQ(std::set<int>({a1.node_rank, b1.node_rank}), (std::set<int>{0, 1}));
+  // Another loss leaves one node: fewer than MIN, and nobody waits to take its place.
+  const std::string why = a.rdzv.cannot_continue(a1, failure(JobFailure::Kind::node_lost, b1.node_rank));
+  EXPECT_NE(why.find("1 node(s) left"), std::string::npos) << why;
+  EXPECT_NE(why.find("fewer than the minimum of 2"), std::string::npos) << why;
+  // A worker failure keeps every node: the job can go on.
+  EXPECT_EQ(a.rdzv.cannot_continue(a1, failure(JobFailure::Kind::worker, 0)), "");
+}
+
+TEST(ElasticRendezvous, SurvivorsAlreadyInTheNextRoundAreNotCountedTwice) {
+  MemStore store;
+  auto o = elastic_options("3:4", 0.1);
+  Node a(o, store, 0), b(o, store, 1), c(o, store, 2);
+  auto fa = join_async(a), fb = join_async(b), fc = join_async(c);
+  RoundInfo ra = fa.get(), rb = fb.get(), rc = fc.get();
+  ASSERT_EQ(ra.nnodes, 3);
+  // c is lost; a decided first and already joined round 1 (where it waits: 1 of MIN 3). When b
+  // decides, a's entry in round 1 is a survivor, not a newcomer: 2 nodes are left, fewer than 3.
+  const JobFailure lost = failure(JobFailure::Kind::node_lost, rc.node_rank);
+  a.rdzv.advance(ra, lost);
+  auto fa1 = join_async(a);
+  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i)
+    std::this_thread::sleep_for(10ms);
+  const std::string why = b.rdzv.cannot_continue(rb, lost);
+  EXPECT_NE(why.find("2 node(s) left, fewer than the minimum of 3"), std::string::npos) << why;
+  b.rdzv.end_job(why, false);
+  EXPECT_THROW(fa1.get(), Error);  // a, waiting in round 1, learns that the job ended
+}
+
+TEST(ElasticRendezvous, AWaitingNodeCountsTowardsMin) {
+  MemStore store;
+  auto o = elastic_options("2:3", 0.1);
+  Node a(o, store, 0), b(o, store, 1), spare(o, store, 2);
+  auto fa = join_async(a), fb = join_async(b);
+  RoundInfo ra = fa.get(), rb = fb.get();
+  ASSERT_EQ(ra.nnodes, 2);
+  auto fs = join_async(spare);  // waits for round 1
+  for (int i = 0; i < 100 && !store.check({JobMonitor::round_key(1, "joined")}); ++i)
+    std::this_thread::sleep_for(10ms);
+  // b is lost: a and the waiting spare make MIN again. a's own entry in round 1 (it may have
+  // joined already) does not count twice.
+  const JobFailure lost = failure(JobFailure::Kind::node_lost, rb.node_rank);
+  EXPECT_EQ(a.rdzv.cannot_continue(ra, lost), "");
+  a.rdzv.advance(ra, lost);
+  auto fa1 = join_async(a);
+  RoundInfo a1 = fa1.get(), s1 = fs.get();
+  EXPECT_EQ(a1.nnodes, 2);
+  EXPECT_EQ(s1.nnodes, 2);
+  EXPECT_EQ(a1.node_rank, 0);
+  EXPECT_EQ(s1.node_rank, 1);
+}
+
+TEST(ElasticRendezvous, WaitingNodesLeaveWhenTheJobEnds) {
+  MemStore store;
+  auto o = elastic_options("2:2", 0);  // N:N is fixed-size; force the elastic path for the test
+  o.elastic = true;
+  Node a(o, store, 0), b(o, store, 1), extra(o, store, 2);
+  auto fa = join_async(a), fb = join_async(b);
+  fa.get();
+  fb.get();
+  auto fe = join_async(extra);  // the job is full: it waits
+  EXPECT_EQ(fe.wait_for(200ms), std::future_status::timeout);
+  a.rdzv.end_job("every worker exited 0", true);
+  EXPECT_TRUE(fe.get().job_done);
+  // A failed job: a node that comes later learns why instead of waiting.
+  MemStore store2;
+  Node x(o, store2, 0), y(o, store2, 1);
+  x.rdzv.end_job("giving up after 1 job-wide restart(s); last failure: boom", false);
+  try {
+    y.rdzv.join(nullptr);
+    FAIL() << "joined an ended job";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the job has ended: giving up after 1"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ElasticRendezvous, EntriesParseWithoutRepeats) {
+  EXPECT_EQ(ElasticRendezvous::parse_entries("1:h0:10;2:h1:11;1:h0:10;;bad;"),
+            (std::vector<std::string>{"1:h0:10", "2:h1:11"}));
+  EXPECT_TRUE(ElasticRendezvous::parse_entries("").empty());
+}
