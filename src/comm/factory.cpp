@@ -113,6 +113,10 @@ InterMaker inter_maker(const CommOptions& o, const Env& env) {
   m.make = [g](int rank, int size, std::shared_ptr<Store> store) {
     return create_gloo_communicator(rank, size, std::move(store), g);
   };
+  g.p2p_only = true;  // the flat one: point-to-point and new_group only (groups get their own)
+  m.make_flat = [g](int rank, int size, std::shared_ptr<Store> store) {
+    return create_gloo_communicator(rank, size, std::move(store), g);
+  };
   m.backend = "gloo";
   m.any_group = true;  // rails and groups connect their members only
   // GZ_HIER_FLAT=0: no mesh over every rank (collectives only; cross-node send/recv refused).

@@ -21,15 +21,23 @@ struct GlooOptions {
   /// @brief Network interface name ("eth0") or an IPv4/IPv6 address. Empty = GZ_SOCKET_IFNAME
   /// (or GZ_IFACE).
   std::string iface;
-  /// @brief All-reduces of at most this many bytes run on a second, synchronous full mesh: the
-  /// calling thread writes its data into every peer's inbox (Gloo bound buffers, registered once)
-  /// and reads theirs from the sockets itself, one exchange with no event-loop thread in between.
-  /// Larger ones (and every other op) use Gloo's ring on the first, asynchronous mesh. 0 = no
-  /// second mesh; -1 = GZ_GLOO_SYNC_MAX, else 0. Experimental, opt-in: its connect fails now and
-  /// then at 7 ranks, and it finds its sockets by scanning /proc/self/fd, which races with other
-  /// threads' descriptors (ThreadSanitizer). Capped at 256 KiB (the exchange relies on the
-  /// kernel's socket buffers holding one message per peer).
+  /// @brief All-reduces of at most this many bytes run on a second, synchronous full mesh as one
+  /// exchange: the calling thread writes its data into every peer's inbox (Gloo bound buffers,
+  /// registered once) and reads theirs from the sockets itself, with no event-loop thread in
+  /// between. -1 = GZ_GLOO_SYNC_MAX, else 64 KiB; 0 = none; capped at 256 KiB and at what a
+  /// socket may queue unread (the exchange writes before it reads).
   long long sync_max_bytes = -1;
+  /// @brief Larger all-reduces, reduce-scatter and all-gather run a pipelined ring on the same
+  /// synchronous mesh, in segments of this many bytes: the calling thread writes segments to its
+  /// right neighbour while it reads (and reduces) its left neighbour's, a few segments ahead, so
+  /// both directions of every link stay busy; all-gather segments land in place. -1 =
+  /// GZ_GLOO_SEGMENT, else 256 KiB; 0 = Gloo's own algorithms on the first mesh; capped at 4 MiB
+  /// and at what a socket may queue unread (net.core.wmem_max). Every rank uses the smallest
+  /// value of the group (and likewise for sync_max_bytes), so ranks may disagree.
+  long long segment_bytes = -1;
+  /// @brief For a communicator used only for point-to-point and new_group (the hierarchical
+  /// backend's one over all ranks): no synchronous mesh (groups made from it get theirs).
+  bool p2p_only = false;
 };
 
 /// @brief Create the Gloo communicator of `rank` among `size` ranks. Collective: every rank calls

@@ -43,6 +43,9 @@ struct InterMaker {
   /// first use instead: a ring of sends (each rank waiting for its right neighbour to join) would
   /// deadlock, and this Gloo has no lazy connection.
   bool flat = true;
+  /// @brief Builds that communicator over all ranks when set (else `make`): it only carries
+  /// point-to-point and new_group, so a backend may skip what only collectives need.
+  CommMaker make_flat;
 };
 
 /// @brief Create the hierarchical communicator of `rank`. Collective over all ranks.

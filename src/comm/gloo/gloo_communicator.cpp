@@ -134,6 +134,7 @@ class GlooCommunicator : public Communicator {
     std::string key = "gloo_group/" + std::to_string(id);
     for (int r : ranks) key += "_" + std::to_string(r);
     GlooOptions sub = options_;
+    sub.p2p_only = false;  // groups run collectives
     return std::make_shared<GlooCommunicator>(static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
                                               std::make_shared<PrefixStore>(key, store_), sub);
   }
@@ -141,12 +142,25 @@ class GlooCommunicator : public Communicator {
  protected:
   void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     if (count == 0) return;
-    if (sync_ && count * dtype_size(dtype) <= sync_->max_bytes()) {
-      int peer = -1;
-      run(
-          "allreduce", -1,
-          [&] { sync_->allreduce(data, count, dtype_size(dtype), reduce_fn(dtype, op), op_deadline(), &peer); },
-          &peer);
+    const size_t bytes = count * dtype_size(dtype);
+    if (sync_ && bytes <= sync_->limits().exchange_max) {
+      run_sync("allreduce", [&](int* peer) {
+        gloo_impl::sync_exchange_allreduce(*sync_, data, count, dtype_size(dtype), reduce_fn(dtype, op), op_deadline(),
+                                           peer);
+      });
+      if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size_);
+      return;
+    }
+    if (ring()) {
+      std::vector<size_t> offset(size_), counts(size_);
+      for (int b = 0; b < size_; ++b) {
+        offset[b] = b * count / size_;
+        counts[b] = (b + 1) * count / size_ - offset[b];
+      }
+      run_sync("allreduce", [&](int* peer) {
+        const auto& fn = reduce_fn(dtype, op);
+        gloo_impl::sync_ring(*sync_, data, dtype_size(dtype), offset, counts, &fn, true, op_deadline(), peer);
+      });
       if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size_);
       return;
     }
@@ -191,6 +205,14 @@ class GlooCommunicator : public Communicator {
       if (mine && in != out + offset * es) std::memmove(out + offset * es, in, mine);
       return;
     }
+    if (ring()) {
+      if (in != out + offset * es && mine) std::memmove(out + offset * es, in, mine);
+      std::vector<size_t> offsets(size_, 0);
+      for (int r = 1; r < size_; ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
+      run_sync("allgatherv",
+               [&](int* peer) { gloo_impl::sync_ring(*sync_, out, es, offsets, counts, nullptr, true, op_deadline(), peer); });
+      return;
+    }
     run("allgatherv", -1, [&] {
       ::gloo::AllgathervOptions o(context_);
       std::vector<size_t> bytes(counts.size());
@@ -219,8 +241,19 @@ class GlooCommunicator : public Communicator {
       return;
     }
     scratch_.resize(block * size_);
-    incoming_.resize(block);
     std::memcpy(scratch_.data(), send, block * size_);
+    if (ring()) {
+      std::vector<size_t> offset(size_), counts(size_, recv_count);
+      for (int b = 0; b < size_; ++b) offset[b] = b * recv_count;
+      run_sync("reduce_scatter", [&](int* peer) {
+        const auto& fn = reduce_fn(dtype, op);
+        gloo_impl::sync_ring(*sync_, scratch_.data(), es, offset, counts, &fn, false, op_deadline(), peer);
+      });
+      std::memcpy(recv, scratch_.data() + block * rank_, block);
+      if (op == ReduceOp::avg) reduce::divide_in_place(recv, recv_count, dtype, size_);
+      return;
+    }
+    incoming_.resize(block);
     const uint64_t slot = kRingSlotPrefix | tag();
     const int right = (rank_ + 1) % size_, left = (rank_ - 1 + size_) % size_;
     auto reduce = make_reduce_fn(dtype, op);
@@ -302,21 +335,24 @@ class GlooCommunicator : public Communicator {
   // What is left of this op's own deadline (at least 1 ms: Gloo treats 0 as "use the default").
   Duration op_timeout() const { return std::max(op_deadline().remaining(), Duration(1)); }
 
-  // The synchronous mesh for small all-reduces (GlooOptions::sync_max_bytes). Every rank must use
-  // the same threshold, or an op would run on different meshes: rank 0's value is everyone's.
+  // The synchronous mesh (GlooOptions::sync_max_bytes, segment_bytes). Every rank must pick the
+  // same algorithm for an op and cut its messages alike: the limits are agreed (minimum over the
+  // group) before connecting. A point-to-point-only communicator has none (its groups do).
   void connect_sync_mesh(const Stopwatch& sw) {
-    if (size_ == 1) return;
-    long long want = options_.sync_max_bytes;
-    if (want < 0) want = Env::from_process().get_int("GZ_GLOO_SYNC_MAX", kDefaultSyncMax);
-    want = std::clamp<long long>(want, 0, kMaxSyncMax);
-    const std::string key = "gloo_sync_max";
-    if (rank_ == 0) store_->set(key, to_bytes(std::to_string(want)));
-    const long long agreed = std::stoll(to_string(store_->get(key, Deadline::after(timeout()))));
-    if (agreed <= 0) return;
+    if (size_ == 1 || options_.p2p_only) return;
+    const Env env = Env::from_process();
+    long long want_exchange = options_.sync_max_bytes, want_segment = options_.segment_bytes;
+    if (want_exchange < 0) want_exchange = env.get_int("GZ_GLOO_SYNC_MAX", kDefaultSyncMax);
+    if (want_segment < 0) want_segment = env.get_int("GZ_GLOO_SEGMENT", kDefaultSegment);
+    want_exchange = std::clamp<long long>(want_exchange, 0, kMaxSyncMax);
+    want_segment = std::clamp<long long>(want_segment, 0, kMaxSegment);
     try {
-      gloo_impl::StoreAdapter adapter(std::make_shared<PrefixStore>("gloo_sync", store_), options_.timeout);
-      sync_ = std::make_unique<gloo_impl::SyncMesh>(rank_, size_, static_cast<size_t>(agreed), device_, adapter,
-                                                    options_.timeout);
+      auto store = std::make_shared<PrefixStore>("gloo_sync", store_);
+      const auto limits =
+          gloo_impl::agree_sync_limits(*store, rank_, size_, static_cast<size_t>(want_exchange),
+                                       static_cast<size_t>(want_segment), Deadline::after(options_.timeout));
+      if (!limits.any()) return;
+      sync_ = std::make_unique<gloo_impl::SyncMesh>(rank_, size_, limits, device_, store, options_.timeout);
       // No rank may write to the synchronous mesh before every rank has switched its pairs to
       // synchronous mode: a message arriving earlier is half read by the event loop (or waits
       // there for an inbox not yet registered) and the stream is lost. A barrier on the first mesh.
@@ -324,11 +360,30 @@ class GlooCommunicator : public Communicator {
       b.setTag(tag());
       b.setTimeout(options_.timeout);
       ::gloo::barrier(b);
+    } catch (const TimeoutError& e) {
+      GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_, " gave up connecting the synchronous mesh after ",
+               format_duration(sw.elapsed()), ": ", e.what());
     } catch (const gz::Error&) {
       throw;
     } catch (const std::exception& e) {
       GZ_THROW(PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the synchronous mesh after ",
                format_duration(sw.elapsed()), ": ", e.what());
+    }
+  }
+
+  // Larger all-reduces, reduce-scatter and all-gather run the pipelined ring on the synchronous mesh.
+  bool ring() const { return sync_ && sync_->limits().segment > 0; }
+
+  // run() for an op on the synchronous mesh: fn(&peer) names the peer it is working with; when it
+  // fails, that connection is shut down too, so the peer fails now rather than at its deadline.
+  template <typename F>
+  void run_sync(const char* op, F&& fn) {
+    int peer = -1;
+    try {
+      run(op, -1, [&] { fn(&peer); }, &peer);
+    } catch (...) {
+      sync_->fail(peer);
+      throw;
     }
   }
 
@@ -486,10 +541,10 @@ class GlooCommunicator : public Communicator {
     }
   };
   static constexpr size_t kAllreduceCacheSize = 64;
-  // Opt-in (GZ_GLOO_SYNC_MAX / sync_max_bytes) for now: connecting the synchronous mesh fails now
-  // and then at 7 ranks ("connection closed by peer"), not yet understood.
-  static constexpr long long kDefaultSyncMax = 0;
+  static constexpr long long kDefaultSyncMax = 64 << 10;
   static constexpr long long kMaxSyncMax = 256 << 10;
+  static constexpr long long kDefaultSegment = 256 << 10;
+  static constexpr long long kMaxSegment = 4 << 20;
   std::unique_ptr<gloo_impl::SyncMesh> sync_;
   gloo_impl::ReduceFn reduce_fns_[8][5];
   std::list<std::pair<AllreduceKey, std::unique_ptr<::gloo::AllreduceOptions>>> allreduce_cache_;
