@@ -45,7 +45,7 @@ have_torch=1
 "$py" -c 'import torch.distributed' 2>/dev/null || { have_torch=0; echo "note: no torch in $py: no PyTorch row" >&2; }
 mpirun=$(command -v mpirun || true)
 
-id=mb$$
+id=${GZ_BENCH_CLUSTER:-mb$$}
 C=("$cluster" -c "$id")
 work=$(mktemp -d)
 trap '"${C[@]}" down >/dev/null 2>&1; rm -rf "$work"' EXIT

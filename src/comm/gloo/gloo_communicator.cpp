@@ -99,8 +99,8 @@ class GlooCommunicator : public Communicator {
       GZ_THROW(PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the full mesh (listening on ",
                listen_desc_, ") after ", format_duration(sw.elapsed()), ": ", e.what());
     }
-    learn_peer_addresses();
-    connect_sync_mesh(sw);
+    const auto sync_records = learn_peer_addresses(sync_limits_record());
+    connect_sync_mesh(sync_records, sw);
     GZ_LOG(debug, "gloo: rank ", rank_, "/", size_, " connected on ", listen_desc_, " in ",
            format_duration(sw.elapsed()));
   }
@@ -338,21 +338,26 @@ class GlooCommunicator : public Communicator {
   // The synchronous mesh (GlooOptions::sync_max_bytes, segment_bytes). Every rank must pick the
   // same algorithm for an op and cut its messages alike: the limits are agreed (minimum over the
   // group) before connecting. A point-to-point-only communicator has none (its groups do).
-  void connect_sync_mesh(const Stopwatch& sw) {
-    if (size_ == 1 || options_.p2p_only) return;
+  std::string sync_limits_record() const {
+    if (size_ == 1) return "0 0 0";
     const Env env = Env::from_process();
     long long want_exchange = options_.sync_max_bytes, want_segment = options_.segment_bytes;
     if (want_exchange < 0) want_exchange = env.get_int("GZ_GLOO_SYNC_MAX", kDefaultSyncMax);
     if (want_segment < 0) want_segment = env.get_int("GZ_GLOO_SEGMENT", kDefaultSegment);
+    if (options_.p2p_only) want_exchange = want_segment = 0;
     want_exchange = std::clamp<long long>(want_exchange, 0, kMaxSyncMax);
     want_segment = std::clamp<long long>(want_segment, 0, kMaxSegment);
+    return gloo_impl::sync_limits_record(static_cast<size_t>(want_exchange), static_cast<size_t>(want_segment));
+  }
+
+  void connect_sync_mesh(const std::vector<std::string>& records, const Stopwatch& sw) {
+    if (size_ == 1) return;
     try {
-      auto store = std::make_shared<PrefixStore>("gloo_sync", store_);
-      const auto limits =
-          gloo_impl::agree_sync_limits(*store, rank_, size_, static_cast<size_t>(want_exchange),
-                                       static_cast<size_t>(want_segment), Deadline::after(options_.timeout));
+      const auto limits = gloo_impl::agree_sync_limits(records);
       if (!limits.any()) return;
-      sync_ = std::make_unique<gloo_impl::SyncMesh>(rank_, size_, limits, device_, store, options_.timeout);
+      sync_ = std::make_unique<gloo_impl::SyncMesh>(rank_, size_, limits, device_,
+                                                    std::make_shared<PrefixStore>("gloo_sync", store_),
+                                                    options_.timeout);
       // No rank may write to the synchronous mesh before every rank has switched its pairs to
       // synchronous mode: a message arriving earlier is half read by the event loop (or waits
       // there for an inbox not yet registered) and the stream is lost. A barrier on the first mesh.
@@ -447,27 +452,30 @@ class GlooCommunicator : public Communicator {
 
   // Gloo's errors name the peer by socket address ("[10.0.0.2]:41234"). Each rank publishes the
   // address of its end of every pair, so an error can be turned into a rank number.
-  void learn_peer_addresses() {
-    if (size_ == 1) return;
-    std::string mine;
+  std::vector<std::string> learn_peer_addresses(const std::string& sync_record) {
+    if (size_ == 1) return {};
+    std::string mine = "sync " + sync_record + "\n";
     for (int j = 0; j < size_; ++j)
       if (j != rank_) mine += std::to_string(j) + " " + context_->getPair(j)->address().str() + "\n";
-    // One gather: a constant number of store round trips per rank, whatever the group size.
+    // One gather: a constant number of store round trips per rank, whatever the group size. It
+    // also carries each rank's record for the synchronous mesh's limits.
     auto all = store_allgather(*store_, "gloo_pair_addrs", rank_, size_, to_bytes(mine), Deadline::after(timeout()));
     peer_addrs_.assign(size_, std::string());
+    std::vector<std::string> sync_records(size_);
     const std::string me = std::to_string(rank_) + " ";
     for (int j = 0; j < size_; ++j) {
-      if (j == rank_) continue;
       std::string theirs = to_string(all[j]);
       size_t pos = 0;
       while (pos < theirs.size()) {
         size_t nl = theirs.find('\n', pos);
         if (nl == std::string::npos) nl = theirs.size();
         std::string line = theirs.substr(pos, nl - pos);
-        if (line.compare(0, me.size(), me) == 0) peer_addrs_[j] = line.substr(me.size());
+        if (line.compare(0, 5, "sync ") == 0) sync_records[j] = line.substr(5);
+        else if (j != rank_ && line.compare(0, me.size(), me) == 0) peer_addrs_[j] = line.substr(me.size());
         pos = nl + 1;
       }
     }
+    return sync_records;
   }
 
   // "peer rank 3 (addr)" when the Gloo message names a known peer address (and *rank = 3), else "".

@@ -52,23 +52,25 @@ size_t send_buffer_request(size_t exchange_max, size_t segment) {
 
 }  // namespace
 
-SyncLimits agree_sync_limits(Store& store, int rank, int size, size_t want_exchange, size_t want_segment,
-                             Deadline deadline) {
+std::string sync_limits_record(size_t want_exchange, size_t want_segment) {
   const size_t capacity = probe_send_capacity(send_buffer_request(want_exchange, want_segment));
-  std::ostringstream mine;
-  mine << want_exchange << " " << want_segment << " " << capacity;
-  const auto all = store_allgather(store, "sync_limits", rank, size, to_bytes(mine.str()), deadline);
+  std::ostringstream out;
+  out << want_exchange << " " << want_segment << " " << capacity;
+  return out.str();
+}
+
+SyncLimits agree_sync_limits(const std::vector<std::string>& records) {
   SyncLimits l;
-  l.exchange_max = want_exchange;
-  l.segment = want_segment;
-  for (int r = 0; r < size; ++r) {
-    std::istringstream in(to_string(all[r]));
+  l.exchange_max = l.segment = ~size_t{0};
+  for (size_t r = 0; r < records.size(); ++r) {
+    std::istringstream in(records[r]);
     size_t ex = 0, seg = 0, cap = 0;
-    if (!(in >> ex >> seg >> cap)) GZ_THROW(Error, "gloo sync mesh: bad limits record from rank ", r);
+    if (!(in >> ex >> seg >> cap)) GZ_THROW(Error, "gloo sync mesh: bad limits record '", records[r], "' of rank ", r);
     const size_t fits = cap > kMessageHeader ? cap - kMessageHeader : 0;
     l.exchange_max = std::min({l.exchange_max, ex, fits});
     l.segment = std::min({l.segment, seg, fits});
   }
+  if (records.empty()) l.exchange_max = l.segment = 0;
   l.segment &= ~size_t{63};            // whole elements of every dtype
   if (l.segment < 4096) l.segment = 0;  // too small to pay off: Gloo's own ring instead
   l.send_buffer = send_buffer_request(l.exchange_max, l.segment);

@@ -41,16 +41,18 @@ struct SyncLimits {
   bool any() const { return exchange_max > 0 || segment > 0; }
 };
 
-/// @brief Collective: every rank publishes its wishes and what its kernel grants a socket's send
-/// buffer (probed on a throwaway socket), and all take the minimum, so every rank picks the same
-/// algorithm for an op and cuts messages at the same places. One StoreAllgather.
+/// @brief This rank's part of the agreement on SyncLimits: its wishes and what its kernel grants a
+/// socket's send buffer (probed on a throwaway socket), as one line for the group's gather.
 ///
 /// Why the send buffer matters: a synchronous write returns only when the kernel holds all of it,
 /// and a rank reads only when its schedule says so. Each message must therefore fit into what the
 /// sender's socket may queue without the receiver reading: the exchange writes one message to
 /// every peer before reading; the ring keeps up to `window` segments unread per link.
-SyncLimits agree_sync_limits(Store& store, int rank, int size, size_t want_exchange, size_t want_segment,
-                             Deadline deadline);
+std::string sync_limits_record(size_t want_exchange, size_t want_segment);
+
+/// @brief The limits, from every rank's record (in rank order): the minimum of all, so every rank
+/// picks the same algorithm for an op and cuts messages at the same places.
+SyncLimits agree_sync_limits(const std::vector<std::string>& records);
 
 /// @brief A Gloo context whose tcp pairs are switched to synchronous mode (Pair::setSync): sends
 /// write on the caller's thread, and Buffer::waitRecv reads the socket on the caller's thread.
