@@ -76,7 +76,7 @@ class GlooSyncPath : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(GlooSyncPath, PeerOfATimedOutRankFailsPromptly) {
   const size_t n = GetParam();
-  std::atomic<bool> rank0_failed{false};
+  std::atomic<bool> rank0_failed{false}, rank1_done{false};
   run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
     auto c = comm::create_gloo_communicator(rank, 2, store, opts(20s, -1, 4096));
     allreduce_and_check(*c, n);
@@ -84,6 +84,8 @@ TEST_P(GlooSyncPath, PeerOfATimedOutRankFailsPromptly) {
     if (rank == 0) {
       EXPECT_THROW(c->allreduce(v.data(), n, DType::f32, ReduceOp::sum, OpOptions::within(300ms)), TimeoutError);
       rank0_failed = true;
+      // Alive (not destroyed, which would close everything) while rank 1 tries.
+      while (!rank1_done.load()) std::this_thread::sleep_for(5ms);
       return;
     }
     while (!rank0_failed.load()) std::this_thread::sleep_for(5ms);
@@ -97,6 +99,7 @@ TEST_P(GlooSyncPath, PeerOfATimedOutRankFailsPromptly) {
         },
         Error);
     EXPECT_LT(sw.seconds(), 2.0) << "rank 1 noticed rank 0's failure only after " << sw.seconds() << " s";
+    rank1_done = true;
   });
 }
 
