@@ -67,8 +67,10 @@ SyncLimits agree_sync_limits(const std::vector<std::string>& records) {
     size_t ex = 0, seg = 0, cap = 0;
     if (!(in >> ex >> seg >> cap)) GZ_THROW(Error, "gloo sync mesh: bad limits record '", records[r], "' of rank ", r);
     const size_t fits = cap > kMessageHeader ? cap - kMessageHeader : 0;
+    // Ring segments small enough that two fit (a window of at least 2), unless that is tiny.
+    const size_t two_fit = cap / 2 > kMessageHeader + 16384 ? cap / 2 - kMessageHeader : fits;
     l.exchange_max = std::min({l.exchange_max, ex, fits});
-    l.segment = std::min({l.segment, seg, fits});
+    l.segment = std::min({l.segment, seg, two_fit});
   }
   if (records.empty()) l.exchange_max = l.segment = 0;
   l.segment &= ~size_t{63};            // whole elements of every dtype
