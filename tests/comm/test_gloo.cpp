@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <thread>
 
@@ -340,6 +341,57 @@ TEST(Gloo, BadArgumentsAreRejected) {
 
 TEST(Gloo, LocalAddressTowardsLoopback) {
   EXPECT_EQ(comm::local_address_towards("127.0.0.1"), "127.0.0.1");
+}
+
+// GZ_SOCKET_IFNAME / GlooOptions::iface: an interface name or a local address; anything else is
+// an InvalidArgument that names where it came from and what this machine has.
+TEST(Gloo, ListenAddressForInterfacesAndAddresses) {
+  EXPECT_EQ(comm::listen_address_for("lo"), "127.0.0.1");
+  EXPECT_EQ(comm::listen_address_for("127.0.0.1"), "127.0.0.1");
+  try {
+    comm::listen_address_for("gznosuch0", "MY_VAR");
+    ADD_FAILURE() << "an unknown interface was accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("MY_VAR=gznosuch0"), std::string::npos) << m;
+    EXPECT_NE(m.find("no network interface"), std::string::npos) << m;
+    EXPECT_NE(m.find("lo"), std::string::npos) << m;  // the interfaces there are
+  }
+  try {
+    comm::listen_address_for("192.0.2.1");  // TEST-NET-1: never configured here
+    ADD_FAILURE() << "a foreign address was accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("GZ_SOCKET_IFNAME=192.0.2.1 is not an address of this machine"), std::string::npos) << m;
+    EXPECT_NE(m.find("127.0.0.1"), std::string::npos) << m;
+  }
+  EXPECT_TRUE(comm::is_loopback_address("127.0.0.1"));
+  EXPECT_TRUE(comm::is_loopback_address("127.1.2.3"));
+  EXPECT_TRUE(comm::is_loopback_address("::1"));
+  EXPECT_FALSE(comm::is_loopback_address("10.0.0.1"));
+}
+
+// Before connecting, at once: not as a connect failure (PeerError) or timeout.
+TEST(Gloo, BadInterfaceFailsCreateWithInvalidArgument) {
+  auto store = std::make_shared<MemStore>();
+  GlooOptions o = opts(5s);
+  o.iface = "gznosuch0";
+  Stopwatch sw;
+  try {
+    comm::create_gloo_communicator(0, 2, store, o);
+    ADD_FAILURE() << "an unknown interface was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("GlooOptions::iface=gznosuch0"), std::string::npos) << e.what();
+  }
+  setenv("GZ_SOCKET_IFNAME", "192.0.2.1", 1);
+  try {
+    comm::create_gloo_communicator(0, 2, store, opts(5s));
+    ADD_FAILURE() << "a foreign address was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("GZ_SOCKET_IFNAME=192.0.2.1"), std::string::npos) << e.what();
+  }
+  unsetenv("GZ_SOCKET_IFNAME");
+  EXPECT_LT(sw.seconds(), 1.0);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gloo/common/logging.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/pair.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -39,11 +40,6 @@ constexpr uint64_t kP2PSlotPrefix = uint64_t{0x40} << 56;
 // Slots of our own ring algorithms (reduce-scatter), tagged by the collective counter.
 constexpr uint64_t kRingSlotPrefix = uint64_t{0x41} << 56;
 
-bool is_ip_literal(const std::string& s) {
-  unsigned char buf[sizeof(struct in6_addr)];
-  return inet_pton(AF_INET, s.c_str(), buf) == 1 || inet_pton(AF_INET6, s.c_str(), buf) == 1;
-}
-
 // Gloo writes to sockets without MSG_NOSIGNAL: a peer that dies mid-write would kill this process
 // with SIGPIPE instead of raising an error. Ignore SIGPIPE unless the application handles it.
 void ignore_sigpipe_once() {
@@ -73,21 +69,23 @@ class GlooCommunicator : public Communicator {
     Stopwatch sw;
     ::gloo::transport::tcp::attr attr;
     const Env env = Env::from_process();
-    std::string iface = options_.iface.empty() ? env.get("GZ_SOCKET_IFNAME", env.get("GZ_IFACE", "")) : options_.iface;
+    const std::string iface =
+        options_.iface.empty() ? env.get("GZ_SOCKET_IFNAME", env.get("GZ_IFACE", "")) : options_.iface;
     if (!options_.hostname.empty()) {
       attr.hostname = options_.hostname;
     } else if (!iface.empty()) {
-      if (is_ip_literal(iface)) attr.hostname = iface;
-      else attr.iface = iface;
+      // Resolved here, so that an unknown interface or a foreign address is an InvalidArgument
+      // naming the variable (Gloo's own lookup would fail inside connect with less to go on).
+      attr.hostname = listen_address_for(iface, options_.iface.empty() ? "GZ_SOCKET_IFNAME" : "GlooOptions::iface");
     } else {
       attr.hostname = "127.0.0.1";
     }
-    listen_desc_ = attr.hostname.empty() ? "iface " + attr.iface : attr.hostname;
+    listen_desc_ = attr.hostname + (iface.empty() || iface == attr.hostname ? "" : " (" + iface + ")");
+    gloo_impl::StoreAdapter adapter(store_, options_.timeout, rank_, size_);
     try {
       device_ = ::gloo::transport::tcp::CreateDevice(attr);
       context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
       context_->setTimeout(options_.timeout);
-      gloo_impl::StoreAdapter adapter(store_, options_.timeout, rank_, size_);
       context_->connectFullMesh(adapter, device_);
     } catch (const TimeoutError& e) {
       GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_, " gave up connecting after ",
@@ -97,7 +95,10 @@ class GlooCommunicator : public Communicator {
       throw;
     } catch (const std::exception& e) {
       GZ_THROW(PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the full mesh (listening on ",
-               listen_desc_, ") after ", format_duration(sw.elapsed()), ": ", e.what());
+               listen_desc_, ") after ", format_duration(sw.elapsed()), ": ", e.what(), "; peers listen on ",
+               advertised_addresses(adapter),
+               " (every rank must reach every other's address; GZ_SOCKET_IFNAME picks the interface or address "
+               "each rank listens on and advertises)");
     }
     const auto sync_records = learn_peer_addresses(sync_limits_record());
     connect_sync_mesh(sync_records, sw);
@@ -112,6 +113,25 @@ class GlooCommunicator : public Communicator {
       if (context_) context_->closeConnections();
     } catch (...) {
     }
+  }
+
+  // "rank 0 at [10.0.0.1]:4100, ..." from what each peer published for its pair with this rank
+  // (Gloo's rendezvous: per rank, one address per peer in rank order, itself left out).
+  std::string advertised_addresses(const gloo_impl::StoreAdapter& adapter) const {
+    const auto all = adapter.gathered_family("");
+    std::string out;
+    for (int i = 0; i < static_cast<int>(all.size()) && size_ > 1; ++i) {
+      if (i == rank_ || all[i].empty()) continue;
+      const size_t n = all[i].size() / static_cast<size_t>(size_ - 1);
+      const size_t at = static_cast<size_t>(rank_ > i ? rank_ - 1 : rank_) * n;
+      if (n == 0 || at + n > all[i].size()) continue;
+      try {
+        const ::gloo::transport::tcp::Address a(std::vector<char>(all[i].begin() + at, all[i].begin() + at + n));
+        out += (out.empty() ? "" : ", ") + detail::concat("rank ", i, " at ", a.str());
+      } catch (...) {
+      }
+    }
+    return out.empty() ? std::string("(addresses not known yet)") : out;
   }
 
   int rank() const override { return rank_; }

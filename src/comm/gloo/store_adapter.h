@@ -47,6 +47,13 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
     return std::vector<char>(b.begin(), b.end());
   }
   void wait(const std::vector<std::string>& keys) override { wait_for(keys, timeout_); }
+
+  /// @brief Every rank's value of the key family `prefix` ("" = Gloo's pair addresses) when it has
+  /// been gathered (empty otherwise): for error messages after a failed connect.
+  std::vector<Bytes> gathered_family(const std::string& prefix) const {
+    auto it = families_.find(prefix);
+    return it == families_.end() ? std::vector<Bytes>{} : it->second.all;
+  }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     // Gloo passes its own default (30 s) here; never wait longer than our timeout.
     wait_for(keys, timeout.count() > 0 ? std::min<Duration>(timeout, timeout_) : timeout_);
