@@ -18,8 +18,8 @@ struct GlooOptions {
   /// @brief Address this rank listens on and advertises to peers. Empty = derived from `iface`,
   /// else GZ_SOCKET_IFNAME (or GZ_IFACE), else 127.0.0.1 (single machine).
   std::string hostname;
-  /// @brief Network interface name ("eth0") or an IPv4/IPv6 address. Empty = GZ_SOCKET_IFNAME
-  /// (or GZ_IFACE).
+  /// @brief Network interface name ("eth0") or an IPv4/IPv6 address of this machine. Empty =
+  /// GZ_SOCKET_IFNAME (or GZ_IFACE). Checked before connecting: see listen_address_for.
   std::string iface;
   /// @brief All-reduces of at most this many bytes run on a second, synchronous full mesh as one
   /// exchange: the calling thread writes its data into every peer's inbox (Gloo bound buffers,
@@ -42,12 +42,24 @@ struct GlooOptions {
 
 /// @brief Create the Gloo communicator of `rank` among `size` ranks. Collective: every rank calls
 /// it with the same store (already namespaced for this group). Throws InvalidArgument when the
-/// build has no Gloo, TimeoutError when peers do not show up before the timeout.
+/// build has no Gloo or the interface/address asked for is not usable here (see
+/// listen_address_for), TimeoutError when peers do not show up before the timeout, PeerError when
+/// a peer's advertised address cannot be reached (naming the addresses).
 ///
-/// abort(): every pair of this rank is put into Gloo's error state. That wakes whatever waits on
-/// it, Gloo's own algorithms included, so a blocked op returns with gz::Aborted at once; it also
-/// closes the TCP connections, so peers blocked on this rank fail promptly (gz::PeerError). Every
-/// later op throws gz::Aborted.
+/// Two full meshes of TCP connections: Gloo's own (asynchronous, an event-loop thread; broadcast,
+/// reduce, barrier, point-to-point, and everything when the synchronous mesh is off) and, unless
+/// sync_max_bytes and segment_bytes are both 0 or p2p_only is set, a synchronous one whose socket
+/// I/O the calling thread does itself (all-reduce, reduce-scatter, all-gather). Connecting costs a
+/// constant number of store round trips per rank.
+///
+/// Deadlines: every op's own; on the synchronous mesh they become the sockets' timeouts before
+/// each blocking call, so a stuck peer ends the op as gz::TimeoutError at its deadline. An op that
+/// fails there shuts down the connection it failed on, so that peer fails at once too.
+///
+/// abort(): the synchronous mesh's sockets are shut down (a reader blocked in recv() returns at
+/// once) and every pair of both meshes is put into Gloo's error state, which wakes whatever waits
+/// on it, Gloo's own algorithms included: a blocked op returns with gz::Aborted at once, and
+/// peers blocked on this rank fail promptly (gz::PeerError). Every later op throws gz::Aborted.
 ///
 /// Gloo writes to sockets without MSG_NOSIGNAL, so the first Gloo communicator sets SIGPIPE to
 /// SIG_IGN when it still has the default disposition (a dead peer is then an error, not a crash).
