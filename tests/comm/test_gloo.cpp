@@ -339,6 +339,87 @@ TEST(Gloo, BadArgumentsAreRejected) {
   EXPECT_THROW(c->new_group({3}), InvalidArgument);
 }
 
+GlooOptions p2p_opts(Duration timeout = 20s) {
+  GlooOptions o = opts(timeout);
+  o.p2p_only = true;
+  return o;
+}
+
+// A point-to-point communicator connects nothing when it is created and then only the pairs that
+// exchange messages: their addresses are the only ones in the store.
+TEST(GlooLazy, ConnectsOnlyThePairsThatTalk) {
+  auto store = std::make_shared<MemStore>();
+  run_ranks(
+      4,
+      [&](int rank, std::shared_ptr<Store> s) {
+        auto c = comm::create_gloo_communicator(rank, 4, s, p2p_opts());
+        if (rank > 1) return;
+        int32_t v = rank + 10, got = 0;
+        const int peer = 1 - rank;
+        if (rank == 0) {
+          c->send(&v, 1, DType::i32, peer, 5);
+          c->recv(&got, 1, DType::i32, peer, 6);
+        } else {
+          c->recv(&got, 1, DType::i32, peer, 5);
+          c->send(&v, 1, DType::i32, peer, 6);
+        }
+        EXPECT_EQ(got, peer + 10);
+      },
+      store);
+  EXPECT_TRUE(store->check({"gloo_lazy/p2p_addr/0/1", "gloo_lazy/p2p_addr/1/0"}));
+  for (int a = 0; a < 4; ++a)
+    for (int b = 0; b < 4; ++b)
+      if (a != b && a + b != 1)
+        EXPECT_FALSE(store->check({"gloo_lazy/p2p_addr/" + std::to_string(a) + "/" + std::to_string(b)}))
+            << a << " -> " << b << " was connected";
+  EXPECT_EQ(store->num_keys(), 2) << "creating point-to-point communicators wrote to the store";
+}
+
+// Messages around a ring, each rank connecting its two neighbours on the way; then every op on the
+// same communicator (a collective connects every pair first), send/recv included.
+TEST(GlooLazy, RingOfMessagesThenEveryCollective) {
+  run_ranks(4, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, 4, store, p2p_opts());
+    const int right = (rank + 1) % 4, left = (rank + 3) % 4;
+    std::vector<float> out(1000, static_cast<float>(rank)), in(1000, -1.0f);
+    if (rank % 2 == 0) {
+      c->send(out.data(), out.size(), DType::f32, right, 1);
+      c->recv(in.data(), in.size(), DType::f32, left, 1);
+    } else {
+      c->recv(in.data(), in.size(), DType::f32, left, 1);
+      c->send(out.data(), out.size(), DType::f32, right, 1);
+    }
+    EXPECT_EQ(in[999], static_cast<float>(left));
+    check_all_collectives(*c, false, true);
+  });
+}
+
+// A rank waiting for its peer to show up for the first message is still bounded by the op's
+// deadline and woken by abort().
+TEST(GlooLazy, FirstMessageHonoursDeadlineAndAbort) {
+  std::atomic<bool> done{false};
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, 2, store, p2p_opts(30s));
+    if (rank == 1) {
+      while (!done.load()) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    int32_t v = 0;
+    Stopwatch sw;
+    EXPECT_THROW(c->recv(&v, 1, DType::i32, 1, comm::OpOptions{std::chrono::milliseconds(300), {}, 0}), TimeoutError);
+    EXPECT_LT(sw.seconds(), 1.3);
+    std::thread killer([&] {
+      std::this_thread::sleep_for(200ms);
+      c->abort("test abort");
+    });
+    sw.reset();
+    EXPECT_THROW(c->recv(&v, 1, DType::i32, 1, 0), Aborted);
+    EXPECT_LT(sw.seconds(), 1.2);
+    killer.join();
+    done = true;
+  });
+}
+
 TEST(Gloo, LocalAddressTowardsLoopback) {
   EXPECT_EQ(comm::local_address_towards("127.0.0.1"), "127.0.0.1");
 }

@@ -35,8 +35,11 @@ struct GlooOptions {
   /// and at what a socket may queue unread (net.core.wmem_max). Every rank uses the smallest
   /// value of the group (and likewise for sync_max_bytes), so ranks may disagree.
   long long segment_bytes = -1;
-  /// @brief For a communicator used only for point-to-point and new_group (the hierarchical
-  /// backend's one over all ranks): no synchronous mesh (groups made from it get theirs).
+  /// @brief For a communicator used (mostly) for point-to-point and new_group, as the
+  /// hierarchical backend's one over all ranks: nothing connects at creation (no store traffic
+  /// either); the pair to a peer is connected by the first send/recv between the two, so a rank
+  /// holds connections only to the peers it talks to. A collective on it connects every pair
+  /// first. No synchronous mesh (groups made with new_group are ordinary ones).
   bool p2p_only = false;
 };
 

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 
+#include "comm/gloo/lazy_mesh.h"
 #include "comm/gloo/store_adapter.h"
 #include "comm/gloo/sync_mesh.h"
 #include "comm/reduce/reduce.h"
@@ -81,12 +82,26 @@ class GlooCommunicator : public Communicator {
       attr.hostname = "127.0.0.1";
     }
     listen_desc_ = attr.hostname + (iface.empty() || iface == attr.hostname ? "" : " (" + iface + ")");
+    if (options_.p2p_only) {
+      // Nothing connects now: pairs are connected on first use (lazy_mesh.h).
+      try {
+        device_ = ::gloo::transport::tcp::CreateDevice(attr);
+      } catch (const std::exception& e) {
+        GZ_THROW(InvalidArgument, "gloo: rank ", rank_, " cannot listen on ", listen_desc_, ": ", e.what());
+      }
+      lazy_ = std::make_unique<gloo_impl::LazyMesh>(rank_, size_, device_, std::make_shared<PrefixStore>("gloo_lazy", store_),
+                                                    options_.timeout);
+      context_ = lazy_->context();
+      peer_addrs_.assign(size_, std::string());
+      return;
+    }
     gloo_impl::StoreAdapter adapter(store_, options_.timeout, rank_, size_);
     try {
       device_ = ::gloo::transport::tcp::CreateDevice(attr);
-      context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
-      context_->setTimeout(options_.timeout);
-      context_->connectFullMesh(adapter, device_);
+      auto mesh = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
+      mesh->setTimeout(options_.timeout);
+      mesh->connectFullMesh(adapter, device_);
+      context_ = std::move(mesh);
     } catch (const TimeoutError& e) {
       GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_, " gave up connecting after ",
                format_duration(sw.elapsed()), ": not every rank published its address (a missing key is the "
@@ -339,6 +354,10 @@ class GlooCommunicator : public Communicator {
     // of at their own deadlines. The synchronous mesh first shuts its sockets down: a reader
     // blocked there holds its pair's lock until recv() returns.
     if (sync_) sync_->abort(reason);
+    if (lazy_) {  // its pairs, created on demand, under its own lock
+      lazy_->abort(reason);
+      return;
+    }
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       try {
@@ -456,6 +475,7 @@ class GlooCommunicator : public Communicator {
     size_t n = bytes ? bytes : 1;
     uint64_t slot = kP2PSlotPrefix | static_cast<uint32_t>(tag);
     run(op, peer, [&] {
+      if (lazy_) lazy_->ensure(peer, op_deadline());
       auto buf = context_->createUnboundBuffer(ptr, n);
       check_aborted();
       bool ok;
@@ -516,6 +536,8 @@ class GlooCommunicator : public Communicator {
     Stopwatch sw;
     const Duration budget = op_timeout();
     try {
+      // A collective on a point-to-point communicator: every rank is here, connect every pair.
+      if (lazy_ && std::strcmp(op, "send") != 0 && std::strcmp(op, "recv") != 0) lazy_->ensure_all(op_deadline());
       fn();
     } catch (const Aborted&) {
       throw;
@@ -556,7 +578,7 @@ class GlooCommunicator : public Communicator {
   GlooOptions options_;
   std::string listen_desc_;
   std::shared_ptr<::gloo::transport::Device> device_;
-  std::shared_ptr<::gloo::rendezvous::Context> context_;
+  std::shared_ptr<::gloo::Context> context_;
   std::vector<uint8_t> scratch_;
   std::vector<uint8_t> incoming_;
   struct AllreduceKey {
@@ -574,6 +596,7 @@ class GlooCommunicator : public Communicator {
   static constexpr long long kDefaultSegment = 256 << 10;
   static constexpr long long kMaxSegment = 4 << 20;
   std::unique_ptr<gloo_impl::SyncMesh> sync_;
+  std::unique_ptr<gloo_impl::LazyMesh> lazy_;  // p2p_only: pairs connected on first use
   gloo_impl::ReduceFn reduce_fns_[8][5];
   std::list<std::pair<AllreduceKey, std::unique_ptr<::gloo::AllreduceOptions>>> allreduce_cache_;
   std::vector<std::string> peer_addrs_;  // peer rank -> its socket address as Gloo prints it
