@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "comm/test_gloo_common.h"
@@ -144,8 +144,8 @@ TEST_P(GlooPath, ReusedBufferSendsFreshDataAndKeysOnCountDtypeAndOp) {
             c->allreduce(buf.data(), count, t, op);
             for (size_t i = 0; i < count; ++i)
               ASSERT_EQ(load_as(t, buf.data(), i), reference_value(world, i, t, op, step))
-                  << dtype_name(t) << " " << comm::reduce_op_name(op) << " count " << count << " step " << step
-                  << " i " << i;
+                  << dtype_name(t) << " " << comm::reduce_op_name(op) << " count " << count << " step "
+                  << step << " i " << i;
           }
     }
   });
@@ -206,7 +206,8 @@ TEST_P(GlooPath, OpDeadlineEndsABlockedAllreduce) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, GlooPath,
                          ::testing::Values(PathCase{"gloo", 0, 0, 2}, PathCase{"gloo", 0, 0, 3},
-                                           PathCase{"exchange", 1 << 20, 0, 2}, PathCase{"exchange", 1 << 20, 0, 3},
+                                           PathCase{"exchange", 1 << 20, 0, 2},
+                                           PathCase{"exchange", 1 << 20, 0, 3},
                                            PathCase{"exchange", 1 << 20, 0, 7}, PathCase{"ring", 0, 4096, 2},
                                            PathCase{"ring", 0, 4096, 3}, PathCase{"split", 64, 4096, 2},
                                            PathCase{"split", 64, 4096, 4}),
@@ -406,7 +407,8 @@ TEST(GlooLazy, FirstMessageHonoursDeadlineAndAbort) {
     }
     int32_t v = 0;
     Stopwatch sw;
-    EXPECT_THROW(c->recv(&v, 1, DType::i32, 1, comm::OpOptions{std::chrono::milliseconds(300), {}, 0}), TimeoutError);
+    EXPECT_THROW(c->recv(&v, 1, DType::i32, 1, comm::OpOptions{std::chrono::milliseconds(300), {}, 0}),
+                 TimeoutError);
     EXPECT_LT(sw.seconds(), 1.3);
     std::thread killer([&] {
       std::this_thread::sleep_for(200ms);
@@ -420,9 +422,7 @@ TEST(GlooLazy, FirstMessageHonoursDeadlineAndAbort) {
   });
 }
 
-TEST(Gloo, LocalAddressTowardsLoopback) {
-  EXPECT_EQ(comm::local_address_towards("127.0.0.1"), "127.0.0.1");
-}
+TEST(Gloo, LocalAddressTowardsLoopback) { EXPECT_EQ(comm::local_address_towards("127.0.0.1"), "127.0.0.1"); }
 
 // GZ_SOCKET_IFNAME / GlooOptions::iface: an interface name or a local address; anything else is
 // an InvalidArgument that names where it came from and what this machine has.

@@ -82,7 +82,8 @@ TEST_P(GlooSyncPath, PeerOfATimedOutRankFailsPromptly) {
     allreduce_and_check(*c, n);
     std::vector<float> v(n, 1.0f);
     if (rank == 0) {
-      EXPECT_THROW(c->allreduce(v.data(), n, DType::f32, ReduceOp::sum, OpOptions::within(300ms)), TimeoutError);
+      EXPECT_THROW(c->allreduce(v.data(), n, DType::f32, ReduceOp::sum, OpOptions::within(300ms)),
+                   TimeoutError);
       rank0_failed = true;
       // Alive (not destroyed, which would close everything) while rank 1 tries.
       while (!rank1_done.load()) std::this_thread::sleep_for(5ms);

@@ -1,4 +1,5 @@
 // Gloo backend: our Communicator contract on top of Gloo's TCP transport and algorithms.
+#include <arpa/inet.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -11,8 +12,6 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/pair.h>
 #include <gloo/transport/unbound_buffer.h>
-
-#include <arpa/inet.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -77,7 +76,8 @@ class GlooCommunicator : public Communicator {
     } else if (!iface.empty()) {
       // Resolved here, so that an unknown interface or a foreign address is an InvalidArgument
       // naming the variable (Gloo's own lookup would fail inside connect with less to go on).
-      attr.hostname = listen_address_for(iface, options_.iface.empty() ? "GZ_SOCKET_IFNAME" : "GlooOptions::iface");
+      attr.hostname =
+          listen_address_for(iface, options_.iface.empty() ? "GZ_SOCKET_IFNAME" : "GlooOptions::iface");
     } else {
       attr.hostname = "127.0.0.1";
     }
@@ -89,8 +89,8 @@ class GlooCommunicator : public Communicator {
       } catch (const std::exception& e) {
         GZ_THROW(InvalidArgument, "gloo: rank ", rank_, " cannot listen on ", listen_desc_, ": ", e.what());
       }
-      lazy_ = std::make_unique<gloo_impl::LazyMesh>(rank_, size_, device_, std::make_shared<PrefixStore>("gloo_lazy", store_),
-                                                    options_.timeout);
+      lazy_ = std::make_unique<gloo_impl::LazyMesh>(
+          rank_, size_, device_, std::make_shared<PrefixStore>("gloo_lazy", store_), options_.timeout);
       context_ = lazy_->context();
       peer_addrs_.assign(size_, std::string());
       return;
@@ -104,16 +104,19 @@ class GlooCommunicator : public Communicator {
       context_ = std::move(mesh);
     } catch (const TimeoutError& e) {
       GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_, " gave up connecting after ",
-               format_duration(sw.elapsed()), ": not every rank published its address (a missing key is the "
-               "number of a rank that has not arrived): ", e.what());
+               format_duration(sw.elapsed()),
+               ": not every rank published its address (a missing key is the "
+               "number of a rank that has not arrived): ",
+               e.what());
     } catch (const gz::Error&) {
       throw;
     } catch (const std::exception& e) {
-      GZ_THROW(PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the full mesh (listening on ",
-               listen_desc_, ") after ", format_duration(sw.elapsed()), ": ", e.what(), "; peers listen on ",
-               advertised_addresses(adapter),
-               " (every rank must reach every other's address; GZ_SOCKET_IFNAME picks the interface or address "
-               "each rank listens on and advertises)");
+      GZ_THROW(
+          PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the full mesh (listening on ",
+          listen_desc_, ") after ", format_duration(sw.elapsed()), ": ", e.what(), "; peers listen on ",
+          advertised_addresses(adapter),
+          " (every rank must reach every other's address; GZ_SOCKET_IFNAME picks the interface or address "
+          "each rank listens on and advertises)");
     }
     const auto sync_records = learn_peer_addresses(sync_limits_record());
     connect_sync_mesh(sync_records, sw);
@@ -141,7 +144,8 @@ class GlooCommunicator : public Communicator {
       const size_t at = static_cast<size_t>(rank_ > i ? rank_ - 1 : rank_) * n;
       if (n == 0 || at + n > all[i].size()) continue;
       try {
-        const ::gloo::transport::tcp::Address a(std::vector<char>(all[i].begin() + at, all[i].begin() + at + n));
+        const ::gloo::transport::tcp::Address a(
+            std::vector<char>(all[i].begin() + at, all[i].begin() + at + n));
         out += (out.empty() ? "" : ", ") + detail::concat("rank ", i, " at ", a.str());
       } catch (...) {
       }
@@ -170,7 +174,8 @@ class GlooCommunicator : public Communicator {
     for (int r : ranks) key += "_" + std::to_string(r);
     GlooOptions sub = options_;
     sub.p2p_only = false;  // groups run collectives
-    return std::make_shared<GlooCommunicator>(static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
+    return std::make_shared<GlooCommunicator>(static_cast<int>(it - ranks.begin()),
+                                              static_cast<int>(ranks.size()),
                                               std::make_shared<PrefixStore>(key, store_), sub);
   }
 
@@ -180,8 +185,8 @@ class GlooCommunicator : public Communicator {
     const size_t bytes = count * dtype_size(dtype);
     if (sync_ && bytes <= sync_->limits().exchange_max) {
       run_sync("allreduce", [&](int* peer) {
-        gloo_impl::sync_exchange_allreduce(*sync_, data, count, dtype_size(dtype), reduce_fn(dtype, op), op_deadline(),
-                                           peer);
+        gloo_impl::sync_exchange_allreduce(*sync_, data, count, dtype_size(dtype), reduce_fn(dtype, op),
+                                           op_deadline(), peer);
       });
       if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size_);
       return;
@@ -244,8 +249,9 @@ class GlooCommunicator : public Communicator {
       if (in != out + offset * es && mine) std::memmove(out + offset * es, in, mine);
       std::vector<size_t> offsets(size_, 0);
       for (int r = 1; r < size_; ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
-      run_sync("allgatherv",
-               [&](int* peer) { gloo_impl::sync_ring(*sync_, out, es, offsets, counts, nullptr, true, op_deadline(), peer); });
+      run_sync("allgatherv", [&](int* peer) {
+        gloo_impl::sync_ring(*sync_, out, es, offsets, counts, nullptr, true, op_deadline(), peer);
+      });
       return;
     }
     run("allgatherv", -1, [&] {
@@ -386,7 +392,8 @@ class GlooCommunicator : public Communicator {
     if (options_.p2p_only) want_exchange = want_segment = 0;
     want_exchange = std::clamp<long long>(want_exchange, 0, kMaxSyncMax);
     want_segment = std::clamp<long long>(want_segment, 0, kMaxSegment);
-    return gloo_impl::sync_limits_record(static_cast<size_t>(want_exchange), static_cast<size_t>(want_segment));
+    return gloo_impl::sync_limits_record(static_cast<size_t>(want_exchange),
+                                         static_cast<size_t>(want_segment));
   }
 
   void connect_sync_mesh(const std::vector<std::string>& records, const Stopwatch& sw) {
@@ -405,8 +412,9 @@ class GlooCommunicator : public Communicator {
       b.setTimeout(options_.timeout);
       ::gloo::barrier(b);
     } catch (const TimeoutError& e) {
-      GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_, " gave up connecting the synchronous mesh after ",
-               format_duration(sw.elapsed()), ": ", e.what());
+      GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_,
+               " gave up connecting the synchronous mesh after ", format_duration(sw.elapsed()), ": ",
+               e.what());
     } catch (const gz::Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -424,7 +432,8 @@ class GlooCommunicator : public Communicator {
   void run_sync(const char* op, F&& fn) {
     int peer = -1;
     try {
-      run(op, -1, [&] { fn(&peer); }, &peer);
+      run(
+          op, -1, [&] { fn(&peer); }, &peer);
     } catch (...) {
       sync_->fail(peer);
       throw;
@@ -446,7 +455,8 @@ class GlooCommunicator : public Communicator {
     const AllreduceKey key{data, count, dtype, op};
     for (auto it = allreduce_cache_.begin(); it != allreduce_cache_.end(); ++it) {
       if (it->first == key) {
-        if (it != allreduce_cache_.begin()) allreduce_cache_.splice(allreduce_cache_.begin(), allreduce_cache_, it);
+        if (it != allreduce_cache_.begin())
+          allreduce_cache_.splice(allreduce_cache_.begin(), allreduce_cache_, it);
         return *allreduce_cache_.front().second;
       }
     }
@@ -461,10 +471,18 @@ class GlooCommunicator : public Communicator {
   template <typename Opts>
   void set_output(Opts& o, void* data, size_t count, DType dtype) {
     switch (dtype_size(dtype)) {
-      case 1: o.template setOutput<uint8_t>(static_cast<uint8_t*>(data), count); break;
-      case 2: o.template setOutput<uint16_t>(static_cast<uint16_t*>(data), count); break;
-      case 4: o.template setOutput<uint32_t>(static_cast<uint32_t*>(data), count); break;
-      default: o.template setOutput<uint64_t>(static_cast<uint64_t*>(data), count); break;
+      case 1:
+        o.template setOutput<uint8_t>(static_cast<uint8_t*>(data), count);
+        break;
+      case 2:
+        o.template setOutput<uint16_t>(static_cast<uint16_t*>(data), count);
+        break;
+      case 4:
+        o.template setOutput<uint32_t>(static_cast<uint32_t*>(data), count);
+        break;
+      default:
+        o.template setOutput<uint64_t>(static_cast<uint64_t*>(data), count);
+        break;
     }
   }
 
@@ -499,7 +517,8 @@ class GlooCommunicator : public Communicator {
       if (j != rank_) mine += std::to_string(j) + " " + context_->getPair(j)->address().str() + "\n";
     // One gather: a constant number of store round trips per rank, whatever the group size. It
     // also carries each rank's record for the synchronous mesh's limits.
-    auto all = store_allgather(*store_, "gloo_pair_addrs", rank_, size_, to_bytes(mine), Deadline::after(timeout()));
+    auto all =
+        store_allgather(*store_, "gloo_pair_addrs", rank_, size_, to_bytes(mine), Deadline::after(timeout()));
     peer_addrs_.assign(size_, std::string());
     std::vector<std::string> sync_records(size_);
     const std::string me = std::to_string(rank_) + " ";
@@ -510,8 +529,10 @@ class GlooCommunicator : public Communicator {
         size_t nl = theirs.find('\n', pos);
         if (nl == std::string::npos) nl = theirs.size();
         std::string line = theirs.substr(pos, nl - pos);
-        if (line.compare(0, 5, "sync ") == 0) sync_records[j] = line.substr(5);
-        else if (j != rank_ && line.compare(0, me.size(), me) == 0) peer_addrs_[j] = line.substr(me.size());
+        if (line.compare(0, 5, "sync ") == 0)
+          sync_records[j] = line.substr(5);
+        else if (j != rank_ && line.compare(0, me.size(), me) == 0)
+          peer_addrs_[j] = line.substr(me.size());
         pos = nl + 1;
       }
     }
@@ -537,7 +558,8 @@ class GlooCommunicator : public Communicator {
     const Duration budget = op_timeout();
     try {
       // A collective on a point-to-point communicator: every rank is here, connect every pair.
-      if (lazy_ && std::strcmp(op, "send") != 0 && std::strcmp(op, "recv") != 0) lazy_->ensure_all(op_deadline());
+      if (lazy_ && std::strcmp(op, "send") != 0 && std::strcmp(op, "recv") != 0)
+        lazy_->ensure_all(op_deadline());
       fn();
     } catch (const Aborted&) {
       throw;
@@ -549,7 +571,8 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  [[noreturn]] void translate(const std::string& where, Duration budget, const std::string& msg, int op_peer) {
+  [[noreturn]] void translate(const std::string& where, Duration budget, const std::string& msg,
+                              int op_peer) {
     auto cause = std::make_exception_ptr(std::runtime_error("Gloo: " + msg));
     if (aborted()) {
       try {
@@ -558,8 +581,8 @@ class GlooCommunicator : public Communicator {
         throw Aborted(where + ": " + a.what(), op_peer, cause);
       }
     }
-    bool timed_out = msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos ||
-                     msg.find("timeout") != std::string::npos;
+    bool timed_out = msg.find("Timed out") != std::string::npos ||
+                     msg.find("timed out") != std::string::npos || msg.find("timeout") != std::string::npos;
     int peer = op_peer;
     std::string who = peer_in(msg, &peer);
     if (timed_out)
@@ -606,7 +629,8 @@ class GlooCommunicator : public Communicator {
 
 }  // namespace
 
-CommPtr create_gloo_communicator(int rank, int size, std::shared_ptr<Store> store, const GlooOptions& options) {
+CommPtr create_gloo_communicator(int rank, int size, std::shared_ptr<Store> store,
+                                 const GlooOptions& options) {
   return std::make_shared<GlooCommunicator>(rank, size, std::move(store), options);
 }
 

@@ -34,7 +34,12 @@ std::string key(int from, int to) { return "p2p_addr/" + std::to_string(from) + 
 
 LazyMesh::LazyMesh(int rank, int size, std::shared_ptr<::gloo::transport::Device> device,
                    std::shared_ptr<Store> store, Duration timeout)
-    : rank_(rank), size_(size), store_(std::move(store)), timeout_(timeout), connected_(size, 0), published_(size, 0) {
+    : rank_(rank),
+      size_(size),
+      store_(std::move(store)),
+      timeout_(timeout),
+      connected_(size, 0),
+      published_(size, 0) {
   transport_ = device->createContext(rank_, size_);
   transport_->setTimeout(timeout_);
   context_ = std::make_shared<OwnContext>(rank_, size_, std::move(device), transport_);
@@ -72,7 +77,8 @@ Bytes LazyMesh::wait_key(const std::string& k, Deadline deadline) {
       if (aborted_) GZ_THROW(Aborted, "gloo: rank ", rank_, " aborted while waiting for ", k);
     }
     const Duration left = deadline.remaining();
-    if (left.count() <= 0) GZ_THROW(TimeoutError, "gloo: rank ", rank_, " waited in vain for the peer's address ", k);
+    if (left.count() <= 0)
+      GZ_THROW(TimeoutError, "gloo: rank ", rank_, " waited in vain for the peer's address ", k);
     try {
       return store_->get(k, Deadline::after(std::min<Duration>(left, 100ms)));
     } catch (const TimeoutError&) {

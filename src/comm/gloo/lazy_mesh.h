@@ -31,8 +31,8 @@ namespace gz::comm::gloo_impl {
 /// abort() puts every pair that exists into Gloo's error state, waking a rank blocked in connect.
 class LazyMesh {
  public:
-  LazyMesh(int rank, int size, std::shared_ptr<::gloo::transport::Device> device, std::shared_ptr<Store> store,
-           Duration timeout);
+  LazyMesh(int rank, int size, std::shared_ptr<::gloo::transport::Device> device,
+           std::shared_ptr<Store> store, Duration timeout);
   ~LazyMesh();
   LazyMesh(const LazyMesh&) = delete;
   LazyMesh& operator=(const LazyMesh&) = delete;
@@ -58,10 +58,10 @@ class LazyMesh {
   Duration timeout_;
   std::shared_ptr<::gloo::Context> context_;
   std::shared_ptr<::gloo::transport::Context> transport_;
-  mutable std::mutex mu_;          // pair creation vs abort()
-  std::vector<char> connected_;    // by peer
-  std::vector<char> published_;    // this end's address is in the store
-  bool aborted_ = false;           // under mu_
+  mutable std::mutex mu_;        // pair creation vs abort()
+  std::vector<char> connected_;  // by peer
+  std::vector<char> published_;  // this end's address is in the store
+  bool aborted_ = false;         // under mu_
 };
 
 }  // namespace gz::comm::gloo_impl

@@ -21,8 +21,9 @@ namespace {
 
 std::string address_text(const sockaddr* sa) {
   char buf[INET6_ADDRSTRLEN] = {0};
-  const void* a = sa->sa_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr)
-                                            : static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(sa)->sin_addr);
+  const void* a = sa->sa_family == AF_INET6
+                      ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr)
+                      : static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(sa)->sin_addr);
   return inet_ntop(sa->sa_family, a, buf, sizeof(buf)) ? std::string(buf) : std::string();
 }
 
@@ -43,7 +44,8 @@ std::vector<LocalAddress> local_addresses() {
     }
     const int f = ifa->ifa_addr->sa_family;
     if (f != AF_INET && f != AF_INET6) continue;
-    const bool ll = f == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(ifa->ifa_addr)->sin6_addr);
+    const bool ll =
+        f == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(ifa->ifa_addr)->sin6_addr);
     out.push_back({ifa->ifa_name, address_text(ifa->ifa_addr), f, ll});
   }
   freeifaddrs(ifap);
@@ -87,8 +89,8 @@ std::string listen_address_for(const std::string& spec, const std::string& what)
     }
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
-    GZ_THROW(InvalidArgument, what, "=", spec, " is not an address of this machine (", host, " has: ", describe(all),
-             ")");
+    GZ_THROW(InvalidArgument, what, "=", spec, " is not an address of this machine (", host,
+             " has: ", describe(all), ")");
   }
   bool exists = false;
   std::string v6;
@@ -107,8 +109,8 @@ std::string listen_address_for(const std::string& spec, const std::string& what)
       seen.push_back(a.iface);
       names += (names.empty() ? "" : ", ") + a.iface;
     }
-    GZ_THROW(InvalidArgument, what, "=", spec, ": no network interface of that name here (interfaces: ", names,
-             "; or give an address)");
+    GZ_THROW(InvalidArgument, what, "=", spec,
+             ": no network interface of that name here (interfaces: ", names, "; or give an address)");
   }
   GZ_THROW(InvalidArgument, what, "=", spec, ": interface ", spec,
            " has no usable IP address (is it up and configured?); addresses here: ", describe(all));
@@ -119,8 +121,7 @@ std::string local_address_towards(const std::string& host) {
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
   int rc = getaddrinfo(host.c_str(), "9", &hints, &res);
-  if (rc != 0 || res == nullptr)
-    GZ_THROW(InvalidArgument, "cannot resolve '", host, "': ", gai_strerror(rc));
+  if (rc != 0 || res == nullptr) GZ_THROW(InvalidArgument, "cannot resolve '", host, "': ", gai_strerror(rc));
   std::string out;
   int err = 0;
   for (addrinfo* ai = res; ai != nullptr && out.empty(); ai = ai->ai_next) {
@@ -133,8 +134,10 @@ std::string local_address_towards(const std::string& host) {
     if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
       sockaddr_storage ss{};
       socklen_t len = sizeof(ss);
-      if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) out = address_text(reinterpret_cast<sockaddr*>(&ss));
-      else err = errno;
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0)
+        out = address_text(reinterpret_cast<sockaddr*>(&ss));
+      else
+        err = errno;
     } else {
       err = errno;
     }

@@ -9,8 +9,8 @@
 
 namespace gz::comm::gloo_impl {
 
-void sync_exchange_allreduce(SyncMesh& mesh, void* data, size_t count, size_t elem_size, const ReduceFn& reduce,
-                             Deadline deadline, int* peer) {
+void sync_exchange_allreduce(SyncMesh& mesh, void* data, size_t count, size_t elem_size,
+                             const ReduceFn& reduce, Deadline deadline, int* peer) {
   const int rank = mesh.rank(), size = mesh.size();
   const size_t bytes = count * elem_size;
   if (bytes > mesh.limits().exchange_max)

@@ -65,7 +65,8 @@ SyncLimits agree_sync_limits(const std::vector<std::string>& records) {
   for (size_t r = 0; r < records.size(); ++r) {
     std::istringstream in(records[r]);
     size_t ex = 0, seg = 0, cap = 0;
-    if (!(in >> ex >> seg >> cap)) GZ_THROW(Error, "gloo sync mesh: bad limits record '", records[r], "' of rank ", r);
+    if (!(in >> ex >> seg >> cap))
+      GZ_THROW(Error, "gloo sync mesh: bad limits record '", records[r], "' of rank ", r);
     const size_t fits = cap > kMessageHeader ? cap - kMessageHeader : 0;
     // Ring segments small enough that two fit (a window of at least 2), unless that is tiny.
     const size_t two_fit = cap / 2 > kMessageHeader + 16384 ? cap / 2 - kMessageHeader : fits;
@@ -73,7 +74,7 @@ SyncLimits agree_sync_limits(const std::vector<std::string>& records) {
     l.segment = std::min({l.segment, seg, two_fit});
   }
   if (records.empty()) l.exchange_max = l.segment = 0;
-  l.segment &= ~size_t{63};            // whole elements of every dtype
+  l.segment &= ~size_t{63};             // whole elements of every dtype
   if (l.segment < 4096) l.segment = 0;  // too small to pay off: Gloo's own ring instead
   l.send_buffer = send_buffer_request(l.exchange_max, l.segment);
   return l;
@@ -111,11 +112,13 @@ void SyncMesh::adopt_pairs() {
     adopt_socket(j);
     if (limits_.exchange_max > 0) {
       l.exchange_mem.resize(limits_.exchange_max);
-      l.exchange_inbox = l.pair->createRecvBuffer(slot(kExchange, j, rank_), l.exchange_mem.data(), limits_.exchange_max);
+      l.exchange_inbox =
+          l.pair->createRecvBuffer(slot(kExchange, j, rank_), l.exchange_mem.data(), limits_.exchange_max);
     }
     if (limits_.segment > 0 && j == left) {
       l.ring_mem.resize(limits_.segment);
-      l.ring_inbox = l.pair->createRecvBuffer(slot(kRingReduce, j, rank_), l.ring_mem.data(), limits_.segment);
+      l.ring_inbox =
+          l.pair->createRecvBuffer(slot(kRingReduce, j, rank_), l.ring_mem.data(), limits_.segment);
     }
   }
 }
@@ -124,7 +127,8 @@ void SyncMesh::adopt_socket(int peer) {
   Link& l = links_[peer];
   std::lock_guard<std::mutex> lock(l.pair->*PairAccess::mutex);
   const int fd = l.pair->*PairAccess::fd;
-  if (fd < 0) GZ_THROW(PeerError, "gloo sync mesh: rank ", rank_, ": the pair to rank ", peer, " has no socket");
+  if (fd < 0)
+    GZ_THROW(PeerError, "gloo sync mesh: rank ", rank_, ": the pair to rank ", peer, " has no socket");
   l.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (l.fd < 0) throw SystemError("gloo sync mesh: dup of the socket to rank " + std::to_string(peer), errno);
   int want = static_cast<int>(limits_.send_buffer), got = 0;
@@ -137,8 +141,8 @@ void SyncMesh::adopt_socket(int peer) {
   const size_t usable = static_cast<size_t>(got) / 2;
   const size_t largest = std::max(limits_.exchange_max, limits_.segment) + kMessageHeader;
   if (usable < largest)
-    GZ_THROW(Error, "gloo sync mesh: the socket to rank ", peer, " queues ", usable, " bytes, less than a message (",
-             largest, "); was net.core.wmem_max lowered?");
+    GZ_THROW(Error, "gloo sync mesh: the socket to rank ", peer, " queues ", usable,
+             " bytes, less than a message (", largest, "); was net.core.wmem_max lowered?");
   if (limits_.segment > 0)
     l.window = std::clamp<size_t>(usable / (limits_.segment + kMessageHeader), 1, kMaxWindow);
 }

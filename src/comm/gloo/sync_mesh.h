@@ -83,8 +83,9 @@ class SyncMesh {
   /// store round trips per rank), switches every pair to synchronous mode, sizes the send buffers
   /// and registers the inboxes: one of limits.exchange_max bytes per peer, one ring inbox of
   /// limits.segment bytes from the ring's left neighbour.
-  SyncMesh(int rank, int size, const SyncLimits& limits, const std::shared_ptr<::gloo::transport::Device>& device,
-           std::shared_ptr<Store> store, Duration timeout);
+  SyncMesh(int rank, int size, const SyncLimits& limits,
+           const std::shared_ptr<::gloo::transport::Device>& device, std::shared_ptr<Store> store,
+           Duration timeout);
   ~SyncMesh();
   SyncMesh(const SyncMesh&) = delete;
   SyncMesh& operator=(const SyncMesh&) = delete;
@@ -139,8 +140,8 @@ class SyncMesh {
 /// becomes the reduction over every rank, in one exchange: written to every peer's inbox, every
 /// peer's read from ours, contributions reduced in rank order (the same bits on every rank).
 /// Throws Gloo's exceptions; *peer is then the rank whose socket failed (or -1).
-void sync_exchange_allreduce(SyncMesh& mesh, void* data, size_t count, size_t elem_size, const ReduceFn& reduce,
-                             Deadline deadline, int* peer);
+void sync_exchange_allreduce(SyncMesh& mesh, void* data, size_t count, size_t elem_size,
+                             const ReduceFn& reduce, Deadline deadline, int* peer);
 
 /// @brief A pipelined ring over the synchronous mesh. `data` holds size() blocks (block b:
 /// elements [offset[b], offset[b] + count[b])). With `reduce` set, a reduce-scatter leaves the
@@ -151,6 +152,7 @@ void sync_exchange_allreduce(SyncMesh& mesh, void* data, size_t count, size_t el
 /// all-gather land in `data` directly (a bound buffer over it, registered for the op).
 /// Throws Gloo's exceptions; *peer is then the rank whose socket failed (or -1).
 void sync_ring(SyncMesh& mesh, void* data, size_t elem_size, const std::vector<size_t>& offset,
-               const std::vector<size_t>& count, const ReduceFn* reduce, bool gather, Deadline deadline, int* peer);
+               const std::vector<size_t>& count, const ReduceFn* reduce, bool gather, Deadline deadline,
+               int* peer);
 
 }  // namespace gz::comm::gloo_impl

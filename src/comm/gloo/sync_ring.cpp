@@ -36,7 +36,8 @@ struct Segment {
 }  // namespace
 
 void sync_ring(SyncMesh& mesh, void* data, size_t elem_size, const std::vector<size_t>& offset,
-               const std::vector<size_t>& count, const ReduceFn* reduce, bool gather, Deadline deadline, int* peer) {
+               const std::vector<size_t>& count, const ReduceFn* reduce, bool gather, Deadline deadline,
+               int* peer) {
   const int rank = mesh.rank(), size = mesh.size();
   const int right = (rank + 1) % size, left = (rank - 1 + size) % size;
   auto* base = static_cast<uint8_t*>(data);
@@ -56,12 +57,14 @@ void sync_ring(SyncMesh& mesh, void* data, size_t elem_size, const std::vector<s
   // Message m: the segment it sends and the one it receives (step s, segment j).
   const auto sent = [&](size_t m) {
     const long long s = static_cast<long long>(m / nseg);
-    const long long b = m / nseg < reduce_steps ? rank - s - 1 : rank - (s - static_cast<long long>(reduce_steps));
+    const long long b =
+        m / nseg < reduce_steps ? rank - s - 1 : rank - (s - static_cast<long long>(reduce_steps));
     return segment(block(b), m % nseg);
   };
   const auto received = [&](size_t m) {
     const long long s = static_cast<long long>(m / nseg);
-    const long long b = m / nseg < reduce_steps ? rank - s - 2 : rank - (s - static_cast<long long>(reduce_steps)) - 1;
+    const long long b =
+        m / nseg < reduce_steps ? rank - s - 2 : rank - (s - static_cast<long long>(reduce_steps)) - 1;
     return segment(block(b), m % nseg);
   };
 
@@ -70,7 +73,8 @@ void sync_ring(SyncMesh& mesh, void* data, size_t elem_size, const std::vector<s
   const size_t bytes = total_elems * elem_size;
   using Kind = SyncMesh::Kind;
   std::unique_ptr<::gloo::transport::Buffer> to_inbox, to_place, gathered;
-  if (reduce_steps) to_inbox = mesh.pair(right).createSendBuffer(SyncMesh::slot(Kind::kRingReduce, rank, right), base, bytes);
+  if (reduce_steps)
+    to_inbox = mesh.pair(right).createSendBuffer(SyncMesh::slot(Kind::kRingReduce, rank, right), base, bytes);
   if (gather_steps) {
     to_place = mesh.pair(right).createSendBuffer(SyncMesh::slot(Kind::kRingGather, rank, right), base, bytes);
     gathered = mesh.pair(left).createRecvBuffer(SyncMesh::slot(Kind::kRingGather, left, rank), base, bytes);
@@ -81,7 +85,8 @@ void sync_ring(SyncMesh& mesh, void* data, size_t elem_size, const std::vector<s
 
   size_t written = 0, read = 0;
   while (read < total) {
-    const bool ready = written < total && written - read < window && (written < nseg || read > written - nseg);
+    const bool ready =
+        written < total && written - read < window && (written < nseg || read > written - nseg);
     if (ready) {
       const Segment g = sent(written);
       if (g.count > 0) {  // empty segments (tiny blocks) are skipped on both ends alike
