@@ -64,12 +64,23 @@ std::vector<std::string> exchange_node_ids(Store& store, int rank, int size, con
 #ifdef GZ_HAVE_GLOO
 // The address peers on other nodes can reach: the interface given, else the local address on
 // the route to the master (MASTER_ADDR), else the one on the route to our own hostname.
-GlooOptions gloo_options(const CommOptions& o, const Env& env, bool multi_node) {
+// `hosts_differ`: node ids are host names, so ranks on different nodes are on different machines
+// (with explicit node ids, "nodes" may be simulated on one machine, where loopback is right).
+GlooOptions gloo_options(const CommOptions& o, const Env& env, bool multi_node, bool hosts_differ) {
   GlooOptions g;
   g.timeout = o.timeout;
   // GZ_SOCKET_IFNAME as GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; GZ_IFACE is the older name.
   g.iface = o.iface.empty() ? env.get("GZ_SOCKET_IFNAME", env.get("GZ_IFACE", "")) : o.iface;
-  if (!g.iface.empty()) return g;
+  if (!g.iface.empty()) {
+    const std::string what = o.iface.empty() ? "GZ_SOCKET_IFNAME" : "CommOptions::iface";
+    g.hostname = listen_address_for(g.iface, what);
+    // Other nodes would connect to their own loopback: refuse now, not as a connect timeout.
+    if (multi_node && hosts_differ && is_loopback_address(g.hostname))
+      GZ_THROW(InvalidArgument, what, "=", g.iface, " gives ", g.hostname,
+               ", a loopback address that the other nodes of this job cannot reach; name the interface or "
+               "address of the network between the nodes");
+    return g;
+  }
   if (!multi_node) {
     g.hostname = "127.0.0.1";
     return g;
@@ -92,7 +103,7 @@ CommPtr make_shm(int rank, int size, std::shared_ptr<Store> store, Duration time
   return create_shm_communicator(rank, size, std::move(store), s);
 }
 
-InterMaker inter_maker(const CommOptions& o, const Env& env) {
+InterMaker inter_maker(const CommOptions& o, const Env& env, bool hosts_differ) {
 #ifdef GZ_HAVE_MPI
   if (under_mpirun(env) && env.get("GZ_INTER_BACKEND", "") != "gloo") {
     Duration t = o.timeout;
@@ -108,9 +119,13 @@ InterMaker inter_maker(const CommOptions& o, const Env& env) {
   }
 #endif
 #ifdef GZ_HAVE_GLOO
-  GlooOptions g = gloo_options(o, env, true);
+  GlooOptions g = gloo_options(o, env, true, hosts_differ);
   InterMaker m;
   m.make = [g](int rank, int size, std::shared_ptr<Store> store) {
+    return create_gloo_communicator(rank, size, std::move(store), g);
+  };
+  g.p2p_only = true;  // the flat one: point-to-point and new_group only (groups get their own)
+  m.make_flat = [g](int rank, int size, std::shared_ptr<Store> store) {
     return create_gloo_communicator(rank, size, std::move(store), g);
   };
   m.backend = "gloo";
@@ -121,6 +136,7 @@ InterMaker inter_maker(const CommOptions& o, const Env& env) {
 #else
   (void)o;
   (void)env;
+  (void)hosts_differ;
   GZ_THROW(InvalidArgument, "ranks span several nodes but no inter-node backend (gloo or mpi) is built");
 #endif
 }
@@ -168,6 +184,7 @@ CommPtr create_communicator(const CommOptions& options) {
 
   std::string node_id = options.node_id;
   if (node_id.empty()) node_id = env.get("GZ_NODE_ID", "");
+  const bool hosts_differ = node_id.empty();
   if (node_id.empty()) node_id = host_name();
   auto ids = exchange_node_ids(*store, rank, size, node_id, options.timeout);
   NodeLayout layout = NodeLayout::from_labels(ids);
@@ -187,7 +204,7 @@ CommPtr create_communicator(const CommOptions& options) {
   }
   if (backend == "gloo") {
 #ifdef GZ_HAVE_GLOO
-    return create_gloo_communicator(rank, size, sub("gloo"), gloo_options(options, env, multi_node));
+    return create_gloo_communicator(rank, size, sub("gloo"), gloo_options(options, env, multi_node, hosts_differ));
 #endif
   }
   if (backend == "mpi") {
@@ -206,7 +223,7 @@ CommPtr create_communicator(const CommOptions& options) {
   if (backend == "auto" || backend == "hier") {
     Duration t = options.timeout;
     CommMaker local = [t](int r, int s, std::shared_ptr<Store> st) { return make_shm(r, s, std::move(st), t); };
-    return create_hierarchical_communicator(rank, layout, sub("hier"), local, inter_maker(options, env), t);
+    return create_hierarchical_communicator(rank, layout, sub("hier"), local, inter_maker(options, env, hosts_differ), t);
   }
   no_backend(backend);
 }

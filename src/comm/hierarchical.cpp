@@ -489,7 +489,8 @@ CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std
   // each rank connects only to its node and to its rail, N + L - 2 peers instead of N * L - 1.
   CommPtr flat = inter.any_group && !inter.flat
                      ? nullptr
-                     : inter.make(rank, size, std::make_shared<PrefixStore>("hier/flat", store));
+                     : (inter.make_flat ? inter.make_flat : inter.make)(
+                           rank, size, std::make_shared<PrefixStore>("hier/flat", store));
   CommPtr leaders, rail;
   // Every rank takes part in building every rail in the same order (new_group is collective).
   const size_t rails = layout.uniform() ? mine.size() : 1;

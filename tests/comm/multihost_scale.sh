@@ -11,8 +11,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 "$1" check || exit $?
 declare -A trips
 for hosts in 4 8 16; do
-  # The synchronous Gloo mesh (opt-in, GZ_GLOO_SYNC_MAX) would add one store read per peer: its
-  # keys are not gathered yet.
+  # Defaults: Gloo's synchronous mesh on every rail (its addresses gathered like the first
+  # mesh's), the flat communicator connected lazily (no store traffic at creation).
   out=$(GZ_TEST_FULL=0 MH_TIMEOUT_S=150 "$here/multihost.sh" "$1" "$2" "$3" "$hosts" 2 auto 2>&1)
   status=$?
   echo "$out" | grep -E '^(PASS|FAIL)|store round trips'

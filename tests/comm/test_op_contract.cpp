@@ -183,6 +183,29 @@ TEST_P(OpContract, EachOpCarriesItsOwnDeadline) {
   });
 }
 
+// A short deadline that an op met must not stay behind in the communicator or in any of its parts
+// (the hierarchical backend's sub-communicators, Gloo's socket timeouts): the next op, issued
+// without options, gets the long default and so waits out a peer that is late by more than the
+// short deadline. Small and large all-reduces (Gloo: the exchange and the ring).
+TEST_P(OpContract, ShortDeadlineDoesNotShortenLaterOps) {
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    Backend two{GetParam().name, GetParam().backend, {GetParam().nodes[0], GetParam().nodes[2]}};
+    auto c = make(two, rank, store);
+    for (size_t n : {size_t{64}, size_t{300000}}) {
+      std::vector<float> v(n, 1.0f);
+      c->barrier();
+      c->allreduce(v.data(), n, DType::f32, comm::ReduceOp::sum, comm::OpOptions::within(1s));
+      ASSERT_EQ(v[0], 2.0f);
+      if (rank == 1) std::this_thread::sleep_for(1500ms);  // later than a 1 s deadline would allow
+      Stopwatch sw;
+      c->allreduce(v.data(), n, DType::f32, comm::ReduceOp::sum);
+      EXPECT_EQ(v[n - 1], 4.0f);
+      if (rank == 0) EXPECT_GE(sw.seconds(), 1.0);
+    }
+    EXPECT_EQ(c->timeout(), kLongTimeout);
+  });
+}
+
 // An async op's deadline counts from when it is issued and bounds its Work's wait().
 TEST_P(OpContract, AsyncOpDeadlineBoundsItsWork) {
   std::atomic<bool> finished{false};

@@ -37,12 +37,14 @@ struct InterMaker {
   /// namespaced for it (Gloo): rails and new_group then connect only their members. False when
   /// sub-groups must be split from one over all ranks (MPI).
   bool any_group = false;
-  /// @brief With any_group: also build the communicator over all ranks that point-to-point needs
-  /// (every rank connected to every other). Without it each rank connects to its node and its
-  /// rail only, and send/recv across nodes throw InvalidArgument. Pairs cannot be connected on
-  /// first use instead: a ring of sends (each rank waiting for its right neighbour to join) would
-  /// deadlock, and this Gloo has no lazy connection.
+  /// @brief With any_group: also build the communicator over all ranks that point-to-point needs.
+  /// Without it each rank connects to its node and its rail only, and send/recv across nodes
+  /// throw InvalidArgument. With Gloo (make_flat) its pairs are connected on first use, so it
+  /// costs nothing until a rank sends to or receives from another node.
   bool flat = true;
+  /// @brief Builds that communicator over all ranks when set (else `make`): it only carries
+  /// point-to-point and new_group, so a backend may skip what only collectives need.
+  CommMaker make_flat;
 };
 
 /// @brief Create the hierarchical communicator of `rank`. Collective over all ranks.

@@ -1,4 +1,5 @@
 // Gloo backend: our Communicator contract on top of Gloo's TCP transport and algorithms.
+#include <arpa/inet.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -7,11 +8,10 @@
 #include <gloo/common/logging.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/pair.h>
 #include <gloo/transport/unbound_buffer.h>
-
-#include <arpa/inet.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 
+#include "comm/gloo/lazy_mesh.h"
 #include "comm/gloo/store_adapter.h"
 #include "comm/gloo/sync_mesh.h"
 #include "comm/reduce/reduce.h"
@@ -38,11 +39,6 @@ using reduce::make_reduce_fn;
 constexpr uint64_t kP2PSlotPrefix = uint64_t{0x40} << 56;
 // Slots of our own ring algorithms (reduce-scatter), tagged by the collective counter.
 constexpr uint64_t kRingSlotPrefix = uint64_t{0x41} << 56;
-
-bool is_ip_literal(const std::string& s) {
-  unsigned char buf[sizeof(struct in6_addr)];
-  return inet_pton(AF_INET, s.c_str(), buf) == 1 || inet_pton(AF_INET6, s.c_str(), buf) == 1;
-}
 
 // Gloo writes to sockets without MSG_NOSIGNAL: a peer that dies mid-write would kill this process
 // with SIGPIPE instead of raising an error. Ignore SIGPIPE unless the application handles it.
@@ -73,34 +69,57 @@ class GlooCommunicator : public Communicator {
     Stopwatch sw;
     ::gloo::transport::tcp::attr attr;
     const Env env = Env::from_process();
-    std::string iface = options_.iface.empty() ? env.get("GZ_SOCKET_IFNAME", env.get("GZ_IFACE", "")) : options_.iface;
+    const std::string iface =
+        options_.iface.empty() ? env.get("GZ_SOCKET_IFNAME", env.get("GZ_IFACE", "")) : options_.iface;
     if (!options_.hostname.empty()) {
       attr.hostname = options_.hostname;
     } else if (!iface.empty()) {
-      if (is_ip_literal(iface)) attr.hostname = iface;
-      else attr.iface = iface;
+      // Resolved here, so that an unknown interface or a foreign address is an InvalidArgument
+      // naming the variable (Gloo's own lookup would fail inside connect with less to go on).
+      attr.hostname =
+          listen_address_for(iface, options_.iface.empty() ? "GZ_SOCKET_IFNAME" : "GlooOptions::iface");
     } else {
       attr.hostname = "127.0.0.1";
     }
-    listen_desc_ = attr.hostname.empty() ? "iface " + attr.iface : attr.hostname;
+    listen_desc_ = attr.hostname + (iface.empty() || iface == attr.hostname ? "" : " (" + iface + ")");
+    if (options_.p2p_only) {
+      // Nothing connects now: pairs are connected on first use (lazy_mesh.h).
+      try {
+        device_ = ::gloo::transport::tcp::CreateDevice(attr);
+      } catch (const std::exception& e) {
+        GZ_THROW(InvalidArgument, "gloo: rank ", rank_, " cannot listen on ", listen_desc_, ": ", e.what());
+      }
+      lazy_ = std::make_unique<gloo_impl::LazyMesh>(
+          rank_, size_, device_, std::make_shared<PrefixStore>("gloo_lazy", store_), options_.timeout);
+      context_ = lazy_->context();
+      peer_addrs_.assign(size_, std::string());
+      return;
+    }
+    gloo_impl::StoreAdapter adapter(store_, options_.timeout, rank_, size_);
     try {
       device_ = ::gloo::transport::tcp::CreateDevice(attr);
-      context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
-      context_->setTimeout(options_.timeout);
-      gloo_impl::StoreAdapter adapter(store_, options_.timeout, rank_, size_);
-      context_->connectFullMesh(adapter, device_);
+      auto mesh = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
+      mesh->setTimeout(options_.timeout);
+      mesh->connectFullMesh(adapter, device_);
+      context_ = std::move(mesh);
     } catch (const TimeoutError& e) {
       GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_, " gave up connecting after ",
-               format_duration(sw.elapsed()), ": not every rank published its address (a missing key is the "
-               "number of a rank that has not arrived): ", e.what());
+               format_duration(sw.elapsed()),
+               ": not every rank published its address (a missing key is the "
+               "number of a rank that has not arrived): ",
+               e.what());
     } catch (const gz::Error&) {
       throw;
     } catch (const std::exception& e) {
-      GZ_THROW(PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the full mesh (listening on ",
-               listen_desc_, ") after ", format_duration(sw.elapsed()), ": ", e.what());
+      GZ_THROW(
+          PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the full mesh (listening on ",
+          listen_desc_, ") after ", format_duration(sw.elapsed()), ": ", e.what(), "; peers listen on ",
+          advertised_addresses(adapter),
+          " (every rank must reach every other's address; GZ_SOCKET_IFNAME picks the interface or address "
+          "each rank listens on and advertises)");
     }
-    learn_peer_addresses();
-    connect_sync_mesh(sw);
+    const auto sync_records = learn_peer_addresses(sync_limits_record());
+    connect_sync_mesh(sync_records, sw);
     GZ_LOG(debug, "gloo: rank ", rank_, "/", size_, " connected on ", listen_desc_, " in ",
            format_duration(sw.elapsed()));
   }
@@ -112,6 +131,26 @@ class GlooCommunicator : public Communicator {
       if (context_) context_->closeConnections();
     } catch (...) {
     }
+  }
+
+  // "rank 0 at [10.0.0.1]:4100, ..." from what each peer published for its pair with this rank
+  // (Gloo's rendezvous: per rank, one address per peer in rank order, itself left out).
+  std::string advertised_addresses(const gloo_impl::StoreAdapter& adapter) const {
+    const auto all = adapter.gathered_family("");
+    std::string out;
+    for (int i = 0; i < static_cast<int>(all.size()) && size_ > 1; ++i) {
+      if (i == rank_ || all[i].empty()) continue;
+      const size_t n = all[i].size() / static_cast<size_t>(size_ - 1);
+      const size_t at = static_cast<size_t>(rank_ > i ? rank_ - 1 : rank_) * n;
+      if (n == 0 || at + n > all[i].size()) continue;
+      try {
+        const ::gloo::transport::tcp::Address a(
+            std::vector<char>(all[i].begin() + at, all[i].begin() + at + n));
+        out += (out.empty() ? "" : ", ") + detail::concat("rank ", i, " at ", a.str());
+      } catch (...) {
+      }
+    }
+    return out.empty() ? std::string("(addresses not known yet)") : out;
   }
 
   int rank() const override { return rank_; }
@@ -134,19 +173,34 @@ class GlooCommunicator : public Communicator {
     std::string key = "gloo_group/" + std::to_string(id);
     for (int r : ranks) key += "_" + std::to_string(r);
     GlooOptions sub = options_;
-    return std::make_shared<GlooCommunicator>(static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
+    sub.p2p_only = false;  // groups run collectives
+    return std::make_shared<GlooCommunicator>(static_cast<int>(it - ranks.begin()),
+                                              static_cast<int>(ranks.size()),
                                               std::make_shared<PrefixStore>(key, store_), sub);
   }
 
  protected:
   void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     if (count == 0) return;
-    if (sync_ && count * dtype_size(dtype) <= sync_->max_bytes()) {
-      int peer = -1;
-      run(
-          "allreduce", -1,
-          [&] { sync_->allreduce(data, count, dtype_size(dtype), reduce_fn(dtype, op), op_deadline(), &peer); },
-          &peer);
+    const size_t bytes = count * dtype_size(dtype);
+    if (sync_ && bytes <= sync_->limits().exchange_max) {
+      run_sync("allreduce", [&](int* peer) {
+        gloo_impl::sync_exchange_allreduce(*sync_, data, count, dtype_size(dtype), reduce_fn(dtype, op),
+                                           op_deadline(), peer);
+      });
+      if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size_);
+      return;
+    }
+    if (ring()) {
+      std::vector<size_t> offset(size_), counts(size_);
+      for (int b = 0; b < size_; ++b) {
+        offset[b] = b * count / size_;
+        counts[b] = (b + 1) * count / size_ - offset[b];
+      }
+      run_sync("allreduce", [&](int* peer) {
+        const auto& fn = reduce_fn(dtype, op);
+        gloo_impl::sync_ring(*sync_, data, dtype_size(dtype), offset, counts, &fn, true, op_deadline(), peer);
+      });
       if (op == ReduceOp::avg) reduce::divide_in_place(data, count, dtype, size_);
       return;
     }
@@ -191,6 +245,15 @@ class GlooCommunicator : public Communicator {
       if (mine && in != out + offset * es) std::memmove(out + offset * es, in, mine);
       return;
     }
+    if (ring()) {
+      if (in != out + offset * es && mine) std::memmove(out + offset * es, in, mine);
+      std::vector<size_t> offsets(size_, 0);
+      for (int r = 1; r < size_; ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
+      run_sync("allgatherv", [&](int* peer) {
+        gloo_impl::sync_ring(*sync_, out, es, offsets, counts, nullptr, true, op_deadline(), peer);
+      });
+      return;
+    }
     run("allgatherv", -1, [&] {
       ::gloo::AllgathervOptions o(context_);
       std::vector<size_t> bytes(counts.size());
@@ -219,8 +282,19 @@ class GlooCommunicator : public Communicator {
       return;
     }
     scratch_.resize(block * size_);
-    incoming_.resize(block);
     std::memcpy(scratch_.data(), send, block * size_);
+    if (ring()) {
+      std::vector<size_t> offset(size_), counts(size_, recv_count);
+      for (int b = 0; b < size_; ++b) offset[b] = b * recv_count;
+      run_sync("reduce_scatter", [&](int* peer) {
+        const auto& fn = reduce_fn(dtype, op);
+        gloo_impl::sync_ring(*sync_, scratch_.data(), es, offset, counts, &fn, false, op_deadline(), peer);
+      });
+      std::memcpy(recv, scratch_.data() + block * rank_, block);
+      if (op == ReduceOp::avg) reduce::divide_in_place(recv, recv_count, dtype, size_);
+      return;
+    }
+    incoming_.resize(block);
     const uint64_t slot = kRingSlotPrefix | tag();
     const int right = (rank_ + 1) % size_, left = (rank_ - 1 + size_) % size_;
     auto reduce = make_reduce_fn(dtype, op);
@@ -286,6 +360,10 @@ class GlooCommunicator : public Communicator {
     // of at their own deadlines. The synchronous mesh first shuts its sockets down: a reader
     // blocked there holds its pair's lock until recv() returns.
     if (sync_) sync_->abort(reason);
+    if (lazy_) {  // its pairs, created on demand, under its own lock
+      lazy_->abort(reason);
+      return;
+    }
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       try {
@@ -302,20 +380,29 @@ class GlooCommunicator : public Communicator {
   // What is left of this op's own deadline (at least 1 ms: Gloo treats 0 as "use the default").
   Duration op_timeout() const { return std::max(op_deadline().remaining(), Duration(1)); }
 
-  // The synchronous mesh for small all-reduces (GlooOptions::sync_max_bytes). Every rank must use
-  // the same threshold, or an op would run on different meshes: rank 0's value is everyone's.
-  void connect_sync_mesh(const Stopwatch& sw) {
+  // The synchronous mesh (GlooOptions::sync_max_bytes, segment_bytes). Every rank must pick the
+  // same algorithm for an op and cut its messages alike: the limits are agreed (minimum over the
+  // group) before connecting. A point-to-point-only communicator has none (its groups do).
+  std::string sync_limits_record() const {
+    if (size_ == 1) return "0 0 0";
+    const Env env = Env::from_process();
+    long long want_exchange = options_.sync_max_bytes, want_segment = options_.segment_bytes;
+    if (want_exchange < 0) want_exchange = env.get_int("GZ_GLOO_SYNC_MAX", kDefaultSyncMax);
+    if (want_segment < 0) want_segment = env.get_int("GZ_GLOO_SEGMENT", kDefaultSegment);
+    if (options_.p2p_only) want_exchange = want_segment = 0;
+    want_exchange = std::clamp<long long>(want_exchange, 0, kMaxSyncMax);
+    want_segment = std::clamp<long long>(want_segment, 0, kMaxSegment);
+    return gloo_impl::sync_limits_record(static_cast<size_t>(want_exchange),
+                                         static_cast<size_t>(want_segment));
+  }
+
+  void connect_sync_mesh(const std::vector<std::string>& records, const Stopwatch& sw) {
     if (size_ == 1) return;
-    long long want = options_.sync_max_bytes;
-    if (want < 0) want = Env::from_process().get_int("GZ_GLOO_SYNC_MAX", kDefaultSyncMax);
-    want = std::clamp<long long>(want, 0, kMaxSyncMax);
-    const std::string key = "gloo_sync_max";
-    if (rank_ == 0) store_->set(key, to_bytes(std::to_string(want)));
-    const long long agreed = std::stoll(to_string(store_->get(key, Deadline::after(timeout()))));
-    if (agreed <= 0) return;
     try {
-      gloo_impl::StoreAdapter adapter(std::make_shared<PrefixStore>("gloo_sync", store_), options_.timeout);
-      sync_ = std::make_unique<gloo_impl::SyncMesh>(rank_, size_, static_cast<size_t>(agreed), device_, adapter,
+      const auto limits = gloo_impl::agree_sync_limits(records);
+      if (!limits.any()) return;
+      sync_ = std::make_unique<gloo_impl::SyncMesh>(rank_, size_, limits, device_,
+                                                    std::make_shared<PrefixStore>("gloo_sync", store_),
                                                     options_.timeout);
       // No rank may write to the synchronous mesh before every rank has switched its pairs to
       // synchronous mode: a message arriving earlier is half read by the event loop (or waits
@@ -324,11 +411,32 @@ class GlooCommunicator : public Communicator {
       b.setTag(tag());
       b.setTimeout(options_.timeout);
       ::gloo::barrier(b);
+    } catch (const TimeoutError& e) {
+      GZ_THROW(TimeoutError, "gloo: rank ", rank_, "/", size_,
+               " gave up connecting the synchronous mesh after ", format_duration(sw.elapsed()), ": ",
+               e.what());
     } catch (const gz::Error&) {
       throw;
     } catch (const std::exception& e) {
       GZ_THROW(PeerError, "gloo: rank ", rank_, "/", size_, " could not connect the synchronous mesh after ",
                format_duration(sw.elapsed()), ": ", e.what());
+    }
+  }
+
+  // Larger all-reduces, reduce-scatter and all-gather run the pipelined ring on the synchronous mesh.
+  bool ring() const { return sync_ && sync_->limits().segment > 0; }
+
+  // run() for an op on the synchronous mesh: fn(&peer) names the peer it is working with; when it
+  // fails, that connection is shut down too, so the peer fails now rather than at its deadline.
+  template <typename F>
+  void run_sync(const char* op, F&& fn) {
+    int peer = -1;
+    try {
+      run(
+          op, -1, [&] { fn(&peer); }, &peer);
+    } catch (...) {
+      sync_->fail(peer);
+      throw;
     }
   }
 
@@ -347,7 +455,8 @@ class GlooCommunicator : public Communicator {
     const AllreduceKey key{data, count, dtype, op};
     for (auto it = allreduce_cache_.begin(); it != allreduce_cache_.end(); ++it) {
       if (it->first == key) {
-        if (it != allreduce_cache_.begin()) allreduce_cache_.splice(allreduce_cache_.begin(), allreduce_cache_, it);
+        if (it != allreduce_cache_.begin())
+          allreduce_cache_.splice(allreduce_cache_.begin(), allreduce_cache_, it);
         return *allreduce_cache_.front().second;
       }
     }
@@ -362,10 +471,18 @@ class GlooCommunicator : public Communicator {
   template <typename Opts>
   void set_output(Opts& o, void* data, size_t count, DType dtype) {
     switch (dtype_size(dtype)) {
-      case 1: o.template setOutput<uint8_t>(static_cast<uint8_t*>(data), count); break;
-      case 2: o.template setOutput<uint16_t>(static_cast<uint16_t*>(data), count); break;
-      case 4: o.template setOutput<uint32_t>(static_cast<uint32_t*>(data), count); break;
-      default: o.template setOutput<uint64_t>(static_cast<uint64_t*>(data), count); break;
+      case 1:
+        o.template setOutput<uint8_t>(static_cast<uint8_t*>(data), count);
+        break;
+      case 2:
+        o.template setOutput<uint16_t>(static_cast<uint16_t*>(data), count);
+        break;
+      case 4:
+        o.template setOutput<uint32_t>(static_cast<uint32_t*>(data), count);
+        break;
+      default:
+        o.template setOutput<uint64_t>(static_cast<uint64_t*>(data), count);
+        break;
     }
   }
 
@@ -376,6 +493,7 @@ class GlooCommunicator : public Communicator {
     size_t n = bytes ? bytes : 1;
     uint64_t slot = kP2PSlotPrefix | static_cast<uint32_t>(tag);
     run(op, peer, [&] {
+      if (lazy_) lazy_->ensure(peer, op_deadline());
       auto buf = context_->createUnboundBuffer(ptr, n);
       check_aborted();
       bool ok;
@@ -392,27 +510,33 @@ class GlooCommunicator : public Communicator {
 
   // Gloo's errors name the peer by socket address ("[10.0.0.2]:41234"). Each rank publishes the
   // address of its end of every pair, so an error can be turned into a rank number.
-  void learn_peer_addresses() {
-    if (size_ == 1) return;
-    std::string mine;
+  std::vector<std::string> learn_peer_addresses(const std::string& sync_record) {
+    if (size_ == 1) return {};
+    std::string mine = "sync " + sync_record + "\n";
     for (int j = 0; j < size_; ++j)
       if (j != rank_) mine += std::to_string(j) + " " + context_->getPair(j)->address().str() + "\n";
-    // One gather: a constant number of store round trips per rank, whatever the group size.
-    auto all = store_allgather(*store_, "gloo_pair_addrs", rank_, size_, to_bytes(mine), Deadline::after(timeout()));
+    // One gather: a constant number of store round trips per rank, whatever the group size. It
+    // also carries each rank's record for the synchronous mesh's limits.
+    auto all =
+        store_allgather(*store_, "gloo_pair_addrs", rank_, size_, to_bytes(mine), Deadline::after(timeout()));
     peer_addrs_.assign(size_, std::string());
+    std::vector<std::string> sync_records(size_);
     const std::string me = std::to_string(rank_) + " ";
     for (int j = 0; j < size_; ++j) {
-      if (j == rank_) continue;
       std::string theirs = to_string(all[j]);
       size_t pos = 0;
       while (pos < theirs.size()) {
         size_t nl = theirs.find('\n', pos);
         if (nl == std::string::npos) nl = theirs.size();
         std::string line = theirs.substr(pos, nl - pos);
-        if (line.compare(0, me.size(), me) == 0) peer_addrs_[j] = line.substr(me.size());
+        if (line.compare(0, 5, "sync ") == 0)
+          sync_records[j] = line.substr(5);
+        else if (j != rank_ && line.compare(0, me.size(), me) == 0)
+          peer_addrs_[j] = line.substr(me.size());
         pos = nl + 1;
       }
     }
+    return sync_records;
   }
 
   // "peer rank 3 (addr)" when the Gloo message names a known peer address (and *rank = 3), else "".
@@ -433,6 +557,9 @@ class GlooCommunicator : public Communicator {
     Stopwatch sw;
     const Duration budget = op_timeout();
     try {
+      // A collective on a point-to-point communicator: every rank is here, connect every pair.
+      if (lazy_ && std::strcmp(op, "send") != 0 && std::strcmp(op, "recv") != 0)
+        lazy_->ensure_all(op_deadline());
       fn();
     } catch (const Aborted&) {
       throw;
@@ -444,7 +571,8 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  [[noreturn]] void translate(const std::string& where, Duration budget, const std::string& msg, int op_peer) {
+  [[noreturn]] void translate(const std::string& where, Duration budget, const std::string& msg,
+                              int op_peer) {
     auto cause = std::make_exception_ptr(std::runtime_error("Gloo: " + msg));
     if (aborted()) {
       try {
@@ -453,8 +581,8 @@ class GlooCommunicator : public Communicator {
         throw Aborted(where + ": " + a.what(), op_peer, cause);
       }
     }
-    bool timed_out = msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos ||
-                     msg.find("timeout") != std::string::npos;
+    bool timed_out = msg.find("Timed out") != std::string::npos ||
+                     msg.find("timed out") != std::string::npos || msg.find("timeout") != std::string::npos;
     int peer = op_peer;
     std::string who = peer_in(msg, &peer);
     if (timed_out)
@@ -473,7 +601,7 @@ class GlooCommunicator : public Communicator {
   GlooOptions options_;
   std::string listen_desc_;
   std::shared_ptr<::gloo::transport::Device> device_;
-  std::shared_ptr<::gloo::rendezvous::Context> context_;
+  std::shared_ptr<::gloo::Context> context_;
   std::vector<uint8_t> scratch_;
   std::vector<uint8_t> incoming_;
   struct AllreduceKey {
@@ -486,11 +614,12 @@ class GlooCommunicator : public Communicator {
     }
   };
   static constexpr size_t kAllreduceCacheSize = 64;
-  // Opt-in (GZ_GLOO_SYNC_MAX / sync_max_bytes) for now: connecting the synchronous mesh fails now
-  // and then at 7 ranks ("connection closed by peer"), not yet understood.
-  static constexpr long long kDefaultSyncMax = 0;
+  static constexpr long long kDefaultSyncMax = 64 << 10;
   static constexpr long long kMaxSyncMax = 256 << 10;
+  static constexpr long long kDefaultSegment = 256 << 10;
+  static constexpr long long kMaxSegment = 4 << 20;
   std::unique_ptr<gloo_impl::SyncMesh> sync_;
+  std::unique_ptr<gloo_impl::LazyMesh> lazy_;  // p2p_only: pairs connected on first use
   gloo_impl::ReduceFn reduce_fns_[8][5];
   std::list<std::pair<AllreduceKey, std::unique_ptr<::gloo::AllreduceOptions>>> allreduce_cache_;
   std::vector<std::string> peer_addrs_;  // peer rank -> its socket address as Gloo prints it
@@ -500,7 +629,8 @@ class GlooCommunicator : public Communicator {
 
 }  // namespace
 
-CommPtr create_gloo_communicator(int rank, int size, std::shared_ptr<Store> store, const GlooOptions& options) {
+CommPtr create_gloo_communicator(int rank, int size, std::shared_ptr<Store> store,
+                                 const GlooOptions& options) {
   return std::make_shared<GlooCommunicator>(rank, size, std::move(store), options);
 }
 

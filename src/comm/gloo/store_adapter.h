@@ -17,9 +17,9 @@ namespace gz::comm::gloo_impl {
 ///
 /// Gloo's full-mesh rendezvous sets one key per rank, named by the rank number after a prefix, and
 /// then waits for and reads the key of every other rank (or every lower one): two round trips per
-/// peer, so a rank's connect cost grows with the group. Given (rank, size), the adapter gathers those keys in one StoreAllgather
-/// instead: the set publishes this rank's, the first read of a peer's key fetches every rank's at
-/// once, and later reads are served from that copy. Keys of any other shape go to the store.
+/// peer, so a rank's connect cost grows with the group. Given (rank, size), the adapter gathers those keys in
+/// one StoreAllgather instead: the set publishes this rank's, the first read of a peer's key fetches every
+/// rank's at once, and later reads are served from that copy. Keys of any other shape go to the store.
 class StoreAdapter : public ::gloo::rendezvous::Store {
  public:
   StoreAdapter(std::shared_ptr<gz::Store> store, Duration timeout, int rank = -1, int size = 0)
@@ -29,13 +29,14 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
     // This rank's key is the rank number after a prefix ("7" or "rank_7", by Gloo version).
     const std::string r = std::to_string(rank_);
     if (rank_ >= 0 && key.size() >= r.size() && key.compare(key.size() - r.size(), r.size(), r) == 0 &&
-        (key.size() == r.size() || !std::isdigit(static_cast<unsigned char>(key[key.size() - r.size() - 1])))) {
+        (key.size() == r.size() ||
+         !std::isdigit(static_cast<unsigned char>(key[key.size() - r.size() - 1])))) {
       const std::string prefix = key.substr(0, key.size() - r.size());
       if (!families_.count(prefix)) {
         // Published at once (a rank may never read a peer's key: Gloo's lowest rank only waits
         // for the others to connect to it), collected at the first read of a peer's key.
-        families_[prefix].gather = std::make_unique<StoreAllgather>(*store_, "gloo_mesh/" + prefix, rank_, size_,
-                                                                     Bytes(data.begin(), data.end()));
+        families_[prefix].gather = std::make_unique<StoreAllgather>(*store_, "gloo_mesh/" + prefix, rank_,
+                                                                    size_, Bytes(data.begin(), data.end()));
         return;
       }
     }
@@ -47,6 +48,13 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
     return std::vector<char>(b.begin(), b.end());
   }
   void wait(const std::vector<std::string>& keys) override { wait_for(keys, timeout_); }
+
+  /// @brief Every rank's value of the key family `prefix` ("" = Gloo's pair addresses) when it has
+  /// been gathered (empty otherwise): for error messages after a failed connect.
+  std::vector<Bytes> gathered_family(const std::string& prefix) const {
+    auto it = families_.find(prefix);
+    return it == families_.end() ? std::vector<Bytes>{} : it->second.all;
+  }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     // Gloo passes its own default (30 s) here; never wait longer than our timeout.
     wait_for(keys, timeout.count() > 0 ? std::min<Duration>(timeout, timeout_) : timeout_);

@@ -1,185 +1,212 @@
-// The Gloo backend's synchronous mesh: see sync_mesh.h.
+// The Gloo backend's synchronous mesh: connection, socket ownership, deadlines and abort (see
+// sync_mesh.h). The algorithms over it are in sync_exchange.cpp and sync_ring.cpp.
 #include "comm/gloo/sync_mesh.h"
 
-#include <gloo/transport/tcp/address.h>
+#include <fcntl.h>
+#include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/pair.h>
-
-#include <dirent.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
-#include <cstring>
+#include <sstream>
 
+#include "comm/gloo/store_adapter.h"
 #include "gz/core/error.h"
 
 namespace gz::comm::gloo_impl {
 namespace {
 
-// Same family, port and address (Gloo's Address keeps a sockaddr_storage).
-bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
-  if (a.ss_family != b.ss_family) return false;
-  if (a.ss_family == AF_INET) {
-    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
-    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
-    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
-  }
-  if (a.ss_family == AF_INET6) {
-    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
-    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
-    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof(x.sin6_addr)) == 0;
-  }
-  return false;
-}
-
-bool fd_connects(int fd, const sockaddr_storage& self, const sockaddr_storage& peer) {
-  sockaddr_storage s{}, p{};
-  socklen_t sl = sizeof(s), pl = sizeof(p);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&s), &sl) != 0) return false;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&p), &pl) != 0) return false;
-  return same_endpoint(s, self) && same_endpoint(p, peer);
-}
-
-// The descriptor of this process's connected socket whose local end is `self`, or -1 (also when
-// two match); *peer gets its remote end. Gloo's Pair::peer() may hold the peer's listening address
-// rather than the connection's remote end, so only the local end (unique per connection:
-// accepted sockets of other pairs listen on other ports) identifies it.
-int find_socket(const sockaddr_storage& self, sockaddr_storage* peer) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int found = -1, matches = 0;
-  while (dirent* e = readdir(d)) {
-    char* end = nullptr;
-    long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
-    struct stat st {};
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage s{}, p{};
-    socklen_t sl = sizeof(s), pl = sizeof(p);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&s), &sl) != 0 || !same_endpoint(s, self))
-      continue;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&p), &pl) != 0) continue;  // listening
-    found = static_cast<int>(fd);
-    *peer = p;
-    ++matches;
-  }
-  closedir(d);
-  return matches == 1 ? found : -1;
-}
-
-// Slot of messages from rank `from` to rank `to`: one per direction, so that a send buffer (which
-// Gloo unregisters by slot when it is destroyed) never shares a slot with this side's inbox.
-int slot_of(int from, int to) { return from < to ? 0 : 1; }
-
-// tcp::Pair keeps signalExceptionExternal() protected; a derived class may name it, and the member
-// pointer then applies to any tcp::Pair.
+// tcp::Pair keeps these protected; a derived class may name them, and the member pointers then
+// apply to any tcp::Pair. fd_ is the connection's descriptor (read under m_, the pair's lock);
+// sendBufferSize_ is what Gloo last set SO_SNDBUF to (it only ever raises it, per message size).
 struct PairAccess : ::gloo::transport::tcp::Pair {
+  static constexpr auto fd = &PairAccess::fd_;
+  static constexpr auto mutex = &PairAccess::m_;
+  static constexpr auto send_buffer_size = &PairAccess::sendBufferSize_;
   static constexpr auto signal_error = &PairAccess::signalExceptionExternal;
 };
 
+// Usable bytes of a socket send buffer of `request` bytes here: the kernel doubles the request
+// (bookkeeping overhead), capped at twice net.core.wmem_max; count only half of what it grants.
+size_t probe_send_capacity(size_t request) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw SystemError("gloo sync mesh: socket()", errno);
+  int want = static_cast<int>(std::min<size_t>(request, 1u << 30));
+  int got = 0;
+  socklen_t len = sizeof(got);
+  const bool ok = setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want)) == 0 &&
+                  getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &got, &len) == 0;
+  const int err = errno;
+  close(fd);
+  if (!ok) throw SystemError("gloo sync mesh: SO_SNDBUF", err);
+  return static_cast<size_t>(got) / 2;
+}
+
+size_t send_buffer_request(size_t exchange_max, size_t segment) {
+  return std::max(exchange_max, kMaxWindow * (segment + kMessageHeader)) + kMessageHeader;
+}
+
 }  // namespace
 
-SyncMesh::SyncMesh(int rank, int size, size_t max_bytes, const std::shared_ptr<::gloo::transport::Device>& device,
-                   ::gloo::rendezvous::Store& store, Duration timeout)
-    : rank_(rank), size_(size), max_bytes_(max_bytes), peers_(size) {
+std::string sync_limits_record(size_t want_exchange, size_t want_segment) {
+  const size_t capacity = probe_send_capacity(send_buffer_request(want_exchange, want_segment));
+  std::ostringstream out;
+  out << want_exchange << " " << want_segment << " " << capacity;
+  return out.str();
+}
+
+SyncLimits agree_sync_limits(const std::vector<std::string>& records) {
+  SyncLimits l;
+  l.exchange_max = l.segment = ~size_t{0};
+  for (size_t r = 0; r < records.size(); ++r) {
+    std::istringstream in(records[r]);
+    size_t ex = 0, seg = 0, cap = 0;
+    if (!(in >> ex >> seg >> cap))
+      GZ_THROW(Error, "gloo sync mesh: bad limits record '", records[r], "' of rank ", r);
+    const size_t fits = cap > kMessageHeader ? cap - kMessageHeader : 0;
+    // Ring segments small enough that two fit (a window of at least 2), unless that is tiny.
+    const size_t two_fit = cap / 2 > kMessageHeader + 16384 ? cap / 2 - kMessageHeader : fits;
+    l.exchange_max = std::min({l.exchange_max, ex, fits});
+    l.segment = std::min({l.segment, seg, two_fit});
+  }
+  if (records.empty()) l.exchange_max = l.segment = 0;
+  l.segment &= ~size_t{63};             // whole elements of every dtype
+  if (l.segment < 4096) l.segment = 0;  // too small to pay off: Gloo's own ring instead
+  l.send_buffer = send_buffer_request(l.exchange_max, l.segment);
+  return l;
+}
+
+SyncMesh::SyncMesh(int rank, int size, const SyncLimits& limits,
+                   const std::shared_ptr<::gloo::transport::Device>& device, std::shared_ptr<Store> store,
+                   Duration timeout)
+    : rank_(rank), size_(size), limits_(limits), links_(size) {
   context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
   context_->setTimeout(timeout);
+  StoreAdapter adapter(std::move(store), timeout, rank_, size_);
   auto dev = device;  // connectFullMesh takes a non-const reference
-  context_->connectFullMesh(store, dev);
-  inboxes_.resize(static_cast<size_t>(size_ - 1) * max_bytes_);
-  if (size_ > 2) scratch_.resize(max_bytes_);
-  size_t k = 0;
-  for (int j = 0; j < size_; ++j) {
-    if (j == rank_) continue;
-    auto* pair = dynamic_cast<::gloo::transport::tcp::Pair*>(context_->getPair(j).get());
-    if (pair == nullptr) GZ_THROW(Error, "gloo sync mesh: pair ", j, " is not a tcp pair");
-    pair->setSync(true, false);
-    Peer& p = peers_[j];
-    p.pair = pair;
-    p.self = pair->address().getSockaddr();
-    p.fd = find_socket(p.self, &p.peer);
-    if (p.fd < 0)
-      GZ_THROW(Error, "gloo sync mesh: rank ", rank_, " cannot find its socket to rank ", j, " (",
-               pair->address().str(), ")");
-    p.data = inboxes_.data() + k * max_bytes_;
-    p.inbox = pair->createRecvBuffer(slot_of(j, rank_), p.data, max_bytes_);
-    ++k;
+  context_->connectFullMesh(adapter, dev);
+  try {
+    adopt_pairs();
+  } catch (...) {
+    for (Link& l : links_) {
+      l.exchange_inbox.reset();
+      l.ring_inbox.reset();
+      if (l.fd >= 0) close(l.fd);
+    }
+    throw;
   }
 }
 
+void SyncMesh::adopt_pairs() {
+  const int left = (rank_ - 1 + size_) % size_;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    Link& l = links_[j];
+    l.pair = dynamic_cast<::gloo::transport::tcp::Pair*>(context_->getPair(j).get());
+    if (l.pair == nullptr) GZ_THROW(Error, "gloo sync mesh: pair ", j, " is not a tcp pair");
+    l.pair->setSync(true, false);
+    adopt_socket(j);
+    if (limits_.exchange_max > 0) {
+      l.exchange_mem.resize(limits_.exchange_max);
+      l.exchange_inbox =
+          l.pair->createRecvBuffer(slot(kExchange, j, rank_), l.exchange_mem.data(), limits_.exchange_max);
+    }
+    if (limits_.segment > 0 && j == left) {
+      l.ring_mem.resize(limits_.segment);
+      l.ring_inbox =
+          l.pair->createRecvBuffer(slot(kRingReduce, j, rank_), l.ring_mem.data(), limits_.segment);
+    }
+  }
+}
+
+void SyncMesh::adopt_socket(int peer) {
+  Link& l = links_[peer];
+  std::lock_guard<std::mutex> lock(l.pair->*PairAccess::mutex);
+  const int fd = l.pair->*PairAccess::fd;
+  if (fd < 0)
+    GZ_THROW(PeerError, "gloo sync mesh: rank ", rank_, ": the pair to rank ", peer, " has no socket");
+  l.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (l.fd < 0) throw SystemError("gloo sync mesh: dup of the socket to rank " + std::to_string(peer), errno);
+  int want = static_cast<int>(limits_.send_buffer), got = 0;
+  socklen_t len = sizeof(got);
+  if (setsockopt(l.fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want)) != 0 ||
+      getsockopt(l.fd, SOL_SOCKET, SO_SNDBUF, &got, &len) != 0)
+    throw SystemError("gloo sync mesh: SO_SNDBUF on the socket to rank " + std::to_string(peer), errno);
+  // Gloo raises SO_SNDBUF whenever a message is larger than this; ours never are.
+  l.pair->*PairAccess::send_buffer_size = static_cast<size_t>(got);
+  const size_t usable = static_cast<size_t>(got) / 2;
+  const size_t largest = std::max(limits_.exchange_max, limits_.segment) + kMessageHeader;
+  if (usable < largest)
+    GZ_THROW(Error, "gloo sync mesh: the socket to rank ", peer, " queues ", usable,
+             " bytes, less than a message (", largest, "); was net.core.wmem_max lowered?");
+  if (limits_.segment > 0)
+    l.window = std::clamp<size_t>(usable / (limits_.segment + kMessageHeader), 1, kMaxWindow);
+}
+
 SyncMesh::~SyncMesh() {
-  for (Peer& p : peers_) p.inbox.reset();  // bound buffers unregister from their pairs first
+  for (Link& l : links_) {  // bound buffers unregister from their pairs first
+    l.exchange_inbox.reset();
+    l.ring_inbox.reset();
+  }
   try {
     context_->closeConnections();
   } catch (...) {
   }
+  for (Link& l : links_) {
+    if (l.fd < 0) continue;
+    // closeConnections() asked for a reset on close (SO_LINGER 0); the last descriptor is ours:
+    // close gracefully instead, so data a peer has yet to read is not thrown away.
+    linger off{};
+    setsockopt(l.fd, SOL_SOCKET, SO_LINGER, &off, sizeof(off));
+    close(l.fd);
+  }
 }
 
-bool SyncMesh::still_ours(const Peer& p) const {
-  return p.fd >= 0 && fd_connects(p.fd, p.self, p.peer);
+::gloo::transport::Buffer& SyncMesh::inbox(int peer, Kind kind) {
+  auto& b = kind == kExchange ? links_[peer].exchange_inbox : links_[peer].ring_inbox;
+  if (!b) GZ_THROW(Error, "gloo sync mesh: no inbox of kind ", static_cast<int>(kind), " from rank ", peer);
+  return *b;
 }
 
-void SyncMesh::set_socket_timeouts(Peer& p, Deadline deadline) {
+uint8_t* SyncMesh::inbox_data(int peer, Kind kind) {
+  return kind == kExchange ? links_[peer].exchange_mem.data() : links_[peer].ring_mem.data();
+}
+
+void SyncMesh::arm(int peer, Deadline deadline) {
+  if (aborted_.load()) GZ_THROW(Aborted, "gloo sync mesh aborted");
+  Link& l = links_[peer];
   // At least 1 ms (0 would mean "no timeout"); re-set only when it moves by more than 1 ms.
   const long long ms = std::max<long long>(1, deadline.remaining().count());
-  if (p.timeout_ms >= 0 && std::llabs(p.timeout_ms - ms) <= 1) return;
+  if (l.timeout_ms >= 0 && std::llabs(l.timeout_ms - ms) <= 1) return;
   timeval tv{};
   tv.tv_sec = ms / 1000;
   tv.tv_usec = (ms % 1000) * 1000;
-  // The descriptor stays the pair's while the pair is open; after an error every op fails in Gloo
-  // before it reaches the socket, so a failed setsockopt changes nothing.
-  setsockopt(p.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  p.timeout_ms = ms;
+  // Our own descriptor of the pair's socket: valid until the mesh is destroyed.
+  setsockopt(l.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(l.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  l.timeout_ms = ms;
 }
 
-void SyncMesh::allreduce(void* data, size_t count, size_t elem_size, const ReduceFn& reduce, Deadline deadline,
-                         int* peer) {
-  const size_t bytes = count * elem_size;
-  if (bytes > max_bytes_) GZ_THROW(InvalidArgument, "gloo sync mesh: ", bytes, " bytes > ", max_bytes_);
-  *peer = -1;
-  if (aborted_.load()) GZ_THROW(Aborted, "gloo sync mesh aborted");
-  for (int j = 0; j < size_; ++j)
-    if (j != rank_) set_socket_timeouts(peers_[j], deadline);
-  // Write to every peer first (each write fits the socket buffers), then read every peer.
-  for (int s = 1; s < size_; ++s) {
-    const int j = (rank_ + s) % size_;
-    *peer = j;
-    auto out = peers_[j].pair->createSendBuffer(slot_of(rank_, j), data, bytes);
-    out->send(0, bytes, 0);
-    out->waitSend();
-  }
-  for (int s = 1; s < size_; ++s) {
-    const int j = (rank_ - s + size_) % size_;
-    *peer = j;
-    peers_[j].inbox->waitRecv();
-  }
-  *peer = -1;
-  // Contributions in rank order, the same on every rank.
-  auto contribution = [&](int r) -> const void* { return r == rank_ ? data : peers_[r].data; };
-  if (size_ == 2) {
-    reduce(data, contribution(0), contribution(1), count);
-    return;
-  }
-  reduce(scratch_.data(), contribution(0), contribution(1), count);
-  for (int r = 2; r < size_; ++r) reduce(scratch_.data(), scratch_.data(), contribution(r), count);
-  std::memcpy(data, scratch_.data(), bytes);
+void SyncMesh::fail(int peer) noexcept {
+  if (peer >= 0 && peer < size_ && links_[peer].fd >= 0) shutdown(links_[peer].fd, SHUT_RDWR);
 }
 
 void SyncMesh::abort(const std::string& reason) noexcept {
   std::lock_guard<std::mutex> lock(abort_mu_);
   if (aborted_.exchange(true)) return;
-  for (Peer& p : peers_) {
-    if (!p.pair) continue;
-    // A reader blocked in recv() holds the pair's lock: shut its socket down first (it returns at
-    // once), then Gloo's error state (which takes that lock) fails every later op on the pair.
-    if (still_ours(p)) shutdown(p.fd, SHUT_RDWR);
+  // A reader blocked in recv() holds its pair's lock: shut every socket down first (blocked
+  // reads and writes return at once), then Gloo's error state (which takes that lock) fails every
+  // later op on the pair.
+  for (Link& l : links_)
+    if (l.fd >= 0) shutdown(l.fd, SHUT_RDWR);
+  for (Link& l : links_) {
+    if (!l.pair) continue;
     try {
-      (p.pair->*PairAccess::signal_error)(
-          "gz: communicator aborted: " + reason);
+      (l.pair->*PairAccess::signal_error)("gz: communicator aborted: " + reason);
     } catch (...) {
     }
   }

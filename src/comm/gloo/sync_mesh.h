@@ -1,13 +1,11 @@
-// The Gloo backend's second full mesh, in synchronous mode: small all-reduces as one exchange
-// done by the calling thread itself (no event-loop thread in between).
+// The Gloo backend's second full mesh, in synchronous mode: collectives whose socket I/O is done
+// by the calling thread itself (no event-loop thread in between). The algorithms over it live in
+// sync_exchange.cpp (small all-reduces) and sync_ring.cpp (pipelined ring).
 #pragma once
 
-#include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/buffer.h>
 #include <gloo/transport/device.h>
-
-#include <sys/socket.h>
 
 #include <atomic>
 #include <memory>
@@ -17,7 +15,11 @@
 
 #include "comm/reduce/reduce.h"
 #include "gz/core/deadline.h"
+#include "gz/store/store.h"
 
+namespace gloo::rendezvous {
+class Context;
+}
 namespace gloo::transport::tcp {
 class Pair;
 }
@@ -26,63 +28,131 @@ namespace gz::comm::gloo_impl {
 
 using reduce::ReduceFn;
 
+/// @brief Upper bound of Gloo's per-message header (its preamble is six 64-bit words).
+constexpr size_t kMessageHeader = 64;
+/// @brief At most this many ring segments written to a peer beyond what this rank has read.
+constexpr size_t kMaxWindow = 4;
+
+/// @brief What every rank of a group agreed on before connecting the synchronous mesh.
+struct SyncLimits {
+  size_t exchange_max = 0;  ///< all-reduces up to this many bytes: one exchange (0: none)
+  size_t segment = 0;       ///< ring segment in bytes (0: no ring on this mesh)
+  size_t send_buffer = 0;   ///< SO_SNDBUF to request on every socket of the mesh
+  bool any() const { return exchange_max > 0 || segment > 0; }
+};
+
+/// @brief This rank's part of the agreement on SyncLimits: its wishes and what its kernel grants a
+/// socket's send buffer (probed on a throwaway socket), as one line for the group's gather.
+///
+/// Why the send buffer matters: a synchronous write returns only when the kernel holds all of it,
+/// and a rank reads only when its schedule says so. Each message must therefore fit into what the
+/// sender's socket may queue without the receiver reading: the exchange writes one message to
+/// every peer before reading; the ring keeps up to `window` segments unread per link.
+std::string sync_limits_record(size_t want_exchange, size_t want_segment);
+
+/// @brief The limits, from every rank's record (in rank order): the minimum of all, so every rank
+/// picks the same algorithm for an op and cuts messages at the same places.
+SyncLimits agree_sync_limits(const std::vector<std::string>& records);
+
 /// @brief A Gloo context whose tcp pairs are switched to synchronous mode (Pair::setSync): sends
 /// write on the caller's thread, and Buffer::waitRecv reads the socket on the caller's thread.
 ///
-/// Each rank registers one inbox per peer once (a Gloo bound buffer of max_bytes). An all-reduce
-/// of n bytes (n <= max_bytes) writes the caller's data into every peer's inbox, reads every
-/// peer's data into its own inboxes and reduces the contributions in rank order, so every rank
-/// computes the same result bit for bit. One inbox per peer suffices: in synchronous mode data
-/// lands in an inbox only while its owner reads, and a peer's next message waits in the kernel.
-/// The writes never block for long: a message is at most max_bytes (capped so that one message
-/// per peer fits the kernel's socket buffers) and every peer reads before it writes again.
+/// Each pair's socket is duplicated once, under the pair's own lock right after it is switched to
+/// synchronous mode (Gloo keeps the descriptor in a protected member; no descriptor table scan).
+/// The duplicate is this mesh's: it cannot be closed or reused by anyone else while the mesh
+/// lives, so setsockopt() and shutdown() on it always reach the pair's connection, also after
+/// Gloo closed its own descriptor on an error (the connection then stays open until the mesh is
+/// destroyed or fail() shuts it down: every failed op calls fail() on the peer it failed on, so
+/// that peer sees the connection close as it would have without the duplicate).
 ///
-/// Deadlines: the socket timeouts (SO_RCVTIMEO/SO_SNDTIMEO) are set to what is left of the op's
-/// deadline before each op, so a blocked read ends as Gloo's "Read timeout". abort() shuts the
-/// sockets down (shutdown(2)): a thread blocked in a synchronous read is not woken by Gloo's
-/// signalException (which would wait for the pair's lock the reader holds), but returns from
-/// recv() at once when its socket is shut down; then every pair is put into its error state.
+/// Deadlines: arm() sets the socket timeouts (SO_RCVTIMEO/SO_SNDTIMEO) to what is left of the op's
+/// deadline, so a blocked read ends as Gloo's "Read timeout". abort() shuts every socket down
+/// (shutdown(2)): a thread blocked in a synchronous read is not woken by Gloo's error state (which
+/// waits for the pair's lock the reader holds) but returns from recv() at once; then every pair
+/// is put into its error state.
+///
+/// Slots: a message carries the slot of the bound buffer it lands in. Each (kind, direction) has
+/// its own slot, so a send buffer (which Gloo unregisters by slot when it is destroyed) never
+/// shares a slot with a receive buffer registered on the same pair.
 class SyncMesh {
  public:
-  /// @brief Collective over the group: connects the mesh through `store` (its own namespace),
-  /// switches every pair to synchronous mode and registers the inboxes.
-  SyncMesh(int rank, int size, size_t max_bytes, const std::shared_ptr<::gloo::transport::Device>& device,
-           ::gloo::rendezvous::Store& store, Duration timeout);
+  /// @brief Kinds of messages (see slot()).
+  enum Kind { kExchange = 0, kRingReduce = 1, kRingGather = 2 };
+
+  /// @brief Collective over the group: connects the mesh through `store` (its own namespace, O(1)
+  /// store round trips per rank), switches every pair to synchronous mode, sizes the send buffers
+  /// and registers the inboxes: one of limits.exchange_max bytes per peer, one ring inbox of
+  /// limits.segment bytes from the ring's left neighbour.
+  SyncMesh(int rank, int size, const SyncLimits& limits,
+           const std::shared_ptr<::gloo::transport::Device>& device, std::shared_ptr<Store> store,
+           Duration timeout);
   ~SyncMesh();
   SyncMesh(const SyncMesh&) = delete;
   SyncMesh& operator=(const SyncMesh&) = delete;
 
-  size_t max_bytes() const { return max_bytes_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const SyncLimits& limits() const { return limits_; }
 
-  /// @brief In place: data (count elements of elem_size bytes, count * elem_size <= max_bytes)
-  /// becomes the reduction over every rank. Throws Gloo's exceptions; *peer is then the rank
-  /// whose socket failed (or -1).
-  void allreduce(void* data, size_t count, size_t elem_size, const ReduceFn& reduce, Deadline deadline, int* peer);
+  /// @brief The pair to `peer` (never this rank).
+  ::gloo::transport::tcp::Pair& pair(int peer) { return *links_[peer].pair; }
+  /// @brief The inbox of `kind` registered on the pair from `peer` (kExchange: any peer;
+  /// kRingReduce: the left neighbour), and its memory.
+  ::gloo::transport::Buffer& inbox(int peer, Kind kind);
+  uint8_t* inbox_data(int peer, Kind kind);
+  /// @brief Slot of messages of `kind` from rank `from` to rank `to`.
+  static int slot(Kind kind, int from, int to) { return 2 * static_cast<int>(kind) + (from < to ? 0 : 1); }
+  /// @brief Ring segments this rank may have written to `peer` beyond what it has read (>= 1).
+  size_t window(int peer) const { return links_[peer].window; }
 
+  /// @brief Before a blocking call on the pair to `peer`: its socket timeouts become what is left
+  /// of `deadline` (at least 1 ms). Throws Aborted after abort().
+  void arm(int peer, Deadline deadline);
+  /// @brief After an op failed on the pair to `peer`: shut its connection down, so the peer fails
+  /// now instead of at its own deadline.
+  void fail(int peer) noexcept;
   /// @brief Any thread: wake a blocked op (shutdown of every socket) and fail every later one.
   void abort(const std::string& reason) noexcept;
+  bool aborted() const { return aborted_.load(); }
 
  private:
-  struct Peer {
+  struct Link {
     ::gloo::transport::tcp::Pair* pair = nullptr;
-    int fd = -1;  // the pair's socket, found by its address pair (Gloo keeps it private)
-    sockaddr_storage self{}, peer{};
-    uint8_t* data = nullptr;  // the inbox's memory
-    std::unique_ptr<::gloo::transport::Buffer> inbox;
+    int fd = -1;  // our duplicate of the pair's socket
+    size_t window = 1;
     long long timeout_ms = -1;  // socket timeouts currently set
+    std::unique_ptr<::gloo::transport::Buffer> exchange_inbox, ring_inbox;
+    std::vector<uint8_t> exchange_mem, ring_mem;
   };
-  void set_socket_timeouts(Peer& p, Deadline deadline);
-  bool still_ours(const Peer& p) const;
+  void adopt_pairs();
+  void adopt_socket(int peer);
 
   int rank_;
   int size_;
-  size_t max_bytes_;
+  SyncLimits limits_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
-  std::vector<uint8_t> inboxes_;  // (size - 1) * max_bytes
-  std::vector<uint8_t> scratch_;  // accumulator for 3+ ranks
-  std::vector<Peer> peers_;       // by rank; peers_[rank_] unused
+  std::vector<Link> links_;  // by rank; links_[rank_] unused
   std::mutex abort_mu_;
   std::atomic<bool> aborted_{false};
 };
+
+/// @brief In place: data (count elements of elem_size bytes, at most limits().exchange_max bytes)
+/// becomes the reduction over every rank, in one exchange: written to every peer's inbox, every
+/// peer's read from ours, contributions reduced in rank order (the same bits on every rank).
+/// Throws Gloo's exceptions; *peer is then the rank whose socket failed (or -1).
+void sync_exchange_allreduce(SyncMesh& mesh, void* data, size_t count, size_t elem_size,
+                             const ReduceFn& reduce, Deadline deadline, int* peer);
+
+/// @brief A pipelined ring over the synchronous mesh. `data` holds size() blocks (block b:
+/// elements [offset[b], offset[b] + count[b])). With `reduce` set, a reduce-scatter leaves the
+/// reduction of block rank() in place; with `gather`, an all-gather then spreads block b of rank b
+/// to everyone (both: an all-reduce). Each block is cut into the same number of segments of at
+/// most limits().segment bytes; a rank writes segment after segment to its right neighbour while
+/// reading (and reducing) its left neighbour's, up to window() segments ahead. Segments of the
+/// all-gather land in `data` directly (a bound buffer over it, registered for the op).
+/// Throws Gloo's exceptions; *peer is then the rank whose socket failed (or -1).
+void sync_ring(SyncMesh& mesh, void* data, size_t elem_size, const std::vector<size_t>& offset,
+               const std::vector<size_t>& count, const ReduceFn* reduce, bool gather, Deadline deadline,
+               int* peer);
 
 }  // namespace gz::comm::gloo_impl
