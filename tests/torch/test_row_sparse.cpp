@@ -303,4 +303,29 @@ TEST(DDPBuckets, ABucketOverflowsItsCapOnlyWithOneGradient) {
   });
 }
 
+TEST(DDPBuckets, TheCapShrinksToGiveAtLeastMinBuckets) {
+  // 16 layers of 1 KiB + 16 B each under the default 25 MiB cap: one bucket after the first unless
+  // the cap shrinks.
+  struct Stack : torch::nn::Module {
+    Stack() {
+      for (int i = 0; i < 16; ++i) register_module("l" + std::to_string(i), torch::nn::Linear(16, 16));
+    }
+  };
+  run_ranks(1, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, 1, store);
+    auto m = std::make_shared<Stack>();
+    for (size_t min_buckets : {size_t(1), size_t(8)}) {
+      DDPOptions o;
+      o.first_bucket_bytes = 64;
+      o.min_buckets = min_buckets;
+      DistributedDataParallel ddp(m, g, o);
+      const auto n = ddp.reducer().bucket_layout().size();
+      if (min_buckets == 1)
+        EXPECT_EQ(n, 2u);
+      else
+        EXPECT_GE(n, 8u);
+    }
+  });
+}
+
 }  // namespace
