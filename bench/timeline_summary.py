@@ -88,7 +88,7 @@ def summarize(evs, t0):
     else:
         r["comm_first"] = r["tail"] = r["idle"] = 0.0
     r["queued"] = sum(e["args"].get("queued_us", 0) for e in data) / 1e3
-    r["cpu"] = sum(e["args"].get("cpu_us", 0) for e in comm) / 1e3
+    r["cpu"] = sum(e.get("args", {}).get("cpu_us", 0) for e in comm) / 1e3
     r["MB"] = sum(e["args"]["bytes"] for e in data) / 1e6
     r["wireMB"] = sum(e["args"].get("wire_bytes", e["args"]["bytes"]) for e in data) / 1e6
     r["MB/s"] = r["wireMB"] / (r["comm"] / 1e3) if r["comm"] > 0 else 0.0

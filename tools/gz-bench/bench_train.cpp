@@ -250,15 +250,32 @@ int bench_train(int argc, char** argv) {
     gz::default_group()->allreduce(&secs, 1, gz::DType::f64, gz::comm::ReduceOp::max);
   }
   const double samples = static_cast<double>(local_batch) * world * o.steps;
-  int64_t nparams = 0;  // what DDP all-reduces each step, in elements (gradients are dense)
+  int64_t nparams = 0;  // gradient elements per step
   for (const auto& p : model->parameters()) nparams += p.numel();
+  // Bytes the last step reduced: dense_bytes all-reduced, rows_bytes = all ranks' rows (index + row)
+  // of the row-sparse gradients (each rank receives the others' share of it).
+  int64_t dense_bytes = 0, rows_bytes = 0;
+  auto account = [&](const torch::Tensor& p, int64_t rows) {
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    if (rows < 0)
+      dense_bytes += bytes;
+    else
+      rows_bytes += rows * (bytes / std::max<int64_t>(p.size(0), 1) + 8);
+  };
+  if (ddp) {
+    const auto& red = ddp->reducer();
+    for (size_t i = 0; i < red.params().size(); ++i) account(red.params()[i], red.last_rows_exchanged(i));
+  } else if (hvd) {
+    for (auto& it : model->named_parameters()) account(it.value(), hvd->last_rows_exchanged(it.key()));
+  }
   if (rank == 0) {
     std::printf(
         "gz-bench train: model=%s mode=%s ranks=%d replicas=%d batch=%lld threads=%d steps=%d kernels=%s "
-        "hook=%s backend=%s params=%lld row_sparse=%s\n",
+        "hook=%s backend=%s params=%lld row_sparse=%s dense_bytes=%lld rows_bytes=%lld\n",
         o.model.c_str(), o.mode.c_str(), world, replicas, static_cast<long long>(o.batch), o.threads, o.steps,
         o.kernels.c_str(), o.hook.c_str(), distributed ? gz::default_group()->backend().c_str() : "none",
-        static_cast<long long>(nparams), o.row_sparse ? "on" : "off");
+        static_cast<long long>(nparams), o.row_sparse ? "on" : "off", static_cast<long long>(dense_bytes),
+        static_cast<long long>(rows_bytes));
     std::printf("RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f\n", o.model.c_str(),
                 o.mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
     std::fflush(stdout);
