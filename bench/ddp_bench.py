@@ -12,6 +12,10 @@ MASTER_ADDR and MASTER_PORT from the environment instead of spawning, e.g. on ho
         --env --model bert-small --batch 8 --steps 10 --warmup 2
 --model bert-base: the same encoder at BERT-base size (12 layers, hidden 768, 12 heads, FFN 3072),
 matching `gz-bench train --model bert-base`.
+--sparse-embedding: the token embedding is nn.Embedding(sparse=True), so DDP all-reduces only the
+rows of this step's tokens (ProcessGroupGloo's sparse all-reduce), the advantage gz's row-sparse
+exchange has; the averaged sparse gradient is made dense before AdamW (which refuses sparse
+gradients), so the update is the dense one, as in gz.
 """
 import argparse
 import datetime
@@ -71,9 +75,10 @@ class EncoderLayer(nn.Module):
 class BertSmall(nn.Module):
     """BERT-style encoder classifier: vocab 30522, hidden 256, 4 layers, 4 heads, FFN 1024."""
 
-    def __init__(self, seq=128, vocab=30522, hidden=256, layers=4, heads=4, ffn=1024, classes=2, dropout=0.1):
+    def __init__(self, seq=128, vocab=30522, hidden=256, layers=4, heads=4, ffn=1024, classes=2, dropout=0.1,
+                 sparse=False):
         super().__init__()
-        self.tokens = nn.Embedding(vocab, hidden, padding_idx=0)
+        self.tokens = nn.Embedding(vocab, hidden, padding_idx=0, sparse=sparse)
         self.positions = nn.Embedding(seq, hidden)
         self.norm = nn.LayerNorm(hidden, eps=1e-12)
         self.drop = nn.Dropout(dropout)
@@ -112,17 +117,24 @@ def run(rank, args, port):
         x = torch.randn(args.batch, 1, 28, 28)
         y = torch.randint(0, 10, (args.batch,))
     else:
-        model = BertSmall(seq=args.seq, **BERT_SIZES[args.model])
+        model = BertSmall(seq=args.seq, sparse=args.sparse_embedding, **BERT_SIZES[args.model])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         x = torch.randint(1, 30522, (args.batch, args.seq))
         y = torch.randint(0, 2, (args.batch,))
     model.train()
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
 
+    sparse = [model.tokens.weight] if args.sparse_embedding and args.model != "cnn" else []
+
     def step():
         opt.zero_grad()
         F.cross_entropy(net(x), y).backward()
+        for p in sparse:  # the averaged rows, densified for AdamW: the same update as the dense path
+            if p.grad is not None and p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
         opt.step()
+        for p in sparse:  # DDP expects a sparse gradient again next step
+            p.grad = None
 
     for _ in range(args.warmup):
         step()
@@ -138,7 +150,8 @@ def run(rank, args, port):
     if rank == 0:
         samples = args.batch * world * args.steps
         print(f"ddp_bench.py: torch {torch.__version__} model={args.model} ranks={world} batch={args.batch} "
-              f"threads={args.threads} steps={args.steps} backend={'gloo' if world > 1 else 'none'}")
+              f"threads={args.threads} steps={args.steps} backend={'gloo' if world > 1 else 'none'} "
+              f"sparse_embedding={args.sparse_embedding}")
         print(f"RESULT impl=pytorch model={args.model} mode=ddp ranks={world} "
               f"samples_per_s={samples / secs:.2f} step_ms={1000.0 * secs / args.steps:.3f}", flush=True)
     if world > 1:
@@ -164,6 +177,8 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--sparse-embedding", action="store_true",
+                   help="bert: nn.Embedding(sparse=True) for the tokens (rows on the wire), densified before AdamW")
     p.add_argument("--env", action="store_true",
                    help="one rank of a multi-host job: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment")
     args = p.parse_args()

@@ -4,8 +4,15 @@
 
 namespace gz {
 
+bool reduce_rows(comm::Communicator& group, GradBucket& bucket) {
+  if (!bucket.rows.defined()) return false;
+  allreduce_row_sparse(group, bucket.rows, bucket.divisor, bucket.row_state, bucket.row_sparse);
+  return true;
+}
+
 CommHook allreduce_hook() {
   return [](comm::Communicator& group, GradBucket& bucket) {
+    if (reduce_rows(group, bucket)) return;
     auto& buf = bucket.buffer;
     // Dividing by the world size is the backend's avg: fused into the reduction (one pass over the
     // bucket fewer). Under join() fewer ranks contribute, so divide separately.
@@ -19,6 +26,7 @@ CommHook allreduce_hook() {
 namespace {
 CommHook compress_hook(c10::ScalarType wire) {
   return [wire](comm::Communicator& group, GradBucket& bucket) {
+    if (reduce_rows(group, bucket)) return;
     auto& buf = bucket.buffer;
     if (buf.scalar_type() == wire) return allreduce_hook()(group, bucket);
     if (!bucket.state.defined() || bucket.state.numel() != buf.numel() || bucket.state.scalar_type() != wire)

@@ -36,9 +36,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   ReducerOptions ro;
   ro.first_bucket_bytes = options_.first_bucket_bytes;
   ro.bucket_bytes = options_.bucket_bytes;
+  ro.min_buckets = options_.min_buckets;
   ro.find_unused_parameters = options_.find_unused_parameters;
   ro.gradient_as_bucket_view = options_.gradient_as_bucket_view;
   ro.comm_hook = options_.comm_hook;
+  ro.row_sparse = options_.row_sparse;
   Reducer::NamedParams named;
   for (auto& item : module_->named_parameters()) named.emplace_back(item.key(), item.value());
   reducer_ = Reducer::create(std::move(named), group_, std::move(ro));

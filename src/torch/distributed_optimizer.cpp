@@ -13,6 +13,7 @@
 #include "gz/core/error.h"
 #include "gz/core/log.h"
 #include "gz/torch/process_group.h"
+#include "gz/torch/row_sparse.h"
 #include "gz/torch/tensor_adapter.h"
 
 namespace gz {
@@ -91,6 +92,8 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimiz
   }
   passes_.assign(params_.size(), 0);
   submitted_.assign(params_.size(), 0);
+  row_sparse_.assign(params_.size(), 0);
+  row_state_.resize(params_.size());
   // One fusion buffer for the whole run, big enough for the largest tensor that may pass through
   // it. CPU gradients live contiguous in the arena, so those reduced_in_place() never do and need
   // no room here (for bert-small that is 5 MB of buffer instead of 64 MiB, in /dev/shm on every
@@ -167,7 +170,12 @@ void DistributedOptimizer::on_ready(size_t index) {
     auto& g = params_[index].mutable_grad();
     if (!is_bound_to(g, views_[index])) {
       torch::NoGradGuard no_grad;
-      views_[index].copy_(g);
+      if (g.is_sparse()) {  // nn::Embedding sparse(true) with .grad unset: densified into the slot
+        views_[index].zero_();
+        views_[index].add_(g);
+      } else {
+        views_[index].copy_(g);
+      }
       g = views_[index];
     }
   }
@@ -226,9 +234,11 @@ void DistributedOptimizer::run_cycles() {
       }
       for (size_t i = 0; i < n; ++i) msg[i] = submitted_[i] && !done[i];
     }
-    next_cycle = Clock::now() + options_.cycle_time;
+    const auto cycle_start = Clock::now();
+    next_cycle = cycle_start + options_.cycle_time;
     msg[n] = stall_flag;
     group_->allgather(msg.data(), all.data(), n + 1, DType::u8);
+    if (timeline_) timeline_->span("comm", replay ? "confirm" : "negotiate", cycle_start, Clock::now());
     ++cycles;
     auto everywhere = [&](size_t i) {
       for (int r = 0; r < world; ++r)
@@ -236,13 +246,21 @@ void DistributedOptimizer::run_cycles() {
       return true;
     };
     if (replay) {
-      const auto& next = plan[next_group];
-      if (std::all_of(next.begin(), next.end(), everywhere)) {
-        reduce_fused(next);
+      // One confirmation covers every following group that all ranks hold by now (communication
+      // lagging behind backward, or backward over): they are reduced together, one round trip
+      // and one fused all-reduce instead of one each. Every rank saw the same flags, so all take
+      // the same groups; the schedule keeps them as separate groups.
+      std::vector<size_t> ready;
+      while (next_group < plan.size() &&
+             std::all_of(plan[next_group].begin(), plan[next_group].end(), everywhere)) {
+        const auto& next = plan[next_group++];
+        ready.insert(ready.end(), next.begin(), next.end());
         executed.push_back(next);
-        for (size_t i : next) done[i] = 1;
-        ndone += next.size();
-        ++next_group;
+      }
+      if (!ready.empty()) {
+        reduce_fused(ready);
+        for (size_t i : ready) done[i] = 1;
+        ndone += ready.size();
         last_progress = Clock::now();
         continue;
       }
@@ -309,6 +327,9 @@ void DistributedOptimizer::run_cycles() {
   }
   last_cycles_ = cycles;
   last_replayed_ = replay;
+  // After the first step, before its schedule is recorded: the buckets of the replayed schedule
+  // are sized over the gradients that stay dense.
+  if (!row_sparse_decided_) decide_row_sparse();
   record_schedule(executed);
 }
 
@@ -318,12 +339,18 @@ void DistributedOptimizer::record_schedule(const std::vector<std::vector<size_t>
   // plan is the same on every rank.
   std::vector<std::vector<size_t>> plan;
   if (options_.replay_schedule) {
+    size_t total = 0;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!row_sparse_[i]) total += static_cast<size_t>(params_[i].numel() * params_[i].element_size());
+    const size_t bucket_cap =
+        std::min(options_.replay_bucket_bytes,
+                 std::max(size_t(1) << 20, total / std::max<size_t>(options_.replay_min_buckets, 1)));
     size_t bytes = 0, cap = std::min(options_.replay_bucket_bytes, size_t(1) << 20);
     for (const auto& g : executed) {
       size_t gb = 0;
       for (size_t i : g) gb += static_cast<size_t>(params_[i].numel() * params_[i].element_size());
       if (plan.empty() || bytes + gb > cap) {
-        if (!plan.empty()) cap = options_.replay_bucket_bytes;
+        if (!plan.empty()) cap = bucket_cap;
         plan.emplace_back();
         bytes = 0;
       }
@@ -340,6 +367,22 @@ void DistributedOptimizer::record_schedule(const std::vector<std::vector<size_t>
 }
 
 void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
+  const auto start = Clock::now();
+  const double cpu0 = timeline_ ? Timeline::thread_cpu_us() : 0;
+  struct Record {  // one span per call, recorded however it leaves
+    DistributedOptimizer* self;
+    const std::vector<size_t>& idx;
+    Clock::time_point start;
+    double cpu0;
+    ~Record() {
+      if (!self->timeline_) return;
+      int64_t bytes = 0;
+      for (size_t i : idx) bytes += self->params_[i].numel() * self->params_[i].element_size();
+      self->timeline_->span("comm", "group of " + std::to_string(idx.size()), start, Clock::now(),
+                            "\"bytes\":" + std::to_string(bytes) +
+                                ",\"cpu_us\":" + std::to_string(Timeline::thread_cpu_us() - cpu0));
+    }
+  } record{this, idx, start, cpu0};
   torch::NoGradGuard no_grad;
   const double world = group_->size();
   // Averages `t` (a contiguous tensor of the wire type) in place across the group.
@@ -368,6 +411,11 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
     const auto& g0 = params_[idx[k]].mutable_grad();
     auto gtype = g0.scalar_type();
     auto wtype = wire_type(options_.compression, gtype);
+    if (row_sparse_[idx[k]]) {  // rows on the wire, full precision (they are few)
+      allreduce_row_sparse(*group_, g0, world, row_state_[idx[k]], options_.row_sparse);
+      ++k;
+      continue;
+    }
     if (in_place(g0)) {
       average(g0, gtype);
       ++k;
@@ -381,7 +429,7 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
     size_t start = k;
     while (k < idx.size()) {
       const auto& g = params_[idx[k]].grad();
-      if (g.scalar_type() != gtype || off + g.numel() > cap) break;
+      if (g.scalar_type() != gtype || off + g.numel() > cap || row_sparse_[idx[k]]) break;
       if (k > start && in_place(g)) break;
       buf.narrow(0, off, g.numel()).view(g.sizes()).copy_(g);
       off += g.numel();
@@ -433,6 +481,33 @@ void DistributedOptimizer::synchronize() {
   }
   std::fill(passes_.begin(), passes_.end(), 0);
   if (err) std::rethrow_exception(err);
+}
+
+void DistributedOptimizer::decide_row_sparse() {
+  // On the progress thread at the end of the first step's loop: every gradient is averaged, the
+  // same on every rank; rank 0's choice is broadcast anyway so no rank can take the other path
+  // (the collectives differ). Read by later loops and, after synchronize(), by the user thread.
+  row_sparse_decided_ = true;
+  if (!options_.row_sparse.enabled) return;
+  std::vector<uint8_t> flags(params_.size(), 0);
+  if (group_->rank() == 0)
+    for (size_t i = 0; i < params_.size(); ++i)
+      flags[i] = is_row_sparse_candidate(params_[i].grad(), options_.row_sparse) ? 1 : 0;
+  if (group_->size() > 1) group_->broadcast(flags.data(), flags.size(), DType::u8, 0);
+  row_sparse_ = std::move(flags);
+}
+
+bool DistributedOptimizer::row_sparse(const std::string& name) const {
+  auto it = std::lower_bound(names_.begin(), names_.end(), name);
+  if (it == names_.end() || *it != name)
+    GZ_THROW(InvalidArgument, "DistributedOptimizer: no tensor '", name, "'");
+  return row_sparse_[static_cast<size_t>(it - names_.begin())] != 0;
+}
+
+int64_t DistributedOptimizer::last_rows_exchanged(const std::string& name) const {
+  if (!row_sparse(name)) return -1;
+  auto it = std::lower_bound(names_.begin(), names_.end(), name);
+  return row_state_[static_cast<size_t>(it - names_.begin())].last_rows;
 }
 
 void DistributedOptimizer::step() {

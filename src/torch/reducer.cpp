@@ -11,6 +11,7 @@
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
+#include "gz/torch/row_sparse.h"
 #include "gz/torch/tensor_adapter.h"
 
 namespace gz {
@@ -50,6 +51,7 @@ Reducer::Reducer(NamedParams params, comm::CommPtr group, ReducerOptions options
     params_.push_back(p);
   }
   divisor_ = group_->size();
+  row_sparse_.assign(params_.size(), 0);
   ready_.assign(params_.size(), 0);
   used_ = torch::zeros({static_cast<int64_t>(params_.size())}, torch::kUInt8);
   // Gradients usually become ready in reverse registration order.
@@ -80,13 +82,38 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   std::vector<torch::Tensor> old_views = std::move(views_);
   views_.assign(params_.size(), torch::Tensor());
   // Fill per dtype: each bucket holds one dtype; the first bucket of a dtype is small so
-  // communication starts early in backward.
-  std::map<c10::ScalarType, size_t> open;      // dtype -> open bucket index
+  // communication starts early in backward. A gradient that would overflow the open bucket starts
+  // the next one: no bucket waits for a big late gradient beyond its cap (only a gradient bigger
+  // than the cap makes a bucket bigger, alone). A row-sparse gradient gets a bucket of its own.
+  size_t dense_bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!row_sparse_[i]) dense_bytes += params_[i].numel() * params_[i].element_size();
+  const size_t bucket_cap = std::min(
+      options_.bucket_bytes,
+      std::max(options_.first_bucket_bytes, dense_bytes / std::max<size_t>(options_.min_buckets, 1)));
+  std::map<c10::ScalarType, size_t> open;  // dtype -> open bucket index
   std::map<c10::ScalarType, size_t> open_bytes;
   std::map<c10::ScalarType, bool> first_done;
   for (size_t i : order) {
     auto st = params_[i].scalar_type();
+    const size_t bytes = params_[i].numel() * params_[i].element_size();
+    if (row_sparse_[i]) {
+      // Earlier buckets close first, so buckets still launch in the order gradients become ready.
+      for (auto& [t, b] : open) first_done[t] = true;
+      open.clear();
+      buckets_.emplace_back();
+      buckets_.back().params.push_back(i);
+      bucket_of_[i] = buckets_.size() - 1;
+      continue;
+    }
     auto it = open.find(st);
+    size_t cap = first_done[st] ? bucket_cap : options_.first_bucket_bytes;
+    if (it != open.end() && open_bytes[st] + bytes > cap) {
+      open.erase(it);
+      it = open.end();
+      first_done[st] = true;
+      cap = bucket_cap;
+    }
     if (it == open.end()) {
       buckets_.emplace_back();
       it = open.emplace(st, buckets_.size() - 1).first;
@@ -94,8 +121,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     }
     buckets_[it->second].params.push_back(i);
     bucket_of_[i] = it->second;
-    open_bytes[st] += params_[i].numel() * params_[i].element_size();
-    size_t cap = first_done[st] ? options_.bucket_bytes : options_.first_bucket_bytes;
+    open_bytes[st] += bytes;
     if (open_bytes[st] >= cap) {
       open.erase(st);
       first_done[st] = true;
@@ -119,6 +145,10 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       views_[i] = bk.grad.buffer.narrow(0, off, n).view(params_[i].sizes()).detach();
       off += n;
     }
+    if (row_sparse_[bk.params.front()]) {
+      bk.grad.rows = views_[bk.params.front()];
+      bk.grad.row_sparse = options_.row_sparse;
+    }
   }
   // Gradients that were views of the old buffers move to the new ones.
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -127,6 +157,11 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     views_[i].copy_(g);
     if (options_.gradient_as_bucket_view) g = views_[i];
   }
+}
+
+int64_t Reducer::last_rows_exchanged(size_t i) const {
+  if (!row_sparse_.at(i)) return -1;
+  return buckets_[bucket_of_[i]].grad.row_state.last_rows;
 }
 
 std::vector<std::vector<size_t>> Reducer::bucket_layout() const {
@@ -180,6 +215,7 @@ void Reducer::on_grad_ready(size_t index) {
   if (!sync_enabled_) return;  // no_sync(): keep accumulating locally
   if (!iter_active_) begin_iteration();
   if (ready_[index]) return;
+  if (timeline_) timeline_->instant("ddp", "ready " + names_[index]);
   mark_ready(index, false);
   used_.data_ptr<uint8_t>()[index] = 1;
   launch_ready_buckets();
@@ -193,6 +229,12 @@ void Reducer::mark_ready(size_t index, bool zero) {
   const auto& g = params_[index].grad();
   if (zero || !g.defined()) {
     view.zero_();
+  } else if (g.is_sparse()) {
+    // A sparse gradient (nn::Embedding with sparse(true)) where .grad was unset: densified into the
+    // bucket (AccumulateGrad adds later ones in place once .grad is the bucket view).
+    view.zero_();
+    view.add_(g);
+    if (options_.gradient_as_bucket_view) bind_grad(index);
   } else if (!is_bound_to(g, view)) {
     view.copy_(g);
     if (options_.gradient_as_bucket_view) bind_grad(index);
@@ -209,9 +251,31 @@ void Reducer::launch_ready_buckets() {
     comm::Communicator* g = group_.get();
     CommHook* hook = &options_.comm_hook;
     double* div = &divisor_;
-    bk->work = group_->submit([bk, g, hook, div] {
+    Timeline* tl = timeline_;
+    const auto queued = Clock::now();
+    bk->work = group_->submit([bk, g, hook, div, tl, queued] {
       bk->grad.divisor = *div;
+      if (!tl) return (*hook)(*g, bk->grad);
+      // Queued = submitted to started on the progress thread; cpu = that thread's CPU time in the
+      // hook (far below the span: it waited on the wire or for a core).
+      const auto start = Clock::now();
+      const double cpu0 = Timeline::thread_cpu_us();
       (*hook)(*g, bk->grad);
+      const double cpu = Timeline::thread_cpu_us() - cpu0;
+      const auto us = [](Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
+      const auto& buf = bk->grad.buffer;
+      int64_t wire = buf.numel() * buf.element_size();  // per rank, dense; rows: all ranks' rows
+      std::string rows;
+      if (bk->grad.rows.defined() && bk->grad.row_state.last_rows >= 0) {
+        const int64_t n = bk->grad.row_state.last_rows;
+        wire = n * (wire / std::max<int64_t>(bk->grad.rows.size(0), 1) + 8);
+        rows = ",\"rows\":" + std::to_string(n);
+      }
+      tl->span("comm", "bucket " + std::to_string(bk->grad.index), start, Clock::now(),
+               "\"bytes\":" + std::to_string(buf.numel() * buf.element_size()) + ",\"wire_bytes\":" +
+                   std::to_string(wire) + rows + ",\"params\":" + std::to_string(bk->params.size()) +
+                   ",\"queued_us\":" + std::to_string(us(start - queued)) +
+                   ",\"cpu_us\":" + std::to_string(cpu));
     });
   }
 }
@@ -236,6 +300,7 @@ void Reducer::wait_all_buckets() noexcept {
 }
 
 void Reducer::finalize_backward() {
+  const auto t0 = Clock::now();
   iter_active_ = false;
   announced_ = false;
   std::vector<size_t> missing;
@@ -260,6 +325,7 @@ void Reducer::finalize_backward() {
   }
   std::exception_ptr err;
   for (auto& b : buckets_) settle(b, &err);
+  if (timeline_) timeline_->span("ddp", "wait for buckets", t0, Clock::now());
   if (err) std::rethrow_exception(err);
   torch::NoGradGuard no_grad;
   const uint8_t* ug = used_global.defined() ? used_global.data_ptr<uint8_t>() : nullptr;
@@ -268,7 +334,7 @@ void Reducer::finalize_backward() {
     auto& g = params_[i].mutable_grad();
     if (options_.gradient_as_bucket_view) {
       if (!is_bound_to(g, views_[i])) g = views_[i];
-    } else if (!g.defined()) {
+    } else if (!g.defined() || g.is_sparse()) {
       g = views_[i].clone();
     } else {
       g.copy_(views_[i]);
@@ -278,22 +344,35 @@ void Reducer::finalize_backward() {
 }
 
 void Reducer::rebuild_buckets(int root) {
-  // Rank `root`'s observed order wins so every rank builds the same buckets.
-  std::vector<int64_t> order(params_.size(), -1);
-  std::vector<uint8_t> seen(params_.size(), 0);
+  // Rank `root`'s observed order and row-sparse choice win so every rank builds the same buckets:
+  // [order of the P parameters | P flags], one broadcast. The flags come from the averaged
+  // gradients of this first iteration (the same on every active rank).
+  const size_t np = params_.size();
+  std::vector<int64_t> plan(2 * np, -1);
+  std::vector<uint8_t> seen(np, 0);
   size_t k = 0;
   for (size_t i : ready_order_)
     if (!seen[i]) {
       seen[i] = 1;
-      order[k++] = static_cast<int64_t>(i);
+      plan[k++] = static_cast<int64_t>(i);
     }
-  for (size_t i = params_.size(); i-- > 0;)
-    if (!seen[i]) order[k++] = static_cast<int64_t>(i);
-  if (group_->size() > 1) group_->broadcast(order.data(), order.size(), DType::i64, root);
-  std::vector<size_t> o(order.begin(), order.end());
-  for (auto v : order)
-    if (v < 0 || static_cast<size_t>(v) >= params_.size())
-      GZ_THROW(PeerError, "DistributedDataParallel: rank ", group_->rank(), ": bad bucket order from rank ", root);
+  for (size_t i = np; i-- > 0;)
+    if (!seen[i]) plan[k++] = static_cast<int64_t>(i);
+  if (group_->rank() == root)
+    for (size_t i = 0; i < np; ++i)
+      plan[np + i] = is_row_sparse_candidate(views_[i], options_.row_sparse) ? 1 : 0;
+  if (group_->size() > 1) group_->broadcast(plan.data(), plan.size(), DType::i64, root);
+  std::vector<size_t> o(np);
+  std::vector<uint8_t> used(np, 0);
+  for (size_t j = 0; j < np; ++j) {
+    const int64_t v = plan[j];
+    if (v < 0 || static_cast<size_t>(v) >= np || used[v] || (plan[np + j] != 0 && plan[np + j] != 1))
+      GZ_THROW(PeerError, "DistributedDataParallel: rank ", group_->rank(), ": bad bucket plan from rank ",
+               root);
+    used[v] = 1;
+    o[j] = static_cast<size_t>(v);
+    row_sparse_[j] = static_cast<uint8_t>(plan[np + j]);
+  }
   build_buckets(o);
   rebuilt_ = true;
   ready_order_.clear();

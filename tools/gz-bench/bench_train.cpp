@@ -11,6 +11,7 @@
 #include "gz/core/deadline.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
+#include "gz/core/timeline.h"
 #include "gz/torch/data_parallel.h"
 #include "gz/torch/ddp.h"
 #include "gz/torch/distributed_optimizer.h"
@@ -32,26 +33,34 @@ struct TrainBenchOptions {
   std::string kernels = "fused";
   std::string hook = "allreduce";
   int64_t cycle_us = -1;  // horovod negotiation cycle; -1 = DistributedOptimizerOptions' default
+  bool row_sparse = true;
+  double bucket_mb = -1;  // -1: the library's defaults
+  double first_bucket_mb = -1;
 };
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: gzrun --nproc-per-node N gz-bench train [options]\n"
-               "  --model cnn|bert-small|bert-base (default cnn; bert-base: 12 layers, hidden 768,\n"
-               "                           12 heads, FFN 3072, the bert-small architecture at BERT-base size)\n"
-               "  --mode single|dp|ddp|horovod (default ddp; single and dp run in one process,\n"
-               "                           dp = 2 CPU replicas in threads of one process)\n"
-               "  --batch B                samples per rank (per replica in dp mode), default 32\n"
-               "  --steps S                timed steps (default 50)\n"
-               "  --warmup W               untimed steps first (default 5)\n"
-               "  --threads T              LibTorch intra-op threads per rank (default 1)\n"
-               "  --seq L                  bert sequence length (default 128)\n"
-               "  --backend NAME           communicator backend (default auto)\n"
-               "  --kernels fused|torch    fused: gz::FusedAdamW, fused_dropout, max_pool2d_relu (default);\n"
-               "                           torch: LibTorch's AdamW, dropout, max_pool2d and relu\n"
-               "  --hook allreduce|none    ddp mode; none skips the gradient all-reduce (a diagnostic:\n"
-               "                           what DDP costs apart from communication)\n"
-               "  --cycle-us US            horovod mode: negotiation cycle time (default: the library's)\n");
+  std::fprintf(
+      stderr,
+      "usage: gzrun --nproc-per-node N gz-bench train [options]\n"
+      "  --model cnn|bert-small|bert-base (default cnn; bert-base: 12 layers, hidden 768,\n"
+      "                           12 heads, FFN 3072, the bert-small architecture at BERT-base size)\n"
+      "  --mode single|dp|ddp|horovod (default ddp; single and dp run in one process,\n"
+      "                           dp = 2 CPU replicas in threads of one process)\n"
+      "  --batch B                samples per rank (per replica in dp mode), default 32\n"
+      "  --steps S                timed steps (default 50)\n"
+      "  --warmup W               untimed steps first (default 5)\n"
+      "  --threads T              LibTorch intra-op threads per rank (default 1)\n"
+      "  --seq L                  bert sequence length (default 128)\n"
+      "  --backend NAME           communicator backend (default auto)\n"
+      "  --kernels fused|torch    fused: gz::FusedAdamW, fused_dropout, max_pool2d_relu (default);\n"
+      "                           torch: LibTorch's AdamW, dropout, max_pool2d and relu\n"
+      "  --hook allreduce|none    ddp mode; none skips the gradient all-reduce (a diagnostic:\n"
+      "                           what DDP costs apart from communication)\n"
+      "  --cycle-us US            horovod mode: negotiation cycle time (default: the library's)\n"
+      "  --row-sparse on|off      ddp/horovod: mostly-zero gradient rows (the token embedding's)\n"
+      "                           travel as rows (default on, as in the library)\n"
+      "  --bucket-mb MB           ddp: bucket cap (horovod: replay bucket cap); default the library's\n"
+      "  --first-bucket-mb MB     ddp: first bucket's cap; default the library's\n");
   return 2;
 }
 
@@ -85,6 +94,15 @@ TrainBenchOptions parse(int argc, char** argv) {
       o.hook = next();
     else if (a == "--cycle-us")
       o.cycle_us = gz::parse_int(next(), "--cycle-us");
+    else if (a == "--row-sparse") {
+      auto v = next();
+      if (v != "on" && v != "off")
+        GZ_THROW(gz::InvalidArgument, "gz-bench train: --row-sparse on|off, got ", v);
+      o.row_sparse = v == "on";
+    } else if (a == "--bucket-mb")
+      o.bucket_mb = std::stod(next());
+    else if (a == "--first-bucket-mb")
+      o.first_bucket_mb = std::stod(next());
     else if (a == "--help" || a == "-h")
       std::exit(usage());
     else
@@ -168,6 +186,9 @@ int bench_train(int argc, char** argv) {
   if (o.mode == "ddp") {
     gz::DDPOptions dopt;
     if (o.hook == "none") dopt.comm_hook = [](gz::comm::Communicator&, gz::GradBucket&) {};
+    dopt.row_sparse.enabled = o.row_sparse;
+    if (o.bucket_mb > 0) dopt.bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
+    if (o.first_bucket_mb > 0) dopt.first_bucket_bytes = static_cast<size_t>(o.first_bucket_mb * (1 << 20));
     ddp = std::make_unique<gz::DistributedDataParallel>(model, nullptr, dopt);
   } else if (o.mode == "horovod") {
     gz::broadcast_parameters(*model, 0);
@@ -175,6 +196,8 @@ int bench_train(int argc, char** argv) {
     for (auto& it : model->named_parameters()) named.emplace_back(it.key(), it.value());
     gz::DistributedOptimizerOptions ho;
     if (o.cycle_us >= 0) ho.cycle_time = std::chrono::microseconds(o.cycle_us);
+    ho.row_sparse.enabled = o.row_sparse;
+    if (o.bucket_mb > 0) ho.replay_bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
     hvd = std::make_unique<gz::DistributedOptimizer>(opt, named, ho);
   } else if (o.mode == "dp") {
     dp = std::make_unique<gz::DataParallel>(
@@ -188,7 +211,11 @@ int bench_train(int argc, char** argv) {
         });
   }
 
+  // GZ_TIMELINE=PREFIX: forward, backward and optimizer spans per step next to DDP's and the
+  // Horovod mode's own events (bench/timeline_summary.py reads them).
+  gz::Timeline* tl = gz::Timeline::process();
   auto step = [&] {
+    auto t0 = gz::Clock::now();
     opt->zero_grad();
     torch::Tensor out;
     if (ddp)
@@ -197,12 +224,21 @@ int bench_train(int argc, char** argv) {
       out = dp->forward(x);
     else
       out = model->forward(x);
-    torch::nn::functional::cross_entropy(out, y).backward();
+    auto loss = torch::nn::functional::cross_entropy(out, y);
+    auto t1 = gz::Clock::now();
+    loss.backward();
     if (dp) dp->reduce_gradients();
+    auto t2 = gz::Clock::now();
     if (hvd)
       hvd->step();
     else
       opt->step();
+    if (tl) {
+      auto t3 = gz::Clock::now();
+      tl->span("step", "forward", t0, t1);
+      tl->span("step", "backward", t1, t2);
+      tl->span("step", hvd ? "synchronize+optimizer" : "optimizer", t2, t3);
+    }
   };
   for (int i = 0; i < o.warmup; ++i) step();
   if (distributed) gz::default_group()->barrier();
@@ -214,15 +250,32 @@ int bench_train(int argc, char** argv) {
     gz::default_group()->allreduce(&secs, 1, gz::DType::f64, gz::comm::ReduceOp::max);
   }
   const double samples = static_cast<double>(local_batch) * world * o.steps;
-  int64_t nparams = 0;  // what DDP all-reduces each step, in elements (gradients are dense)
+  int64_t nparams = 0;  // gradient elements per step
   for (const auto& p : model->parameters()) nparams += p.numel();
+  // Bytes the last step reduced: dense_bytes all-reduced, rows_bytes = all ranks' rows (index + row)
+  // of the row-sparse gradients (each rank receives the others' share of it).
+  int64_t dense_bytes = 0, rows_bytes = 0;
+  auto account = [&](const torch::Tensor& p, int64_t rows) {
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    if (rows < 0)
+      dense_bytes += bytes;
+    else
+      rows_bytes += rows * (bytes / std::max<int64_t>(p.size(0), 1) + 8);
+  };
+  if (ddp) {
+    const auto& red = ddp->reducer();
+    for (size_t i = 0; i < red.params().size(); ++i) account(red.params()[i], red.last_rows_exchanged(i));
+  } else if (hvd) {
+    for (auto& it : model->named_parameters()) account(it.value(), hvd->last_rows_exchanged(it.key()));
+  }
   if (rank == 0) {
     std::printf(
         "gz-bench train: model=%s mode=%s ranks=%d replicas=%d batch=%lld threads=%d steps=%d kernels=%s "
-        "hook=%s backend=%s params=%lld\n",
+        "hook=%s backend=%s params=%lld row_sparse=%s dense_bytes=%lld rows_bytes=%lld\n",
         o.model.c_str(), o.mode.c_str(), world, replicas, static_cast<long long>(o.batch), o.threads, o.steps,
         o.kernels.c_str(), o.hook.c_str(), distributed ? gz::default_group()->backend().c_str() : "none",
-        static_cast<long long>(nparams));
+        static_cast<long long>(nparams), o.row_sparse ? "on" : "off", static_cast<long long>(dense_bytes),
+        static_cast<long long>(rows_bytes));
     std::printf("RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f\n", o.model.c_str(),
                 o.mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
     std::fflush(stdout);

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "gz/comm/communicator.h"
+#include "gz/torch/row_sparse.h"
 
 namespace gz {
 
@@ -19,15 +20,27 @@ struct GradBucket {
   /// @brief Scratch the hook owns, kept across steps (e.g. the fp16 copy), so hooks do not allocate
   /// every step.
   torch::Tensor state;
+  /// @brief Defined when the bucket holds one row-sparse gradient (RowSparseOptions: e.g. an
+  /// embedding table's): `buffer` seen in the parameter's shape. The built-in hooks then call
+  /// reduce_rows(); a custom hook may ignore it and reduce `buffer` like any other bucket.
+  torch::Tensor rows;
+  RowSparseOptions row_sparse;
+  RowSparseState row_state;
 };
+
+/// @brief For hooks: bucket.rows averaged across the group with only its non-zero rows on the wire
+/// (allreduce_row_sparse, full precision). Returns false (and does nothing) for a dense bucket.
+bool reduce_rows(comm::Communicator& group, GradBucket& bucket);
 
 /// @brief Reduces one bucket. Runs on the group's progress thread while backward continues; must
 /// leave `buffer` = (sum over ranks) / divisor, and every rank must issue the same collectives.
 using CommHook = std::function<void(comm::Communicator& group, GradBucket& bucket)>;
 
-/// @brief Default: all-reduce (sum) in the gradients' dtype, then divide.
+/// @brief Default: all-reduce (sum) in the gradients' dtype, then divide; row-sparse buckets
+/// through reduce_rows().
 CommHook allreduce_hook();
 /// @brief Divide, cast to float16, all-reduce in float16, cast back (half the bytes on the wire).
+/// Row-sparse buckets go through reduce_rows() uncompressed (their rows are few).
 CommHook fp16_compress_hook();
 /// @brief Like fp16_compress_hook with bfloat16 (wider range, fewer mantissa bits).
 CommHook bf16_compress_hook();

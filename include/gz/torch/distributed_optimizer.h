@@ -16,6 +16,8 @@
 
 #include "gz/comm/communicator.h"
 #include "gz/core/deadline.h"
+#include "gz/core/timeline.h"
+#include "gz/torch/row_sparse.h"
 
 namespace torch::autograd {
 struct Node;
@@ -53,6 +55,13 @@ struct DistributedOptimizerOptions {
   /// @brief Replayed groups are merged, in order, into buckets of up to this many bytes (the first
   /// up to 1 MiB, so communication starts early in backward), as DDP's bucket_cap.
   size_t replay_bucket_bytes = size_t(25) << 20;
+  /// @brief The replay cap shrinks (not below 1 MiB) until the gradients fill at least this many
+  /// buckets, as DDPOptions::min_buckets.
+  size_t replay_min_buckets = 8;
+  /// @brief Gradients whose rows are mostly zero (embedding tables) travel as their non-zero rows
+  /// from the second step on (decided by rank 0 after the first); the wrapped optimizer still sees
+  /// dense averaged gradients. As DDPOptions::row_sparse.
+  RowSparseOptions row_sparse;
 };
 
 /// @brief Averages gradients across a group as backward produces them, then steps the optimizer.
@@ -87,6 +96,10 @@ class DistributedOptimizer {
   int last_cycles() const { return last_cycles_; }
   /// @brief Whether the last synchronised step ran entirely from the replayed schedule.
   bool last_step_replayed() const { return last_replayed_; }
+  /// @brief Whether tensor `name`'s gradient travels as rows (false before the first step ends).
+  bool row_sparse(const std::string& name) const;
+  /// @brief Rows all ranks exchanged for `name` in the last step; -1 when dense or not row-sparse.
+  int64_t last_rows_exchanged(const std::string& name) const;
 
  private:
   class Hook;
@@ -95,6 +108,7 @@ class DistributedOptimizer {
   void run_cycles();
   void reduce_fused(const std::vector<size_t>& idx);
   void record_schedule(const std::vector<std::vector<size_t>>& executed);
+  void decide_row_sparse();
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   comm::CommPtr group_;
@@ -123,6 +137,10 @@ class DistributedOptimizer {
   comm::WorkPtr loop_;
   int last_cycles_ = 0;
   bool last_replayed_ = false;
+  bool row_sparse_decided_ = false;
+  std::vector<uint8_t> row_sparse_;           // per tensor (name order): rows on the wire
+  std::vector<RowSparseState> row_state_;     // used on the progress thread only
+  Timeline* timeline_ = Timeline::process();  // GZ_TIMELINE: per-step events, else null
 };
 
 /// @brief Broadcast parameters (in place) from root; every rank passes the same names in the same order.

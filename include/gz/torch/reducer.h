@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gz/comm/communicator.h"
+#include "gz/core/timeline.h"
 #include "gz/torch/comm_hooks.h"
 
 namespace torch::autograd {
@@ -23,9 +24,11 @@ namespace gz {
 struct ReducerOptions {
   size_t first_bucket_bytes = size_t(1) << 20;
   size_t bucket_bytes = size_t(25) << 20;
+  size_t min_buckets = 8;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = true;
   CommHook comm_hook;  ///< empty = allreduce_hook()
+  RowSparseOptions row_sparse;
 };
 
 /// @brief Averages gradients of a set of parameters across a group during backward.
@@ -66,6 +69,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   /// @brief Parameter indices of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_layout() const;
+  /// @brief Whether parameter i's gradient travels as rows (decided when buckets are rebuilt).
+  bool row_sparse(size_t i) const { return row_sparse_.at(i) != 0; }
+  /// @brief Rows all ranks exchanged for parameter i in the last step; -1 when it went dense or is
+  /// not row-sparse.
+  int64_t last_rows_exchanged(size_t i) const;
   /// @brief How many times buckets were rebuilt (0 before the first synchronised iteration ends).
   int num_rebuilds() const { return num_rebuilds_; }
   const std::vector<std::string>& param_names() const { return names_; }
@@ -103,6 +111,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
+  std::vector<uint8_t> row_sparse_;   // per parameter: its own bucket, rows on the wire
   std::vector<torch::Tensor> views_;  // per parameter: its slice of the bucket buffer, param-shaped
 
   bool sync_enabled_ = true;
@@ -118,6 +127,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   int active_root_ = 0;
   int last_active_root_ = -1;
   double divisor_ = 1;  // read by bucket jobs on the progress thread, written before they are issued
+  Timeline* timeline_ = Timeline::process();  // GZ_TIMELINE: per-step events, else null
 };
 
 }  // namespace gz
