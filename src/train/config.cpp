@@ -132,6 +132,13 @@ std::vector<Field> fields(TrainConfig& c) {
       {"mixed_precision", Kind::String, &c.mixed_precision, one_of(&c.mixed_precision, {"no", "bf16", "fp16"})},
       {"finetune", Kind::String, &c.finetune, none},
       {"resume_from_checkpoint", Kind::String, &c.resume_from_checkpoint, none},
+      {"zero_stage", Kind::Int, &c.zero_stage, [&c] {
+         if (c.zero_stage < 0 || c.zero_stage > 2) return detail::concat("must be 0, 1 or 2, got ", c.zero_stage);
+         if (c.zero_stage > 0 && c.mode != "ddp") return detail::concat("needs mode: ddp, got mode '", c.mode, "'");
+         if (c.zero_stage > 0 && c.mixed_precision == "fp16")
+           return std::string("does not work with mixed_precision fp16 (GradScaler); use bf16");
+         return std::string();
+       }},
   };
 }
 

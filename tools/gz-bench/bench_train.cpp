@@ -16,7 +16,9 @@
 #include "gz/torch/distributed_optimizer.h"
 #include "gz/torch/fused_adamw.h"
 #include "gz/torch/process_group.h"
+#include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/models/model.h"
+#include "bench_memory.h"
 
 namespace {
 
@@ -32,6 +34,8 @@ struct TrainBenchOptions {
   std::string kernels = "fused";
   std::string hook = "allreduce";
   int64_t cycle_us = -1;  // horovod negotiation cycle; -1 = DistributedOptimizerOptions' default
+  int zero = 0;           // ddp mode: ZeRO stage (0 = plain DDP)
+  bool memory = false;    // print what gradients, optimizer state and the process hold
 };
 
 int usage() {
@@ -51,7 +55,10 @@ int usage() {
                "                           torch: LibTorch's AdamW, dropout, max_pool2d and relu\n"
                "  --hook allreduce|none    ddp mode; none skips the gradient all-reduce (a diagnostic:\n"
                "                           what DDP costs apart from communication)\n"
-               "  --cycle-us US            horovod mode: negotiation cycle time (default: the library's)\n");
+               "  --cycle-us US            horovod mode: negotiation cycle time (default: the library's)\n"
+               "  --zero 0|1|2             ddp mode: ZeRO stage (1: optimizer state sharded, 2: gradients too)\n"
+               "  --memory                 print MEMORY lines: optimizer state and gradient bytes per rank\n"
+               "                           (tensors), RSS, anonymous and shared memory growth, peak RSS\n");
   return 2;
 }
 
@@ -85,6 +92,10 @@ TrainBenchOptions parse(int argc, char** argv) {
       o.hook = next();
     else if (a == "--cycle-us")
       o.cycle_us = gz::parse_int(next(), "--cycle-us");
+    else if (a == "--zero")
+      o.zero = static_cast<int>(gz::parse_int(next(), "--zero"));
+    else if (a == "--memory")
+      o.memory = true;
     else if (a == "--help" || a == "-h")
       std::exit(usage());
     else
@@ -98,6 +109,7 @@ TrainBenchOptions parse(int argc, char** argv) {
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --kernels must be fused or torch, got ", o.kernels);
   if (o.hook != "allreduce" && o.hook != "none")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --hook must be allreduce or none, got ", o.hook);
+  GZ_CHECK_ARG(o.zero >= 0 && o.zero <= 2 && (o.zero == 0 || o.mode == "ddp"), "--zero 0|1|2 (ddp mode only)");
   GZ_CHECK_ARG(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.threads > 0 && o.seq > 0,
                "batch/steps/threads");
   return o;
@@ -162,13 +174,21 @@ int bench_train(int argc, char** argv) {
     y = torch::randint(0, 2, {local_batch}, torch::kLong);
   }
 
+  const auto mem_base = gz::bench::read_proc_memory();  // model, optimizer and data exist; no state yet
   std::unique_ptr<gz::DistributedDataParallel> ddp;
+  std::shared_ptr<gz::ZeroRedundancyOptimizer> zero;
   std::unique_ptr<gz::DistributedOptimizer> hvd;
   std::unique_ptr<gz::DataParallel> dp;
   if (o.mode == "ddp") {
     gz::DDPOptions dopt;
     if (o.hook == "none") dopt.comm_hook = [](gz::comm::Communicator&, gz::GradBucket&) {};
     ddp = std::make_unique<gz::DistributedDataParallel>(model, nullptr, dopt);
+    if (o.zero > 0) {
+      gz::ZeroOptions zo;
+      zo.stage = o.zero;
+      zero = std::make_shared<gz::ZeroRedundancyOptimizer>(*ddp, opt, zo);
+      opt = zero;
+    }
   } else if (o.mode == "horovod") {
     gz::broadcast_parameters(*model, 0);
     gz::NamedParameters named;
@@ -206,12 +226,20 @@ int bench_train(int argc, char** argv) {
   };
   for (int i = 0; i < o.warmup; ++i) step();
   if (distributed) gz::default_group()->barrier();
+  if (o.memory) gz::bench::reset_peak_rss();
   gz::Stopwatch sw;
   for (int i = 0; i < o.steps; ++i) step();
   double secs = sw.seconds();
   if (distributed) {
     // The slowest rank sets the pace.
     gz::default_group()->allreduce(&secs, 1, gz::DType::f64, gz::comm::ReduceOp::max);
+  }
+  if (o.memory && distributed) {
+    // After the last step, as the next one would find them: DDP's gradients stay in their buckets
+    // (zero_grad() zeroes them), ZeRO stage 2 holds only its gradient blocks.
+    const auto grads = gz::bench::gradient_bytes(*model, zero ? zero->local_gradients() : std::vector<torch::Tensor>{});
+    gz::bench::report_memory(*gz::default_group(), o.zero ? "zero" + std::to_string(o.zero) : "ddp",
+                             gz::optimizer_state_bytes(*opt), grads, mem_base);
   }
   const double samples = static_cast<double>(local_batch) * world * o.steps;
   int64_t nparams = 0;  // what DDP all-reduces each step, in elements (gradients are dense)
@@ -223,10 +251,13 @@ int bench_train(int argc, char** argv) {
         o.model.c_str(), o.mode.c_str(), world, replicas, static_cast<long long>(o.batch), o.threads, o.steps,
         o.kernels.c_str(), o.hook.c_str(), distributed ? gz::default_group()->backend().c_str() : "none",
         static_cast<long long>(nparams));
+    const std::string mode = o.zero ? o.mode + "_zero" + std::to_string(o.zero) : o.mode;
     std::printf("RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f\n", o.model.c_str(),
-                o.mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
+                mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
     std::fflush(stdout);
   }
+  opt.reset();
+  zero.reset();
   ddp.reset();
   hvd.reset();
   if (distributed) gz::shutdown();

@@ -71,6 +71,9 @@ struct TrainConfig {
   std::string mixed_precision = "no";  ///< no, bf16, fp16 (fp16 needs CUDA)
   std::string finetune;  ///< initial weights (a checkpoint dir/file or model file)
   std::string resume_from_checkpoint;  ///< path, or "auto" = latest in work_dir
+  // ZeRO (mode ddp): 0 = plain DDP; 1 = optimizer state sharded over the ranks (each keeps 1/world
+  // of it); 2 = gradients sharded too. Same results as 0; checkpoints stay unsharded.
+  int64_t zero_stage = 0;
 };
 
 /// @brief Parse a YAML file (may be empty) then apply `--key value` / `--key=value` flags.
