@@ -126,7 +126,10 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp, s
     im.views.resize(im.params.size());
     for (auto& b : im.buckets) {
       auto& p0 = im.params[b.params.front()];
-      auto flat = torch::zeros({b.padded(im.world)}, p0.options().requires_grad(false));
+      // Memory the group gathers into without staging copies (shm: peers copy straight out of it).
+      const auto fo = p0.options().requires_grad(false);
+      auto flat = p0.is_cpu() ? alloc_buffer_tensor(*im.group, b.padded(im.world), fo)
+                              : torch::zeros({b.padded(im.world)}, fo);
       for (size_t j = 0; j < b.params.size(); ++j) {
         auto& p = im.params[b.params[j]];
         auto view = flat.narrow(0, b.offsets[j], b.numels[j]).view(p.sizes());
