@@ -117,14 +117,17 @@ void Reducer::allocate_buckets(const std::vector<std::vector<size_t>>& layout) {
       total += params_[i].numel();
     }
     // Padded (BucketPlan): at least one block, so even an empty bucket splits over the ranks.
-    bk.numel = pad_multiple_ == 1 ? total : std::max<int64_t>(1, (total + pad_multiple_ - 1) / pad_multiple_) * pad_multiple_;
+    bk.numel = pad_multiple_ == 1
+                   ? total
+                   : std::max<int64_t>(1, (total + pad_multiple_ - 1) / pad_multiple_) * pad_multiple_;
     bk.grad.index = b;
     if (transient_) continue;  // memory comes with the bucket's first gradient (mark_ready)
     const auto& p0 = params_[bk.params.front()];
     // CPU buckets live in memory the group reduces in place without staging copies (the shm backend
     // maps every rank's bucket into every rank). Collective: every rank builds the same buckets.
     auto opts = p0.options().requires_grad(false);
-    bk.grad.buffer = p0.is_cpu() ? alloc_buffer_tensor(*group_, bk.numel, opts) : torch::zeros({bk.numel}, opts);
+    bk.grad.buffer =
+        p0.is_cpu() ? alloc_buffer_tensor(*group_, bk.numel, opts) : torch::zeros({bk.numel}, opts);
     for (size_t i : bk.params) {
       // detach(): a plain tensor sharing the bucket's memory, not an autograd view, so
       // optimizer.zero_grad() may detach_() it.
@@ -345,7 +348,8 @@ void Reducer::join_and_shadow(const std::vector<torch::Tensor>& buffers) {
         s.finish();
       }
     for (auto& bk : buckets_) {
-      if (transient_) bk.grad.buffer = torch::zeros({bk.numel}, params_[bk.params.front()].options().requires_grad(false));
+      if (transient_)
+        bk.grad.buffer = torch::zeros({bk.numel}, params_[bk.params.front()].options().requires_grad(false));
       bk.grad.buffer.zero_();
       bk.grad.divisor = 1;
       options_.comm_hook(*group_, bk.grad);

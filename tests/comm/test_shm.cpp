@@ -356,13 +356,14 @@ TEST_P(ShmWorld, AllocBufferReduceScatterAndAllgather) {
           std::memcpy(send, ins[rank].data(), n * world * es);
           Buf out(n * es + 1);
           c->reduce_scatter(send, out.data(), n, t, op);
-          expect_bytes(out.data(), want.data(), n * es, ctx("reduce_scatter of alloc_buffer memory", world, rank, t, n,
-                                                            reduce_op_name(op)));
+          expect_bytes(out.data(), want.data(), n * es,
+                       ctx("reduce_scatter of alloc_buffer memory", world, rank, t, n, reduce_op_name(op)));
           for (size_t i = 0; i < n * world * es; ++i)
             ASSERT_EQ(send[i], ins[rank][i]) << "the input changed at byte " << i;
           // In place: the result lands in this rank's block of its own input.
           c->reduce_scatter(send, send + rank * n * es, n, t, op);
-          expect_bytes(send + rank * n * es, want.data(), n * es, ctx("reduce_scatter in place", world, rank, t, n));
+          expect_bytes(send + rank * n * es, want.data(), n * es,
+                       ctx("reduce_scatter in place", world, rank, t, n));
           // All-gather into the block (the next op's input is the gathered output), in place.
           c->allgather(send + rank * n * es, send, n, t);
           for (int q = 0; q < world; ++q) {
@@ -370,16 +371,20 @@ TEST_P(ShmWorld, AllocBufferReduceScatterAndAllgather) {
             for (int k = 0; k < world; ++k) qp.push_back(ins[k].data() + q * n * es);
             Buf wq(n * es + 1);
             reference(t, qp, wq.data(), n, op);
-            expect_bytes(send + q * n * es, wq.data(), n * es, ctx("allgather of alloc_buffer memory", world, rank, t, n));
+            expect_bytes(send + q * n * es, wq.data(), n * es,
+                         ctx("allgather of alloc_buffer memory", world, rank, t, n));
           }
-          for (size_t i = 0; i < skip * es; ++i) ASSERT_EQ(base[i], 0xA5) << "byte " << i << " before the range";
-          for (size_t i = (skip + n * world) * es; i < bytes; ++i) ASSERT_EQ(base[i], 0xA5) << "byte " << i << " after";
+          for (size_t i = 0; i < skip * es; ++i)
+            ASSERT_EQ(base[i], 0xA5) << "byte " << i << " before the range";
+          for (size_t i = (skip + n * world) * es; i < bytes; ++i)
+            ASSERT_EQ(base[i], 0xA5) << "byte " << i << " after";
           // Out of place: from ordinary memory into the block.
           Buf mine = make_input(t, rank, n, ReduceOp::sum, 5);
           c->allgather(mine.data(), send, n, t);
           for (int q = 0; q < world; ++q) {
             Buf b = make_input(t, q, n, ReduceOp::sum, 5);
-            expect_bytes(send + q * n * es, b.data(), n * es, ctx("allgather out of place", world, rank, t, n));
+            expect_bytes(send + q * n * es, b.data(), n * es,
+                         ctx("allgather out of place", world, rank, t, n));
           }
           c->barrier();  // nobody refills before everyone has checked
         }

@@ -26,10 +26,14 @@ constexpr int64_t kB = 4;  // rows per rank per step at the reference world size
 enum class Kind { sgd, adamw, fused, adamw_groups };
 const char* name_of(Kind k) {
   switch (k) {
-    case Kind::sgd: return "sgd";
-    case Kind::adamw: return "adamw";
-    case Kind::fused: return "fused";
-    default: return "adamw_groups";
+    case Kind::sgd:
+      return "sgd";
+    case Kind::adamw:
+      return "adamw";
+    case Kind::fused:
+      return "fused";
+    default:
+      return "adamw_groups";
   }
 }
 
@@ -38,13 +42,17 @@ std::shared_ptr<torch::optim::Optimizer> make_opt(Mlp& m, Kind k) {
   switch (k) {
     case Kind::sgd:
       return std::make_shared<o::SGD>(m->parameters(), o::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
-    case Kind::adamw: return std::make_shared<o::AdamW>(m->parameters(), o::AdamWOptions(1e-2).weight_decay(0.1));
-    case Kind::fused: return std::make_shared<FusedAdamW>(m->parameters(), o::AdamWOptions(1e-2).weight_decay(0.1));
+    case Kind::adamw:
+      return std::make_shared<o::AdamW>(m->parameters(), o::AdamWOptions(1e-2).weight_decay(0.1));
+    case Kind::fused:
+      return std::make_shared<FusedAdamW>(m->parameters(), o::AdamWOptions(1e-2).weight_decay(0.1));
     default: {
       // Two groups with different options: buckets must not mix them.
       std::vector<o::OptimizerParamGroup> groups;
-      groups.emplace_back(m->l1->parameters(), std::make_unique<o::AdamWOptions>(o::AdamWOptions(1e-2).weight_decay(0.1)));
-      groups.emplace_back(m->l2->parameters(), std::make_unique<o::AdamWOptions>(o::AdamWOptions(3e-3).weight_decay(0)));
+      groups.emplace_back(m->l1->parameters(),
+                          std::make_unique<o::AdamWOptions>(o::AdamWOptions(1e-2).weight_decay(0.1)));
+      groups.emplace_back(m->l2->parameters(),
+                          std::make_unique<o::AdamWOptions>(o::AdamWOptions(3e-3).weight_decay(0)));
       return std::make_shared<o::AdamW>(groups, o::AdamWOptions(1e-3));
     }
   }
@@ -81,8 +89,8 @@ double max_rel(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
   return worst;
 }
 
-void train_step(DistributedDataParallel& ddp, Mlp& m, torch::optim::Optimizer& opt, const Data& d, int s, int r,
-                int64_t rows, double clip = 0, ZeroRedundancyOptimizer* zero = nullptr) {
+void train_step(DistributedDataParallel& ddp, Mlp& m, torch::optim::Optimizer& opt, const Data& d, int s,
+                int r, int64_t rows, double clip = 0, ZeroRedundancyOptimizer* zero = nullptr) {
   opt.zero_grad();
   auto out = ddp.forward([&] { return m->forward(shard(d.x[s], r, rows)); });
   torch::mse_loss(out, shard(d.y[s], r, rows)).backward();
@@ -124,7 +132,8 @@ std::vector<torch::Tensor> run_zero(int world, int stage, Kind k, const Data& d,
     opt.synchronize();
     out[r] = snapshot(*m);
   });
-  for (int r = 1; r < world; ++r) EXPECT_EQ(max_rel(out[r], out[0]), 0) << "rank " << r << " differs from rank 0";
+  for (int r = 1; r < world; ++r)
+    EXPECT_EQ(max_rel(out[r], out[0]), 0) << "rank " << r << " differs from rank 0";
   return out[0];
 }
 
@@ -154,12 +163,14 @@ TEST(Zero, ParamGroupsAndClippingEqualPlainDdp) {
   const int world = 3, steps = 5;
   auto d = make_data(steps, world * kB);
   for (int stage : {1, 2}) {
-    EXPECT_LE(max_rel(run_zero(world, stage, Kind::adamw_groups, d, steps), run_ddp(world, Kind::adamw_groups, d, steps)),
+    EXPECT_LE(max_rel(run_zero(world, stage, Kind::adamw_groups, d, steps),
+                      run_ddp(world, Kind::adamw_groups, d, steps)),
               1e-6)
         << "stage " << stage;
     // A small max norm so that clipping scales every step.
-    EXPECT_LE(max_rel(run_zero(world, stage, Kind::sgd, d, steps, 0.05), run_ddp(world, Kind::sgd, d, steps, 0.05)),
-              1e-5)
+    EXPECT_LE(
+        max_rel(run_zero(world, stage, Kind::sgd, d, steps, 0.05), run_ddp(world, Kind::sgd, d, steps, 0.05)),
+        1e-5)
         << "stage " << stage << " with clipping";
   }
 }
@@ -208,7 +219,8 @@ TEST(Zero, Stage2KeepsOnlyTheOwnedGradientBlock) {
     ZeroRedundancyOptimizer opt(ddp, make_opt(m, Kind::adamw), zero_opts(2));
     for (int s = 0; s < 2; ++s) {
       opt.zero_grad();
-      torch::mse_loss(ddp.forward([&] { return m->forward(shard(d.x[s], r, kB)); }), shard(d.y[s], r, kB)).backward();
+      torch::mse_loss(ddp.forward([&] { return m->forward(shard(d.x[s], r, kB)); }), shard(d.y[s], r, kB))
+          .backward();
       for (auto& p : m->parameters()) EXPECT_FALSE(p.grad().defined()) << "a whole gradient is still held";
       auto& red = ddp.reducer();
       for (size_t b = 0; b < red.bucket_layout().size(); ++b)
@@ -303,8 +315,8 @@ TEST(Zero, ResumesOnAnotherWorldSize) {
   const int first = 3, more = 3, steps = first + more;
   const int64_t global = 4 * kB;
   auto d = make_data(steps, global);
-  auto run = [&](int world, int stage, int from, int to, const std::string& model_in, const std::string& opt_in,
-                 std::string* model_out, std::string* opt_out) {
+  auto run = [&](int world, int stage, int from, int to, const std::string& model_in,
+                 const std::string& opt_in, std::string* model_out, std::string* opt_out) {
     auto models = make_mlps(world);
     std::vector<torch::Tensor> result;
     run_ranks(world, [&](int r, std::shared_ptr<Store> store) {

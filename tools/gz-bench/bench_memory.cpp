@@ -47,12 +47,16 @@ int64_t gradient_bytes(const torch::nn::Module& module, const std::vector<torch:
   return bytes;
 }
 
-void report_memory(comm::Communicator& group, const std::string& label, int64_t state_bytes, int64_t grad_bytes,
-                   const ProcMemory& base) {
+void report_memory(comm::Communicator& group, const std::string& label, int64_t state_bytes,
+                   int64_t grad_bytes, const ProcMemory& base) {
   const ProcMemory now = read_proc_memory();
   constexpr int kN = 7;
-  std::vector<double> mine{static_cast<double>(state_bytes) / (1 << 20), static_cast<double>(grad_bytes) / (1 << 20),
-                           now.rss - base.rss, now.anon - base.anon, now.shmem - base.shmem, now.peak - base.rss,
+  std::vector<double> mine{static_cast<double>(state_bytes) / (1 << 20),
+                           static_cast<double>(grad_bytes) / (1 << 20),
+                           now.rss - base.rss,
+                           now.anon - base.anon,
+                           now.shmem - base.shmem,
+                           now.peak - base.rss,
                            now.rss};
   std::vector<double> all(static_cast<size_t>(kN) * group.size());
   group.allgather(mine.data(), all.data(), kN, DType::f64);
@@ -61,7 +65,8 @@ void report_memory(comm::Communicator& group, const std::string& label, int64_t 
   for (int r = 0; r < group.size(); ++r) {
     const double* v = &all[static_cast<size_t>(r) * kN];
     std::printf(
-        "MEMORY %s rank=%d state_mb=%.2f grad_mb=%.2f state_grad_mb=%.2f rss_delta_mb=%.1f anon_delta_mb=%.1f "
+        "MEMORY %s rank=%d state_mb=%.2f grad_mb=%.2f state_grad_mb=%.2f rss_delta_mb=%.1f "
+        "anon_delta_mb=%.1f "
         "shmem_delta_mb=%.1f peak_delta_mb=%.1f rss_mb=%.1f\n",
         label.c_str(), r, v[0], v[1], v[0] + v[1], v[2], v[3], v[4], v[5], v[6]);
     for (int i = 0; i < kN; ++i) mean[i] += v[i] / group.size();

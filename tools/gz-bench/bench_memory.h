@@ -28,7 +28,7 @@ int64_t gradient_bytes(const torch::nn::Module& module, const std::vector<torch:
 /// @brief Rank 0 prints one "MEMORY rank=..." line per rank and a "MEMORY_MEAN ..." line:
 /// optimizer state and gradient bytes (tensors), RSS now minus `base`, its anonymous and
 /// shared-memory parts, and the peak RSS since reset_peak_rss() minus `base`. Collective.
-void report_memory(comm::Communicator& group, const std::string& label, int64_t state_bytes, int64_t grad_bytes,
-                   const ProcMemory& base);
+void report_memory(comm::Communicator& group, const std::string& label, int64_t state_bytes,
+                   int64_t grad_bytes, const ProcMemory& base);
 
 }  // namespace gz::bench

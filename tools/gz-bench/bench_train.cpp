@@ -237,7 +237,9 @@ int bench_train(int argc, char** argv) {
   if (o.memory && distributed) {
     // After the last step, as the next one would find them: DDP's gradients stay in their buckets
     // (zero_grad() zeroes them), ZeRO stage 2 holds only its gradient blocks.
-    const auto grads = gz::bench::gradient_bytes(*model, zero ? zero->local_gradients() : std::vector<torch::Tensor>{});
+    std::vector<torch::Tensor> blocks;  // ZeRO's gradient blocks
+    if (zero) blocks = zero->local_gradients();
+    const auto grads = gz::bench::gradient_bytes(*model, blocks);
     gz::bench::report_memory(*gz::default_group(), o.zero ? "zero" + std::to_string(o.zero) : "ddp",
                              gz::optimizer_state_bytes(*opt), grads, mem_base);
   }

@@ -69,8 +69,8 @@ void ShmCommunicator::do_allgatherv(const void* send_v, void* recv_v, const std:
   });
 }
 
-void ShmCommunicator::allgather_shared(const Shared& b, size_t offset, const char* send, char* recv, size_t count,
-                                       DType dtype, OpCtx& ctx) {
+void ShmCommunicator::allgather_shared(const Shared& b, size_t offset, const char* send, char* recv,
+                                       size_t count, DType dtype, OpCtx& ctx) {
   const size_t bytes = count * dtype_size(dtype);
   char* own = recv + size_t(rank_) * bytes;
   if (own != send) std::memmove(own, send, bytes);

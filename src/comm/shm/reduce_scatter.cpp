@@ -40,8 +40,8 @@ void ShmCommunicator::do_reduce_scatter(const void* send_v, void* recv_v, size_t
   });
 }
 
-void ShmCommunicator::reduce_scatter_shared(const Shared& b, size_t offset, char* recv, size_t rc, DType dtype,
-                                            ReduceOp op, OpCtx& ctx) {
+void ShmCommunicator::reduce_scatter_shared(const Shared& b, size_t offset, char* recv, size_t rc,
+                                            DType dtype, ReduceOp op, OpCtx& ctx) {
   const size_t es = dtype_size(dtype);
   step(ctx);  // every rank's input is complete, and the descriptors agree
   // One pass: read block `rank` of every input, write it once. recv may be this rank's own block
@@ -57,7 +57,8 @@ void ShmCommunicator::reduce_scatter_shared(const Shared& b, size_t offset, char
 }
 
 std::shared_ptr<ShmCommunicator::Shared> ShmCommunicator::zero_copy_block(const void* p, size_t bytes,
-                                                                          size_t* offset, uint64_t* tag) const {
+                                                                          size_t* offset,
+                                                                          uint64_t* tag) const {
   *tag = 0;
   const bool small = bytes <= small_bytes_ && bytes <= layout_.slot_bytes;
   if (size_ == 1 || small || bytes >= (size_t(1) << 40)) return nullptr;

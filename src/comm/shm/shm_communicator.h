@@ -110,8 +110,8 @@ class ShmCommunicator : public Communicator {
   void reduce_scatter_shared(const Shared& b, size_t offset, char* recv, size_t rc, DType dtype, ReduceOp op,
                              OpCtx& ctx);
   /// Zero copy: each rank copies the peers' pieces straight out of their alloc_buffer outputs (recv).
-  void allgather_shared(const Shared& b, size_t offset, const char* send, char* recv, size_t count, DType dtype,
-                        OpCtx& ctx);
+  void allgather_shared(const Shared& b, size_t offset, const char* send, char* recv, size_t count,
+                        DType dtype, OpCtx& ctx);
   /// The alloc_buffer block for a zero-copy op on [p, p + bytes), or null (small ops, one rank,
   /// ordinary memory); *tag = what the op descriptor carries so ranks that disagree fail.
   std::shared_ptr<Shared> zero_copy_block(const void* p, size_t bytes, size_t* offset, uint64_t* tag) const;

@@ -18,16 +18,22 @@ StateFields state_fields(torch::optim::OptimizerParamState& state) {
   if (auto* s = dynamic_cast<o::SGDParamState*>(&state)) {
     f.tensors = {{"momentum_buffer", &s->momentum_buffer()}};
   } else if (auto* s = dynamic_cast<o::AdamParamState*>(&state)) {
-    f.tensors = {{"exp_avg", &s->exp_avg()}, {"exp_avg_sq", &s->exp_avg_sq()}, {"max_exp_avg_sq", &s->max_exp_avg_sq()}};
+    f.tensors = {{"exp_avg", &s->exp_avg()},
+                 {"exp_avg_sq", &s->exp_avg_sq()},
+                 {"max_exp_avg_sq", &s->max_exp_avg_sq()}};
     f.step = &s->step();
   } else if (auto* s = dynamic_cast<o::AdamWParamState*>(&state)) {
-    f.tensors = {{"exp_avg", &s->exp_avg()}, {"exp_avg_sq", &s->exp_avg_sq()}, {"max_exp_avg_sq", &s->max_exp_avg_sq()}};
+    f.tensors = {{"exp_avg", &s->exp_avg()},
+                 {"exp_avg_sq", &s->exp_avg_sq()},
+                 {"max_exp_avg_sq", &s->max_exp_avg_sq()}};
     f.step = &s->step();
   } else if (auto* s = dynamic_cast<o::AdagradParamState*>(&state)) {
     f.tensors = {{"sum", &s->sum()}};
     f.step = &s->step();
   } else if (auto* s = dynamic_cast<o::RMSpropParamState*>(&state)) {
-    f.tensors = {{"square_avg", &s->square_avg()}, {"momentum_buffer", &s->momentum_buffer()}, {"grad_avg", &s->grad_avg()}};
+    f.tensors = {{"square_avg", &s->square_avg()},
+                 {"momentum_buffer", &s->momentum_buffer()},
+                 {"grad_avg", &s->grad_avg()}};
     f.step = &s->step();
   } else {
     GZ_THROW(InvalidArgument, "ZeroRedundancyOptimizer: optimizer state of type ", typeid(state).name(),

@@ -83,9 +83,9 @@ void ZeroRedundancyOptimizer::Impl::shard_state_from_model_params() {
         const torch::Tensor& src = *zero::state_fields(*per[j]).tensors[t].second;
         if (!src.defined()) continue;
         if (src.numel() != b.numels[j])
-          GZ_THROW(InvalidArgument, "ZeroRedundancyOptimizer: state '", fields.tensors[t].first, "' of parameter '",
-                   reducer->param_names()[b.params[j]], "' has ", src.numel(), " elements, the parameter ",
-                   b.numels[j]);
+          GZ_THROW(InvalidArgument, "ZeroRedundancyOptimizer: state '", fields.tensors[t].first,
+                   "' of parameter '", reducer->param_names()[b.params[j]], "' has ", src.numel(),
+                   " elements, the parameter ", b.numels[j]);
         const auto [first, last] = zero::owned_part(b, j, rank);
         if (first >= last) continue;
         out.narrow(0, first - blo, last - first)
@@ -121,8 +121,9 @@ void ZeroRedundancyOptimizer::Impl::consolidate(int root) {
   group->allreduce(flags.data(), flags.size(), DType::i64, comm::ReduceOp::max);
   for (size_t k = 0; k < buckets.size(); ++k)
     if (flags[2 * k] != -flags[2 * k + 1])
-      GZ_THROW(Error, "consolidate_state_dict: rank ", rank, ": ranks disagree on which optimizer state bucket ", k,
-               " has (state flags ", -flags[2 * k + 1], " to ", flags[2 * k], ")");
+      GZ_THROW(Error, "consolidate_state_dict: rank ", rank,
+               ": ranks disagree on which optimizer state bucket ", k, " has (state flags ",
+               -flags[2 * k + 1], " to ", flags[2 * k], ")");
   for (size_t k = 0; k < buckets.size(); ++k) {
     if (!shard_state[k]) continue;
     const auto& b = buckets[k];
@@ -153,7 +154,8 @@ void ZeroRedundancyOptimizer::save(torch::serialize::OutputArchive& archive) con
   auto& im = *impl_;
   if (im.world == 1 && im.consolidated_at != im.steps) im.consolidate(0);  // nothing to gather
   if (im.consolidated_at != im.steps || im.rank != im.consolidated_root)
-    GZ_THROW(Error, "ZeroRedundancyOptimizer::save on rank ", im.rank, ": call consolidate_state_dict(root) on every ",
+    GZ_THROW(Error, "ZeroRedundancyOptimizer::save on rank ", im.rank,
+             ": call consolidate_state_dict(root) on every ",
              "rank after the last step, then save() on the root",
              im.consolidated_at == im.steps ? " (this rank is not the root)" : "");
   im.wait_gathers();

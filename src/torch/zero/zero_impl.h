@@ -22,16 +22,16 @@ struct ZeroRedundancyOptimizer::Impl {
   std::shared_ptr<torch::optim::Optimizer> local;
   ZeroOptions options;
 
-  std::vector<torch::Tensor> params;          // the Reducer's parameters (the model's, requiring grad)
-  std::vector<std::vector<size_t>> groups;    // per optimizer group: its parameters, in the group's order
+  std::vector<torch::Tensor> params;        // the Reducer's parameters (the model's, requiring grad)
+  std::vector<std::vector<size_t>> groups;  // per optimizer group: its parameters, in the group's order
   std::vector<zero::ShardBucket> buckets;
   std::vector<std::vector<size_t>> bucket_of_group;  // per optimizer group: its buckets
-  std::vector<torch::Tensor> flat;            // per bucket: every parameter, back to back, padded
-  std::vector<torch::Tensor> views;           // per parameter: its view into flat (what it should be)
-  std::vector<torch::Tensor> shard_params;    // per bucket: this rank's block of flat (local optimizer's)
-  std::vector<torch::Tensor> shard_grads;     // per bucket: the averaged gradient of that block
-  std::vector<uint8_t> fresh;                 // per bucket: reduced since the last step (set by the hook)
-  std::vector<comm::WorkPtr> gathers;         // per bucket: the parameter all-gather in flight
+  std::vector<torch::Tensor> flat;                   // per bucket: every parameter, back to back, padded
+  std::vector<torch::Tensor> views;                  // per parameter: its view into flat (what it should be)
+  std::vector<torch::Tensor> shard_params;  // per bucket: this rank's block of flat (local optimizer's)
+  std::vector<torch::Tensor> shard_grads;   // per bucket: the averaged gradient of that block
+  std::vector<uint8_t> fresh;               // per bucket: reduced since the last step (set by the hook)
+  std::vector<comm::WorkPtr> gathers;       // per bucket: the parameter all-gather in flight
   // Set when a step launched all-gathers and nothing has waited for them yet; a bucket reduced in
   // that state means a forward ran on half-gathered parameters.
   std::atomic<bool> gathers_unwaited{false};

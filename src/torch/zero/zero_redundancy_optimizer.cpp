@@ -39,28 +39,34 @@ std::unique_ptr<torch::optim::OptimizerOptions> defaults_of(const std::shared_pt
 // scalars), so stepping flat blocks equals stepping whole parameters.
 bool elementwise(const Optimizer& o) {
   namespace t = torch::optim;
-  return dynamic_cast<const t::SGD*>(&o) || dynamic_cast<const t::Adam*>(&o) || dynamic_cast<const t::AdamW*>(&o) ||
-         dynamic_cast<const t::Adagrad*>(&o) || dynamic_cast<const t::RMSprop*>(&o);
+  return dynamic_cast<const t::SGD*>(&o) || dynamic_cast<const t::Adam*>(&o) ||
+         dynamic_cast<const t::AdamW*>(&o) || dynamic_cast<const t::Adagrad*>(&o) ||
+         dynamic_cast<const t::RMSprop*>(&o);
 }
 
 // Reduce-scatter of one bucket: rank r receives the average of block r into its gradient shard.
 CommHook reduce_scatter_hook(std::weak_ptr<ZeroRedundancyOptimizer::Impl> weak) {
   return [weak](comm::Communicator& g, GradBucket& bucket) {
     auto s = weak.lock();
-    if (!s) GZ_THROW(Error, "DistributedDataParallel: its ZeroRedundancyOptimizer was destroyed; gradients have nowhere to go");
+    if (!s)
+      GZ_THROW(
+          Error,
+          "DistributedDataParallel: its ZeroRedundancyOptimizer was destroyed; gradients have nowhere to go");
     auto& out = s->shard_grads.at(bucket.index);
     auto& buf = bucket.buffer;
     if (buf.numel() != out.numel() * g.size())
-      GZ_THROW(Error, "ZeroRedundancyOptimizer: bucket ", bucket.index, " has ", buf.numel(), " elements, expected ",
-               out.numel() * g.size());
+      GZ_THROW(Error, "ZeroRedundancyOptimizer: bucket ", bucket.index, " has ", buf.numel(),
+               " elements, expected ", out.numel() * g.size());
     const bool avg = bucket.divisor == g.size();
     g.reduce_scatter(buf.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
-                     to_dtype(buf.scalar_type(), "reduce_scatter"), avg ? comm::ReduceOp::avg : comm::ReduceOp::sum);
+                     to_dtype(buf.scalar_type(), "reduce_scatter"),
+                     avg ? comm::ReduceOp::avg : comm::ReduceOp::sum);
     if (!avg && bucket.divisor != 1) out.div_(bucket.divisor);
     s->fresh[bucket.index] = 1;
     // Checked after the collective, so that every rank still issues it.
     if (s->gathers_unwaited.load())
-      GZ_THROW(Error, "ZeroRedundancyOptimizer: rank ", g.rank(), ": a forward ran while the last step's parameter ",
+      GZ_THROW(Error, "ZeroRedundancyOptimizer: rank ", g.rank(),
+               ": a forward ran while the last step's parameter ",
                "all-gathers were still running; call ddp.forward()/ddp.pre_forward() or synchronize() before "
                "the forward");
   };
@@ -68,8 +74,8 @@ CommHook reduce_scatter_hook(std::weak_ptr<ZeroRedundancyOptimizer::Impl> weak) 
 
 }  // namespace
 
-ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp, std::shared_ptr<Optimizer> local,
-                                                 ZeroOptions options)
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp,
+                                                 std::shared_ptr<Optimizer> local, ZeroOptions options)
     : Optimizer(groups_of(local), defaults_of(local)), impl_(std::make_shared<Impl>()) {
   auto& im = *impl_;
   im.group = ddp.group();
@@ -78,10 +84,11 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp, s
   im.reducer = ddp.reducer().shared_from_this();
   im.local = std::move(local);
   im.options = options;
-  GZ_CHECK_ARG(options.stage == 1 || options.stage == 2, "ZeroRedundancyOptimizer: stage must be 1 or 2, got ",
-               options.stage);
+  GZ_CHECK_ARG(options.stage == 1 || options.stage == 2,
+               "ZeroRedundancyOptimizer: stage must be 1 or 2, got ", options.stage);
   if (!elementwise(*im.local))
-    GZ_THROW(InvalidArgument, "ZeroRedundancyOptimizer: shards only elementwise optimizers (torch::optim SGD, Adam, ",
+    GZ_THROW(InvalidArgument,
+             "ZeroRedundancyOptimizer: shards only elementwise optimizers (torch::optim SGD, Adam, ",
              "AdamW, Adagrad, RMSprop, gz::FusedAdamW and their subclasses)");
   if (im.reducer->join_mode()) GZ_THROW(Error, "ZeroRedundancyOptimizer: cannot be built inside ddp.join()");
 
@@ -100,8 +107,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp, s
         GZ_THROW(InvalidArgument, "ZeroRedundancyOptimizer: optimizer group ", g, " has a parameter (shape ",
                  p.sizes(), ") that DDP does not average (not in its module, or not requiring grad)");
       const size_t i = it->second;
-      if (seen[i]) GZ_THROW(InvalidArgument, "ZeroRedundancyOptimizer: parameter '", im.reducer->param_names()[i],
-                            "' is in the optimizer twice");
+      if (seen[i])
+        GZ_THROW(InvalidArgument, "ZeroRedundancyOptimizer: parameter '", im.reducer->param_names()[i],
+                 "' is in the optimizer twice");
       seen[i] = 1;
       im.groups[g].push_back(i);
       info[i] = {p.numel(), static_cast<int64_t>(p.element_size()), g, static_cast<int>(p.scalar_type())};
@@ -169,7 +177,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp, s
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() {
   // The all-gathers write into memory the parameters keep alive; still, no op outlives its owner.
   for (auto& w : impl_->gathers)
-    if (w) comm::finish_or_abort(*impl_->group, *w, "ZeroRedundancyOptimizer: an all-gather still running past its deadline");
+    if (w)
+      comm::finish_or_abort(*impl_->group, *w,
+                            "ZeroRedundancyOptimizer: an all-gather still running past its deadline");
 }
 
 void ZeroRedundancyOptimizer::Impl::wait_gathers() {
@@ -181,7 +191,8 @@ void ZeroRedundancyOptimizer::Impl::wait_gathers() {
     } catch (...) {
       if (!first) first = std::current_exception();
     }
-    if (!w->is_completed()) comm::finish_or_abort(*group, *w, "ZeroRedundancyOptimizer: an all-gather past its deadline");
+    if (!w->is_completed())
+      comm::finish_or_abort(*group, *w, "ZeroRedundancyOptimizer: an all-gather past its deadline");
     w.reset();
   }
   gathers_unwaited = false;
@@ -192,7 +203,8 @@ void ZeroRedundancyOptimizer::Impl::rebind_params() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     auto& p = params[i];
-    if (p.data_ptr() == views[i].data_ptr() && p.sizes() == views[i].sizes() && p.strides() == views[i].strides())
+    if (p.data_ptr() == views[i].data_ptr() && p.sizes() == views[i].sizes() &&
+        p.strides() == views[i].strides())
       continue;
     views[i].copy_(p.detach());
     p.set_data(views[i]);
@@ -224,7 +236,8 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     loss = closure();
   }
   auto& im = *impl_;
-  if (im.reducer->join_mode()) GZ_THROW(Error, "ZeroRedundancyOptimizer: step() inside ddp.join() is not supported");
+  if (im.reducer->join_mode())
+    GZ_THROW(Error, "ZeroRedundancyOptimizer: step() inside ddp.join() is not supported");
   im.wait_gathers();
   im.rebind_params();
   im.consolidated.clear();
@@ -249,8 +262,9 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     auto& f = im.flat[k];
     const auto [lo, hi] = im.buckets[k].block(im.rank);
     char* base = static_cast<char*>(f.data_ptr());
-    im.gathers[k] = im.group->allgather_async(base + lo * f.element_size(), base, static_cast<size_t>(hi - lo),
-                                              to_dtype(f.scalar_type(), "allgather"));
+    im.gathers[k] =
+        im.group->allgather_async(base + lo * f.element_size(), base, static_cast<size_t>(hi - lo),
+                                  to_dtype(f.scalar_type(), "allgather"));
     im.gathers_unwaited = true;
   }
   ++im.steps;
