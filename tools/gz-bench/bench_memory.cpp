@@ -12,18 +12,23 @@ namespace gz::bench {
 
 ProcMemory read_proc_memory() {
   ProcMemory m;
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream is(line);
-    std::string key;
-    double kb = 0;
-    is >> key >> kb;
-    if (key == "VmRSS:") m.rss = kb / 1024;
-    if (key == "RssAnon:") m.anon = kb / 1024;
-    if (key == "RssShmem:") m.shmem = kb / 1024;
-    if (key == "VmHWM:") m.peak = kb / 1024;
-  }
+  auto scan = [&](const char* path) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream is(line);
+      std::string key;
+      double kb = 0;
+      if (!(is >> key >> kb)) continue;
+      if (key == "VmRSS:") m.rss = kb / 1024;
+      if (key == "VmHWM:") m.peak = kb / 1024;
+      if (key == "Pss:") m.pss = kb / 1024;
+      if (key == "Pss_Anon:") m.pss_anon = kb / 1024;
+      if (key == "Pss_Shmem:") m.pss_shmem = kb / 1024;
+    }
+  };
+  scan("/proc/self/status");
+  scan("/proc/self/smaps_rollup");
   return m;
 }
 
@@ -53,28 +58,26 @@ void report_memory(comm::Communicator& group, const std::string& label, int64_t 
   constexpr int kN = 7;
   std::vector<double> mine{static_cast<double>(state_bytes) / (1 << 20),
                            static_cast<double>(grad_bytes) / (1 << 20),
+                           now.pss - base.pss,
+                           now.pss_anon - base.pss_anon,
+                           now.pss_shmem - base.pss_shmem,
                            now.rss - base.rss,
-                           now.anon - base.anon,
-                           now.shmem - base.shmem,
-                           now.peak - base.rss,
-                           now.rss};
+                           now.peak - base.rss};
   std::vector<double> all(static_cast<size_t>(kN) * group.size());
   group.allgather(mine.data(), all.data(), kN, DType::f64);
   if (group.rank() != 0) return;
   std::vector<double> mean(kN, 0);
+  const char* fmt =
+      "state_mb=%.2f grad_mb=%.2f state_grad_mb=%.2f pss_delta_mb=%.1f pss_anon_delta_mb=%.1f "
+      "pss_shmem_delta_mb=%.1f rss_delta_mb=%.1f peak_rss_delta_mb=%.1f\n";
   for (int r = 0; r < group.size(); ++r) {
     const double* v = &all[static_cast<size_t>(r) * kN];
-    std::printf(
-        "MEMORY %s rank=%d state_mb=%.2f grad_mb=%.2f state_grad_mb=%.2f rss_delta_mb=%.1f "
-        "anon_delta_mb=%.1f "
-        "shmem_delta_mb=%.1f peak_delta_mb=%.1f rss_mb=%.1f\n",
-        label.c_str(), r, v[0], v[1], v[0] + v[1], v[2], v[3], v[4], v[5], v[6]);
+    std::printf("MEMORY %s rank=%d ", label.c_str(), r);
+    std::printf(fmt, v[0], v[1], v[0] + v[1], v[2], v[3], v[4], v[5], v[6]);
     for (int i = 0; i < kN; ++i) mean[i] += v[i] / group.size();
   }
-  std::printf(
-      "MEMORY_MEAN %s state_mb=%.2f grad_mb=%.2f state_grad_mb=%.2f rss_delta_mb=%.1f anon_delta_mb=%.1f "
-      "shmem_delta_mb=%.1f peak_delta_mb=%.1f\n",
-      label.c_str(), mean[0], mean[1], mean[0] + mean[1], mean[2], mean[3], mean[4], mean[5]);
+  std::printf("MEMORY_MEAN %s ", label.c_str());
+  std::printf(fmt, mean[0], mean[1], mean[0] + mean[1], mean[2], mean[3], mean[4], mean[5], mean[6]);
   std::fflush(stdout);
 }
 
