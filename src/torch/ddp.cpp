@@ -54,6 +54,7 @@ void DistributedDataParallel::broadcast_buffers(int root) {
 }
 
 void DistributedDataParallel::pre_forward() {
+  if (pre_forward_hook_) pre_forward_hook_();
   if (!reducer_->sync_enabled()) return;  // no_sync(): no communication at all
   bool bcast = options_.broadcast_buffers && !buffers_.empty() && group_->size() > 1;
   int root = options_.root_rank;

@@ -76,11 +76,6 @@ void Reducer::install_hooks() {
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
-  torch::NoGradGuard no_grad;
-  buckets_.clear();
-  bucket_of_.assign(params_.size(), 0);
-  std::vector<torch::Tensor> old_views = std::move(views_);
-  views_.assign(params_.size(), torch::Tensor());
   // Fill per dtype: each bucket holds one dtype; the first bucket of a dtype is small so
   // communication starts early in backward. A gradient that would overflow the open bucket starts
   // the next one: no bucket waits for a big late gradient beyond its cap (only a gradient bigger
@@ -91,6 +86,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   const size_t bucket_cap = std::min(
       options_.bucket_bytes,
       std::max(options_.first_bucket_bytes, dense_bytes / std::max<size_t>(options_.min_buckets, 1)));
+  std::vector<std::vector<size_t>> layout;
   std::map<c10::ScalarType, size_t> open;  // dtype -> open bucket index
   std::map<c10::ScalarType, size_t> open_bytes;
   std::map<c10::ScalarType, bool> first_done;
@@ -101,9 +97,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       // Earlier buckets close first, so buckets still launch in the order gradients become ready.
       for (auto& [t, b] : open) first_done[t] = true;
       open.clear();
-      buckets_.emplace_back();
-      buckets_.back().params.push_back(i);
-      bucket_of_[i] = buckets_.size() - 1;
+      layout.push_back({i});
       continue;
     }
     auto it = open.find(st);
@@ -115,41 +109,60 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       cap = bucket_cap;
     }
     if (it == open.end()) {
-      buckets_.emplace_back();
-      it = open.emplace(st, buckets_.size() - 1).first;
+      layout.emplace_back();
+      it = open.emplace(st, layout.size() - 1).first;
       open_bytes[st] = 0;
     }
-    buckets_[it->second].params.push_back(i);
-    bucket_of_[i] = it->second;
+    layout[it->second].push_back(i);
     open_bytes[st] += bytes;
     if (open_bytes[st] >= cap) {
       open.erase(st);
       first_done[st] = true;
     }
   }
+  allocate_buckets(layout);
+}
+
+void Reducer::allocate_buckets(const std::vector<std::vector<size_t>>& layout) {
+  torch::NoGradGuard no_grad;
+  buckets_.clear();
+  buckets_.resize(layout.size());
+  bucket_of_.assign(params_.size(), 0);
+  offsets_.assign(params_.size(), 0);
+  std::vector<torch::Tensor> old_views = std::move(views_);
+  views_.assign(params_.size(), torch::Tensor());
   for (size_t b = 0; b < buckets_.size(); ++b) {
     auto& bk = buckets_[b];
+    bk.params = layout[b];
     int64_t total = 0;
-    for (size_t i : bk.params) total += params_[i].numel();
-    const auto& p0 = params_[bk.params.front()];
+    for (size_t i : bk.params) {
+      bucket_of_[i] = b;
+      offsets_[i] = total;
+      total += params_[i].numel();
+    }
+    // Padded (BucketPlan): at least one block, so even an empty bucket splits over the ranks.
+    bk.numel = pad_multiple_ == 1
+                   ? total
+                   : std::max<int64_t>(1, (total + pad_multiple_ - 1) / pad_multiple_) * pad_multiple_;
     bk.grad.index = b;
+    if (transient_) continue;  // memory comes with the bucket's first gradient (mark_ready)
+    const auto& p0 = params_[bk.params.front()];
     // CPU buckets live in memory the group reduces in place without staging copies (the shm backend
     // maps every rank's bucket into every rank). Collective: every rank builds the same buckets.
     auto opts = p0.options().requires_grad(false);
-    bk.grad.buffer = p0.is_cpu() ? alloc_buffer_tensor(*group_, total, opts) : torch::zeros({total}, opts);
-    int64_t off = 0;
+    bk.grad.buffer =
+        p0.is_cpu() ? alloc_buffer_tensor(*group_, bk.numel, opts) : torch::zeros({bk.numel}, opts);
     for (size_t i : bk.params) {
-      auto n = params_[i].numel();
       // detach(): a plain tensor sharing the bucket's memory, not an autograd view, so
       // optimizer.zero_grad() may detach_() it.
-      views_[i] = bk.grad.buffer.narrow(0, off, n).view(params_[i].sizes()).detach();
-      off += n;
+      views_[i] = bk.grad.buffer.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes()).detach();
     }
     if (row_sparse_[bk.params.front()]) {
       bk.grad.rows = views_[bk.params.front()];
       bk.grad.row_sparse = options_.row_sparse;
     }
   }
+  if (transient_) return;  // gradients stay where they are until their bucket is reduced
   // Gradients that were views of the old buffers move to the new ones.
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& g = params_[i].mutable_grad();
@@ -225,6 +238,10 @@ void Reducer::mark_ready(size_t index, bool zero) {
   torch::NoGradGuard no_grad;
   ready_[index] = 1;
   if (!rebuilt_ && !zero) ready_order_.push_back(index);
+  if (transient_) {
+    mark_ready_transient(index, zero);
+    return;
+  }
   auto& view = views_[index];
   const auto& g = params_[index].grad();
   if (zero || !g.defined()) {
@@ -253,9 +270,14 @@ void Reducer::launch_ready_buckets() {
     double* div = &divisor_;
     Timeline* tl = timeline_;
     const auto queued = Clock::now();
-    bk->work = group_->submit([bk, g, hook, div, tl, queued] {
+    const bool release = transient_;
+    bk->work = group_->submit([bk, g, hook, div, tl, queued, release] {
       bk->grad.divisor = *div;
-      if (!tl) return (*hook)(*g, bk->grad);
+      if (!tl) {
+        (*hook)(*g, bk->grad);
+        if (release) bk->grad.buffer = torch::Tensor();  // transient: the hook kept what it needed
+        return;
+      }
       // Queued = submitted to started on the progress thread; cpu = that thread's CPU time in the
       // hook (far below the span: it waited on the wire or for a core).
       const auto start = Clock::now();
@@ -276,6 +298,7 @@ void Reducer::launch_ready_buckets() {
                    std::to_string(wire) + rows + ",\"params\":" + std::to_string(bk->params.size()) +
                    ",\"queued_us\":" + std::to_string(us(start - queued)) +
                    ",\"cpu_us\":" + std::to_string(cpu));
+      if (release) bk->grad.buffer = torch::Tensor();
     });
   }
 }
@@ -329,7 +352,7 @@ void Reducer::finalize_backward() {
   if (err) std::rethrow_exception(err);
   torch::NoGradGuard no_grad;
   const uint8_t* ug = used_global.defined() ? used_global.data_ptr<uint8_t>() : nullptr;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i = 0; i < params_.size() && !transient_; ++i) {
     if (ug && !ug[i]) continue;  // unused on every rank: leave .grad as it was
     auto& g = params_[i].mutable_grad();
     if (options_.gradient_as_bucket_view) {
@@ -406,9 +429,12 @@ void Reducer::join_and_shadow(const std::vector<torch::Tensor>& buffers) {
         s.finish();
       }
     for (auto& bk : buckets_) {
+      if (transient_)
+        bk.grad.buffer = torch::zeros({bk.numel}, params_[bk.params.front()].options().requires_grad(false));
       bk.grad.buffer.zero_();
       bk.grad.divisor = 1;
       options_.comm_hook(*group_, bk.grad);
+      if (transient_) bk.grad.buffer = torch::Tensor();
     }
     if (options_.find_unused_parameters) {
       auto zeros = torch::zeros_like(used_);
@@ -433,6 +459,58 @@ void Reducer::join_and_shadow(const std::vector<torch::Tensor>& buffers) {
     }
   }
   last_active_root_ = -1;
+}
+
+}  // namespace gz
+
+namespace gz {
+
+// --- BucketPlan: buckets fixed by the caller (ZeRO) ---
+
+void Reducer::set_bucket_plan(BucketPlan plan) {
+  if (iter_active_) GZ_THROW(Error, "DistributedDataParallel: cannot change buckets during backward");
+  GZ_CHECK_ARG(plan.pad_multiple > 0, "BucketPlan: pad_multiple must be positive");
+  std::vector<uint8_t> seen(params_.size(), 0);
+  for (auto& bucket : plan.layout) {
+    GZ_CHECK_ARG(!bucket.empty(), "BucketPlan: empty bucket");
+    for (size_t i : bucket) {
+      GZ_CHECK_ARG(i < params_.size() && !seen[i], "BucketPlan: parameter index ", i,
+                   " out of range or in two buckets");
+      GZ_CHECK_ARG(params_[i].scalar_type() == params_[bucket.front()].scalar_type() &&
+                       params_[i].device() == params_[bucket.front()].device(),
+                   "BucketPlan: bucket mixes dtypes or devices ('", names_[i], "')");
+      seen[i] = 1;
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    GZ_CHECK_ARG(seen[i], "BucketPlan: parameter '", names_[i], "' is in no bucket");
+  wait_all_buckets();
+  pad_multiple_ = plan.pad_multiple;
+  transient_ = plan.transient;
+  // The caller's buckets are dense (ZeRO splits each into blocks): no row-sparse exchange.
+  row_sparse_.assign(params_.size(), 0);
+  allocate_buckets(plan.layout);
+  rebuilt_ = true;  // the caller's layout stays
+  ready_order_.clear();
+}
+
+void Reducer::mark_ready_transient(size_t index, bool zero) {
+  auto& bk = buckets_[bucket_of_[index]];
+  auto& p = params_[index];
+  if (!bk.grad.buffer.defined()) {
+    bk.grad.buffer = torch::empty({bk.numel}, p.options().requires_grad(false));
+    int64_t used = 0;
+    for (size_t i : bk.params) used += params_[i].numel();
+    bk.grad.buffer.narrow(0, used, bk.numel - used).zero_();  // the padding
+  }
+  auto slot = bk.grad.buffer.narrow(0, offsets_[index], p.numel());
+  auto& g = p.mutable_grad();
+  if (zero || !g.defined())
+    slot.zero_();
+  else
+    slot.view(p.sizes()).copy_(g);
+  g = torch::Tensor();  // the bucket holds it now; freed with the bucket once reduced
+  --bk.pending;
 }
 
 }  // namespace gz

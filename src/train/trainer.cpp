@@ -20,6 +20,7 @@
 #include "gz/torch/fused_adamw.h"
 #include "gz/torch/grad_scaler.h"
 #include "gz/torch/process_group.h"
+#include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/checkpoint.h"
 #include "gz/train/data_loader.h"
 #include "gz/train/data/factory.h"
@@ -33,6 +34,7 @@ namespace fs = std::filesystem;
 struct Trainer::Impl {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<DistributedDataParallel> ddp;
+  std::shared_ptr<ZeroRedundancyOptimizer> zero;  // zero_stage > 0: `optimizer` is this wrapper
   std::unique_ptr<DistributedOptimizer> hvd;
   std::unique_ptr<DataParallel> dp;
   std::unique_ptr<LrScheduler> scheduler;
@@ -183,6 +185,12 @@ void Trainer::setup() {
   // explicitly (and the optimizer state after a resume, see train()).
   if (c.mode == "ddp" && group_) {
     impl_->ddp = std::make_unique<DistributedDataParallel>(model_, group_);
+    if (c.zero_stage > 0) {  // ZeRO: the optimizer steps this rank's shard; checkpoints stay whole
+      ZeroOptions zo;
+      zo.stage = static_cast<int>(c.zero_stage);
+      impl_->zero = std::make_shared<ZeroRedundancyOptimizer>(*impl_->ddp, impl_->optimizer, zo);
+      impl_->optimizer = impl_->zero;
+    }
   } else if (c.mode == "horovod" && group_) {
     NamedParameters named;
     for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
@@ -319,7 +327,10 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
   auto& scaler = *impl_->scaler;
   if (c.max_grad_norm > 0) {
     if (scaler.enabled()) scaler.unscale_(opt);
-    torch::nn::utils::clip_grad_norm_(model_->parameters(), c.max_grad_norm);
+    if (impl_->zero)
+      impl_->zero->clip_grad_norm_(c.max_grad_norm);  // only the owned gradient blocks are averaged
+    else
+      torch::nn::utils::clip_grad_norm_(model_->parameters(), c.max_grad_norm);
   }
   scaler.step(opt);
   scaler.update();
@@ -331,6 +342,7 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
 std::map<std::string, double> Trainer::evaluate() {
   std::map<std::string, double> out;
   if (!test_data_ || !model_) return out;
+  if (impl_->zero) impl_->zero->synchronize();  // the last step's parameter all-gathers
   torch::NoGradGuard no_grad;
   // Rank 0's buffers (batch-norm statistics) everywhere, as DDP uses them in the next forward.
   if (group_ && world_ > 1)
@@ -423,6 +435,7 @@ void Trainer::agree(std::exception_ptr error, const std::string& what) {
 std::string Trainer::save_checkpoint() {
   std::string dir;
   std::exception_ptr error;
+  if (impl_->zero) impl_->zero->consolidate_state_dict(0);  // collective: rank 0 saves the whole state
   if (is_main()) {
     try {
       torch::serialize::OutputArchive root;

@@ -329,6 +329,69 @@ TEST_P(ShmWorld, AllocBufferAllreduceInPlace) {
   });
 }
 
+// alloc_buffer blocks, reduce-scatter and all-gather: each rank reads its block of every rank's
+// input, and the peers' pieces out of their outputs, directly. Odd offsets, in place and not,
+// every op; bytes outside the ranges stay as they were.
+TEST_P(ShmWorld, AllocBufferReduceScatterAndAllgather) {
+  const int world = GetParam();
+  const size_t count = kSanitized ? 3001 : 20001;  // per rank
+  test::run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = create_shm_communicator(rank, world, store, small_chunks(4096));
+    for (DType t : {DType::f32, DType::bf16, DType::i64}) {
+      const size_t es = dtype_size(t), total = count * world;
+      const size_t bytes = (total + 40) * es;
+      auto mem = c->alloc_buffer(bytes);
+      auto* base = static_cast<uint8_t*>(mem.get());
+      for (ReduceOp op : kAllOps)
+        for (size_t skip : {size_t(0), size_t(37)}) {
+          const size_t n = count - skip;  // per rank
+          uint8_t* send = base + skip * es;
+          std::vector<Buf> ins;
+          std::vector<const void*> ptrs;
+          for (int q = 0; q < world; ++q) ins.push_back(make_input(t, q, n * world, op, 11));
+          for (int q = 0; q < world; ++q) ptrs.push_back(ins[q].data() + rank * n * es);
+          Buf want(n * es + 1);
+          reference(t, ptrs, want.data(), n, op);
+          std::memset(base, 0xA5, bytes);
+          std::memcpy(send, ins[rank].data(), n * world * es);
+          Buf out(n * es + 1);
+          c->reduce_scatter(send, out.data(), n, t, op);
+          expect_bytes(out.data(), want.data(), n * es,
+                       ctx("reduce_scatter of alloc_buffer memory", world, rank, t, n, reduce_op_name(op)));
+          for (size_t i = 0; i < n * world * es; ++i)
+            ASSERT_EQ(send[i], ins[rank][i]) << "the input changed at byte " << i;
+          // In place: the result lands in this rank's block of its own input.
+          c->reduce_scatter(send, send + rank * n * es, n, t, op);
+          expect_bytes(send + rank * n * es, want.data(), n * es,
+                       ctx("reduce_scatter in place", world, rank, t, n));
+          // All-gather into the block (the next op's input is the gathered output), in place.
+          c->allgather(send + rank * n * es, send, n, t);
+          for (int q = 0; q < world; ++q) {
+            std::vector<const void*> qp;
+            for (int k = 0; k < world; ++k) qp.push_back(ins[k].data() + q * n * es);
+            Buf wq(n * es + 1);
+            reference(t, qp, wq.data(), n, op);
+            expect_bytes(send + q * n * es, wq.data(), n * es,
+                         ctx("allgather of alloc_buffer memory", world, rank, t, n));
+          }
+          for (size_t i = 0; i < skip * es; ++i)
+            ASSERT_EQ(base[i], 0xA5) << "byte " << i << " before the range";
+          for (size_t i = (skip + n * world) * es; i < bytes; ++i)
+            ASSERT_EQ(base[i], 0xA5) << "byte " << i << " after";
+          // Out of place: from ordinary memory into the block.
+          Buf mine = make_input(t, rank, n, ReduceOp::sum, 5);
+          c->allgather(mine.data(), send, n, t);
+          for (int q = 0; q < world; ++q) {
+            Buf b = make_input(t, q, n, ReduceOp::sum, 5);
+            expect_bytes(send + q * n * es, b.data(), n * es,
+                         ctx("allgather out of place", world, rank, t, n));
+          }
+          c->barrier();  // nobody refills before everyone has checked
+        }
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, ShmWorld, ::testing::ValuesIn(test::world_sizes()),
                          [](const ::testing::TestParamInfo<int>& i) { return "n" + std::to_string(i.param); });
 
@@ -477,6 +540,28 @@ TEST(Shm, AllocBufferRanksMustPassTheSameRange) {
     for (int i = 0; i < 8192; ++i) ASSERT_EQ(g[i], 3.0f + 3.0f * i);
   });
   EXPECT_EQ(caught.load(), 2 * world);
+}
+
+TEST(Shm, AllocBufferReduceScatterRanksMustAgree) {
+  const int world = 2;
+  std::atomic<int> caught{0};
+  test::run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = create_shm_communicator(rank, world, store, small_chunks(512, 10));
+    auto mem = c->alloc_buffer(64 << 10);
+    auto* f = static_cast<float*>(mem.get());
+    std::vector<float> plain(16384, 1.0f), out(8192);
+    try {
+      c->reduce_scatter(rank == 1 ? plain.data() : f, out.data(), 8192, DType::f32, ReduceOp::sum);
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("rank 0 reduce_scatter(f32 x 8192, sum, alloc_buffer block 0 at byte 0) vs rank 1 "
+                       "reduce_scatter(f32 x 8192, sum)"),
+                std::string::npos)
+          << m;
+      ++caught;
+    }
+  });
+  EXPECT_EQ(caught.load(), world);
 }
 
 TEST(Shm, AllocBufferFallsBackWhenOneRankCannotShare) {

@@ -132,3 +132,12 @@ TEST(Config, NonScalarKeyIsAnErrorNamingTheLine) {
   expect_error([] { parse_config("scheduler:\n  name: cosine\n  [1]: 2\n", {}, "a.yaml"); },
                {"a.yaml", "line 3", "key"});
 }
+
+TEST(Config, ZeroStageNeedsDdp) {
+  EXPECT_EQ(parse_config("mode: ddp\nzero_stage: 2\n", {}, "a.yaml").zero_stage, 2);
+  EXPECT_EQ(parse_config("mode: ddp\n", {"--zero_stage", "1"}).zero_stage, 1);
+  EXPECT_EQ(parse_config("", {}).zero_stage, 0);
+  expect_error([] { parse_config("mode: ddp\nzero_stage: 3\n", {}, "a.yaml"); }, {"'zero_stage'", "0, 1 or 2"});
+  expect_error([] { parse_config("zero_stage: 1\n", {}, "a.yaml"); }, {"'zero_stage'", "mode: ddp", "single"});
+  expect_error([] { parse_config("mode: horovod\n", {"--zero_stage", "2"}); }, {"'zero_stage'", "horovod"});
+}

@@ -469,3 +469,36 @@ TEST(Trainer, AutoResumeFallsBackFromATruncatedNewestCheckpoint) {
   EXPECT_TRUE(contains(log, "falling back")) << log;
   expect_same(uninterrupted, params_of(t.model()));  // resuming from 5 is exact too
 }
+
+// zero_stage 1 and 2 train like plain DDP (with clipping), resume exactly from their own
+// checkpoints (saved unsharded, reloaded at another stage), and a single process resumes from them.
+TEST(Trainer, ZeroStagesMatchDdpAndResumeAnywhere) {
+  TmpDir a("zero_a"), b("zero_b"), c("zero_c");
+  auto ca = base_config(a.path), cb = base_config(b.path), cc = base_config(c.path);
+  for (auto* x : {&ca, &cb, &cc}) {
+    x->num_epochs = 2;  // 4 steps per epoch with 2 ranks
+    x->save_steps = 3;
+    x->max_grad_norm = 0.5;
+  }
+  auto ddp = run_two_ranks("ddp", ca, -1);
+  cb.zero_stage = 2;
+  auto zero = run_two_ranks("ddp", cb, -1);
+  ASSERT_EQ(ddp.size(), zero.size());
+  for (size_t i = 0; i < ddp.size(); ++i) EXPECT_TRUE(torch::allclose(ddp[i], zero[i], 1e-5, 1e-6)) << i;
+  cc.zero_stage = 1;
+  EXPECT_THROW(run_two_ranks("ddp", cc, 5), gz::Aborted);  // checkpoint at step 3
+  cc.zero_stage = 2;
+  cc.resume_from_checkpoint = "auto";
+  expect_same(zero, run_two_ranks("ddp", cc, -1));
+  // A checkpoint of the ZeRO run in a single process with plain AdamW: the optimizer state loads.
+  auto cd = base_config(c.path);
+  cd.resume_from_checkpoint = (c.path / "checkpoints" / "checkpoint-00000006").string();
+  cd.work_dir = (c.path / "single").string();
+  Trainer t(cd);
+  t.set_model(make_net(0.0));
+  auto rec = std::make_shared<StartStep>();
+  t.add_callback(rec);
+  t.train();
+  EXPECT_EQ(rec->step, 6);
+  EXPECT_GT(t.state().step, 6);
+}

@@ -17,7 +17,9 @@
 #include "gz/torch/distributed_optimizer.h"
 #include "gz/torch/fused_adamw.h"
 #include "gz/torch/process_group.h"
+#include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/models/model.h"
+#include "bench_memory.h"
 
 namespace {
 
@@ -36,6 +38,8 @@ struct TrainBenchOptions {
   bool row_sparse = true;
   double bucket_mb = -1;  // -1: the library's defaults
   double first_bucket_mb = -1;
+  int zero = 0;           // ddp mode: ZeRO stage (0 = plain DDP)
+  bool memory = false;    // print what gradients, optimizer state and the process hold
 };
 
 int usage() {
@@ -60,7 +64,10 @@ int usage() {
       "  --row-sparse on|off      ddp/horovod: mostly-zero gradient rows (the token embedding's)\n"
       "                           travel as rows (default on, as in the library)\n"
       "  --bucket-mb MB           ddp: bucket cap (horovod: replay bucket cap); default the library's\n"
-      "  --first-bucket-mb MB     ddp: first bucket's cap; default the library's\n");
+      "  --first-bucket-mb MB     ddp: first bucket's cap; default the library's\n"
+      "  --zero 0|1|2             ddp mode: ZeRO stage (1: optimizer state sharded, 2: gradients too)\n"
+      "  --memory                 print MEMORY lines: optimizer state and gradient bytes per rank\n"
+      "                           (tensors), RSS, anonymous and shared memory growth, peak RSS\n");
   return 2;
 }
 
@@ -103,6 +110,10 @@ TrainBenchOptions parse(int argc, char** argv) {
       o.bucket_mb = std::stod(next());
     else if (a == "--first-bucket-mb")
       o.first_bucket_mb = std::stod(next());
+    else if (a == "--zero")
+      o.zero = static_cast<int>(gz::parse_int(next(), "--zero"));
+    else if (a == "--memory")
+      o.memory = true;
     else if (a == "--help" || a == "-h")
       std::exit(usage());
     else
@@ -116,6 +127,7 @@ TrainBenchOptions parse(int argc, char** argv) {
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --kernels must be fused or torch, got ", o.kernels);
   if (o.hook != "allreduce" && o.hook != "none")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --hook must be allreduce or none, got ", o.hook);
+  GZ_CHECK_ARG(o.zero >= 0 && o.zero <= 2 && (o.zero == 0 || o.mode == "ddp"), "--zero 0|1|2 (ddp mode only)");
   GZ_CHECK_ARG(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.threads > 0 && o.seq > 0,
                "batch/steps/threads");
   return o;
@@ -180,7 +192,9 @@ int bench_train(int argc, char** argv) {
     y = torch::randint(0, 2, {local_batch}, torch::kLong);
   }
 
+  const auto mem_base = gz::bench::read_proc_memory();  // model, optimizer and data exist; no state yet
   std::unique_ptr<gz::DistributedDataParallel> ddp;
+  std::shared_ptr<gz::ZeroRedundancyOptimizer> zero;
   std::unique_ptr<gz::DistributedOptimizer> hvd;
   std::unique_ptr<gz::DataParallel> dp;
   if (o.mode == "ddp") {
@@ -190,6 +204,12 @@ int bench_train(int argc, char** argv) {
     if (o.bucket_mb > 0) dopt.bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
     if (o.first_bucket_mb > 0) dopt.first_bucket_bytes = static_cast<size_t>(o.first_bucket_mb * (1 << 20));
     ddp = std::make_unique<gz::DistributedDataParallel>(model, nullptr, dopt);
+    if (o.zero > 0) {
+      gz::ZeroOptions zo;
+      zo.stage = o.zero;
+      zero = std::make_shared<gz::ZeroRedundancyOptimizer>(*ddp, opt, zo);
+      opt = zero;
+    }
   } else if (o.mode == "horovod") {
     gz::broadcast_parameters(*model, 0);
     gz::NamedParameters named;
@@ -242,12 +262,22 @@ int bench_train(int argc, char** argv) {
   };
   for (int i = 0; i < o.warmup; ++i) step();
   if (distributed) gz::default_group()->barrier();
+  if (o.memory) gz::bench::reset_peak_rss();
   gz::Stopwatch sw;
   for (int i = 0; i < o.steps; ++i) step();
   double secs = sw.seconds();
   if (distributed) {
     // The slowest rank sets the pace.
     gz::default_group()->allreduce(&secs, 1, gz::DType::f64, gz::comm::ReduceOp::max);
+  }
+  if (o.memory && distributed) {
+    // After the last step, as the next one would find them: DDP's gradients stay in their buckets
+    // (zero_grad() zeroes them), ZeRO stage 2 holds only its gradient blocks.
+    std::vector<torch::Tensor> blocks;  // ZeRO's gradient blocks
+    if (zero) blocks = zero->local_gradients();
+    const auto grads = gz::bench::gradient_bytes(*model, blocks);
+    gz::bench::report_memory(*gz::default_group(), o.zero ? "zero" + std::to_string(o.zero) : "ddp",
+                             gz::optimizer_state_bytes(*opt), grads, mem_base);
   }
   const double samples = static_cast<double>(local_batch) * world * o.steps;
   int64_t nparams = 0;  // gradient elements per step
@@ -276,10 +306,13 @@ int bench_train(int argc, char** argv) {
         o.kernels.c_str(), o.hook.c_str(), distributed ? gz::default_group()->backend().c_str() : "none",
         static_cast<long long>(nparams), o.row_sparse ? "on" : "off", static_cast<long long>(dense_bytes),
         static_cast<long long>(rows_bytes));
+    const std::string mode = o.zero ? o.mode + "_zero" + std::to_string(o.zero) : o.mode;
     std::printf("RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f\n", o.model.c_str(),
-                o.mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
+                mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
     std::fflush(stdout);
   }
+  opt.reset();
+  zero.reset();
   ddp.reset();
   hvd.reset();
   if (distributed) gz::shutdown();

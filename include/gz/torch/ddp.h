@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -110,6 +111,10 @@ class DistributedDataParallel {
   };
   JoinGuard join() { return JoinGuard(*this); }
 
+  /// @brief Run `hook` first thing in every pre_forward()/forward(), also under no_sync() (empty =
+  /// none). ZeroRedundancyOptimizer waits there for the parameters its last step all-gathers.
+  void set_pre_forward_hook(std::function<void()> hook) { pre_forward_hook_ = std::move(hook); }
+
   /// @brief Replace the bucket reduction (all ranks alike, outside backward).
   void register_comm_hook(CommHook hook) { reducer_->set_comm_hook(std::move(hook)); }
   Reducer& reducer() { return *reducer_; }
@@ -122,6 +127,7 @@ class DistributedDataParallel {
   DDPOptions options_;
   std::shared_ptr<Reducer> reducer_;
   std::vector<torch::Tensor> buffers_;
+  std::function<void()> pre_forward_hook_;
 };
 
 }  // namespace gz

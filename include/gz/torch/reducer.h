@@ -31,6 +31,22 @@ struct ReducerOptions {
   RowSparseOptions row_sparse;
 };
 
+/// @brief Buckets fixed by the caller instead of planned by the Reducer (gradient sharding, ZeRO):
+/// the layout, its padding and where bucket memory lives. No rebuild follows.
+struct BucketPlan {
+  /// @brief Parameter indices (as in Reducer::params()) of each bucket in launch order: every
+  /// parameter exactly once, one dtype per bucket.
+  std::vector<std::vector<size_t>> layout;
+  /// @brief Each bucket's flat size is rounded up to a multiple of this; the tail stays zero (so a
+  /// reduce-scatter can split the bucket into equal blocks).
+  int64_t pad_multiple = 1;
+  /// @brief Bucket memory exists only from a bucket's first gradient until its hook has returned:
+  /// each parameter's .grad is copied into it and freed, and no .grad is written back. With ZeRO
+  /// stage 2 the hook keeps only this rank's block, so gradients this rank does not own are gone
+  /// once their bucket is reduced.
+  bool transient = false;
+};
+
 /// @brief Averages gradients of a set of parameters across a group during backward.
 ///
 /// A post hook on each parameter's gradient accumulator copies the gradient into its bucket's
@@ -74,6 +90,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// @brief Rows all ranks exchanged for parameter i in the last step; -1 when it went dense or is
   /// not row-sparse.
   int64_t last_rows_exchanged(size_t i) const;
+  /// @brief Replace the buckets by `plan` (all ranks alike, outside backward; waits for running
+  /// bucket ops). Gradients bound to the old buckets move to the new ones (not in transient mode).
+  void set_bucket_plan(BucketPlan plan);
+  /// @brief Flat size of bucket `b` (padded).
+  int64_t bucket_numel(size_t b) const { return buckets_.at(b).numel; }
+  /// @brief Whether bucket `b` holds gradient memory now (always, unless BucketPlan::transient).
+  bool bucket_allocated(size_t b) const { return buckets_.at(b).grad.buffer.defined(); }
   /// @brief How many times buckets were rebuilt (0 before the first synchronised iteration ends).
   int num_rebuilds() const { return num_rebuilds_; }
   const std::vector<std::string>& param_names() const { return names_; }
@@ -83,6 +106,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
  private:
   struct Bucket {
     std::vector<size_t> params;
+    int64_t numel = 0;  // padded flat size
     GradBucket grad;
     size_t pending = 0;
     comm::WorkPtr work;
@@ -101,6 +125,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void wait_all_buckets() noexcept;
   void rebuild_buckets(int root);
   void bind_grad(size_t index);
+  void allocate_buckets(const std::vector<std::vector<size_t>>& layout);
+  void mark_ready_transient(size_t index, bool zero);
 
   comm::CommPtr group_;
   ReducerOptions options_;
@@ -113,6 +139,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<size_t> bucket_of_;
   std::vector<uint8_t> row_sparse_;   // per parameter: its own bucket, rows on the wire
   std::vector<torch::Tensor> views_;  // per parameter: its slice of the bucket buffer, param-shaped
+  std::vector<int64_t> offsets_;      // per parameter: its offset in its bucket
+  int64_t pad_multiple_ = 1;          // BucketPlan
+  bool transient_ = false;            // BucketPlan
 
   bool sync_enabled_ = true;
   bool join_mode_ = false;

@@ -77,6 +77,9 @@ struct TrainConfig {
   /// x world of the first launch (a resumed run takes it from the checkpoint).
   int64_t global_batch_size = 0;
   bool log_samples = false;  ///< every rank appends each step's sample indices to work_dir/samples/
+  // ZeRO (mode ddp): 0 = plain DDP; 1 = optimizer state sharded over the ranks (each keeps 1/world
+  // of it); 2 = gradients sharded too. Same results as 0; checkpoints stay unsharded.
+  int64_t zero_stage = 0;
 };
 
 /// @brief Parse a YAML file (may be empty) then apply `--key value` / `--key=value` flags.

@@ -1,5 +1,6 @@
 // All-gather (equal and varying counts) over the shm segment: per chunk, every rank copies its
-// piece into its slot, one step, every rank copies the peers' pieces out.
+// piece into its slot, one step, every rank copies the peers' pieces out. An output in alloc_buffer
+// memory skips the slots: each rank copies the peers' pieces straight out of their outputs.
 #include <algorithm>
 #include <cstring>
 
@@ -10,9 +11,13 @@ namespace gz::comm::shm {
 
 void ShmCommunicator::do_allgather(const void* send_v, void* recv_v, size_t count, DType dtype) {
   guarded([&] {
-    OpCtx ctx = begin_op(OpKind::allgather, count, 0, dtype, ReduceOp::sum, -1);
+    size_t offset = 0;
+    uint64_t tag = 0;
+    auto blk = zero_copy_block(recv_v, count * size_ * dtype_size(dtype), &offset, &tag);
+    OpCtx ctx = begin_op(OpKind::allgather, count, tag, dtype, ReduceOp::sum, -1);
     const char* send = static_cast<const char*>(send_v);
     char* recv = static_cast<char*>(recv_v);
+    if (blk) return allgather_shared(*blk, offset, send, recv, count, dtype, ctx);
     const size_t es = dtype_size(dtype);
     const size_t E = layout_.slot_bytes / es;
     const size_t m = std::max<size_t>(1, (count + E - 1) / E);
@@ -62,6 +67,18 @@ void ShmCommunicator::do_allgatherv(const void* send_v, void* recv_v, const std:
     char* own = recv + offs[rank_] * es;
     if (own != send) std::memmove(own, send, counts[rank_] * es);
   });
+}
+
+void ShmCommunicator::allgather_shared(const Shared& b, size_t offset, const char* send, char* recv,
+                                       size_t count, DType dtype, OpCtx& ctx) {
+  const size_t bytes = count * dtype_size(dtype);
+  char* own = recv + size_t(rank_) * bytes;
+  if (own != send) std::memmove(own, send, bytes);
+  step(ctx);  // every rank's piece sits in its output, and the descriptors agree
+  const bool stream = bytes * size_ >= stream_bytes_;
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) to_user(recv + size_t(p) * bytes, b.base[p] + offset + size_t(p) * bytes, bytes, stream);
+  step(ctx);  // every rank has copied my piece: the caller may overwrite it
 }
 
 }  // namespace gz::comm::shm

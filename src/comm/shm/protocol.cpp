@@ -46,7 +46,7 @@ std::string describe(const OpDesc& d) {
   if (k == OpKind::allgatherv) os << " total, counts hash " << std::hex << d.extra << std::dec;
   if (k == OpKind::allreduce || k == OpKind::reduce || k == OpKind::reduce_scatter)
     os << ", " << reduce_op_name(static_cast<ReduceOp>(d.op));
-  if (k == OpKind::allreduce && d.extra)
+  if ((k == OpKind::allreduce || k == OpKind::reduce_scatter || k == OpKind::allgather) && d.extra)
     os << ", alloc_buffer block " << (d.extra >> 40) - 1 << " at byte "
        << (d.extra & ((uint64_t(1) << 40) - 1));
   if (k == OpKind::broadcast || k == OpKind::reduce) os << ", root " << d.root;

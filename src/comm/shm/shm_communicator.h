@@ -106,6 +106,15 @@ class ShmCommunicator : public Communicator {
   /// The block holding [p, p + bytes), or null; *offset = p - block start.
   std::shared_ptr<Shared> find_shared(const void* p, size_t bytes, size_t* offset) const;
   void allreduce_shared(const Shared& b, size_t offset, size_t count, DType dtype, ReduceOp op, OpCtx& ctx);
+  /// Zero copy: rank r folds block r straight out of every rank's alloc_buffer input (send).
+  void reduce_scatter_shared(const Shared& b, size_t offset, char* recv, size_t rc, DType dtype, ReduceOp op,
+                             OpCtx& ctx);
+  /// Zero copy: each rank copies the peers' pieces straight out of their alloc_buffer outputs (recv).
+  void allgather_shared(const Shared& b, size_t offset, const char* send, char* recv, size_t count,
+                        DType dtype, OpCtx& ctx);
+  /// The alloc_buffer block for a zero-copy op on [p, p + bytes), or null (small ops, one rank,
+  /// ordinary memory); *tag = what the op descriptor carries so ranks that disagree fail.
+  std::shared_ptr<Shared> zero_copy_block(const void* p, size_t bytes, size_t* offset, uint64_t* tag) const;
 
   RankCtrl& ctrl(int r) const;
   ChannelCtrl& channel(int src, int dst) const;
