@@ -4,23 +4,25 @@
 
 namespace gz {
 
-CommHook allreduce_hook() {
-  return [](comm::Communicator& group, GradBucket& bucket) {
+CommHook allreduce_hook(std::shared_ptr<CommStats> stats) {
+  return [stats](comm::Communicator& group, GradBucket& bucket) {
     auto& buf = bucket.buffer;
     // Dividing by the world size is the backend's avg: fused into the reduction (one pass over the
     // bucket fewer). Under join() fewer ranks contribute, so divide separately.
     const bool avg = bucket.divisor == group.size() && c10::isFloatingType(buf.scalar_type());
     group.allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), to_dtype(buf.scalar_type()),
                     avg ? comm::ReduceOp::avg : comm::ReduceOp::sum);
+    if (stats) stats->add(static_cast<uint64_t>(buf.numel() * buf.element_size()));
     if (!avg && bucket.divisor != 1) buf.div_(bucket.divisor);
   };
 }
 
 namespace {
-CommHook compress_hook(c10::ScalarType wire) {
-  return [wire](comm::Communicator& group, GradBucket& bucket) {
+CommHook compress_hook(c10::ScalarType wire, std::shared_ptr<CommStats> stats) {
+  CommHook plain = allreduce_hook(stats);
+  return [wire, stats, plain](comm::Communicator& group, GradBucket& bucket) {
     auto& buf = bucket.buffer;
-    if (buf.scalar_type() == wire) return allreduce_hook()(group, bucket);
+    if (buf.scalar_type() == wire) return plain(group, bucket);
     if (!bucket.state.defined() || bucket.state.numel() != buf.numel() || bucket.state.scalar_type() != wire)
       bucket.state = torch::empty({buf.numel()}, buf.options().dtype(wire));
     // Divide before the cast so the sum of world-size values stays inside the narrow type's range.
@@ -28,12 +30,17 @@ CommHook compress_hook(c10::ScalarType wire) {
     bucket.state.copy_(buf);
     group.allreduce(bucket.state.data_ptr(), static_cast<size_t>(buf.numel()), to_dtype(wire),
                     comm::ReduceOp::sum);
+    if (stats) stats->add(static_cast<uint64_t>(bucket.state.numel() * bucket.state.element_size()));
     buf.copy_(bucket.state);
   };
 }
 }  // namespace
 
-CommHook fp16_compress_hook() { return compress_hook(c10::ScalarType::Half); }
-CommHook bf16_compress_hook() { return compress_hook(c10::ScalarType::BFloat16); }
+CommHook fp16_compress_hook(std::shared_ptr<CommStats> stats) {
+  return compress_hook(c10::ScalarType::Half, std::move(stats));
+}
+CommHook bf16_compress_hook(std::shared_ptr<CommStats> stats) {
+  return compress_hook(c10::ScalarType::BFloat16, std::move(stats));
+}
 
 }  // namespace gz

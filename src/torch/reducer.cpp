@@ -118,6 +118,9 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       // optimizer.zero_grad() may detach_() it.
       views_[i] = bk.grad.buffer.narrow(0, off, n).view(params_[i].sizes()).detach();
       off += n;
+      // What stateful hooks (error feedback, PowerSGD) see: per-parameter views and stable ids.
+      bk.grad.gradients.push_back(views_[i]);
+      bk.grad.param_ids.push_back(i);
     }
   }
   // Gradients that were views of the old buffers move to the new ones.
