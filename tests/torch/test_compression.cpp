@@ -273,6 +273,8 @@ TEST_P(ErrorFeedback, KeepsTheSumOfUpdatesOnTrack) {
   EXPECT_LT(w160, 0.1 * without) << "with error feedback " << w160 << ", without " << without;
 }
 
+void PrintTo(Compression c, std::ostream* os) { *os << to_string(c); }
+
 INSTANTIATE_TEST_SUITE_P(Methods, ErrorFeedback,
                          ::testing::Values(Compression::powersgd, Compression::int8, Compression::topk),
                          [](const auto& info) { return std::string(to_string(info.param)); });
@@ -322,10 +324,15 @@ RunResult train(Front front, CompressionOptions o, int steps) {
   auto p = make_problem(steps, world * b);
   std::vector<std::vector<torch::Tensor>> final_params(world);
   std::vector<double> losses;
+  // Made here: the RNG is global, ranks seeding it in their threads would race.
+  std::vector<Student> models;
+  for (int r = 0; r < world; ++r) {
+    torch::manual_seed(5 + r);  // different on purpose: DDP and broadcast_parameters must align them
+    models.emplace_back();
+  }
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store);
-    torch::manual_seed(5);
-    Student m;
+    auto& m = models[static_cast<size_t>(r)];
     torch::optim::SGD sgd(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     std::unique_ptr<DistributedDataParallel> ddp;
     std::unique_ptr<DistributedOptimizer> hvd;
@@ -339,6 +346,7 @@ RunResult train(Front front, CompressionOptions o, int steps) {
     } else {
       NamedParameters named;
       for (auto& it : m->named_parameters()) named.emplace_back(it.key(), it.value());
+      broadcast_parameters(named, 0, g);
       DistributedOptimizerOptions h;
       h.compression = o.method;
       h.compression_options = o;
@@ -369,6 +377,9 @@ RunResult train(Front front, CompressionOptions o, int steps) {
 struct ConvergenceCase {
   Front front;
   Compression method;
+  friend void PrintTo(const ConvergenceCase& c, std::ostream* os) {
+    *os << (c.front == Front::ddp ? "ddp " : "horovod ") << to_string(c.method);
+  }
 };
 
 class Convergence : public ::testing::TestWithParam<ConvergenceCase> {};
@@ -382,6 +393,7 @@ TEST_P(Convergence, ReachesTheUncompressedLossScale) {
   o.start_step = 5;
   auto plain = train(GetParam().front, options_for(Compression::none), steps);
   auto res = train(GetParam().front, o, steps);
+  EXPECT_TRUE(plain.replicas_equal) << "uncompressed: ranks applied different updates";
   EXPECT_TRUE(res.replicas_equal) << "ranks applied different updates";
   EXPECT_LT(res.last_loss, 0.05 * res.first_loss) << "first " << res.first_loss << " last " << res.last_loss;
   EXPECT_LT(res.last_loss, 5 * plain.last_loss + 1e-4) << "uncompressed reaches " << plain.last_loss;

@@ -190,6 +190,10 @@ TEST_P(AsyncAveraging, SynchronizeGivesEveryRankTheMean) {
     o.max_staleness = 3;
     AsyncModelAverager avg({p}, {buf, step}, g, o);
     for (int t = 0; t < 4; ++t) avg.step();
+    // By step 4 the bound (3) forced the first round in: it replaced the parameters by the average
+    // (nothing changed since the snapshot), before any synchronize().
+    EXPECT_GE(avg.rounds(), 1);
+    EXPECT_TRUE(torch::allclose(p, torch::full({5, 3}, 2.0f))) << "rank " << r << " after a folded round: " << p[0][0];
     avg.synchronize();
     out[static_cast<size_t>(r)] = {p.clone(), buf.clone(), step.clone()};
   });
