@@ -111,15 +111,14 @@ on_both() {
   for i in 0 1; do { echo "-- host $i"; tail -n 30 "$OUT/$name.h$i"; } >>"$log"; done
   return $ok
 }
-launch() {  # gzrun on both hosts, 1 rank each; the rest is the command
-  port=$((port + 1))
+launch() {  # gzrun on both hosts, 1 rank each, on port $port; the rest is the command
   echo env -u GZ_NODE_ID "$gzrun" --nnodes 2 --node-rank "{RANK}" --master-addr "$master" --master-port "$port" \
     --nproc-per-node 1 --rdzv-timeout 60 --
 }
 median() { tr ' ' '\n' <<<"$1" | { grep -v '^$' || true; } | sort -g |
   awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; commit $(git -C "$root" rev-parse --short HEAD)" | tee -a "$log" >&2
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) CPUs; commit $(git -C "$root" rev-parse --short HEAD)" | tee -a "$log" >&2
 echo "uptime at start: $(uptime)" | tee -a "$log" >&2
 
 if [ "$part" = throughput ]; then
@@ -129,6 +128,7 @@ if [ "$part" = throughput ]; then
       set_rate "$rate"
       for m in $METHODS; do
         name=bert_${rate}_${m}_r$rep
+        port=$((port + 1))
         read -r -a lf <<<"$(launch)"
         read -r -a mf <<<"$(bench_flags "$m")"
         if on_both "$name" "${lf[@]}" "$bench" train --model bert-small --mode ddp --batch "$BERT_BATCH" \
@@ -168,6 +168,7 @@ else
       name=fmnist_${rate}_${m}
       dir=$OUT/$name
       rm -rf "$dir.0" "$dir.1"
+      port=$((port + 1))
       read -r -a lf <<<"$(launch)"
       read -r -a mf <<<"$(train_flags "$m")"
       read -r -a xf <<<"$FM_FLAGS"

@@ -18,45 +18,41 @@ struct Layout {
   int64_t bytes() const { return (header_bytes() + numel + 7) / 8 * 8; }
 };
 
-// Quantise x (f32, flat) into msg. Per chunk: lo = min, hi = max, q = round((x - lo) * 255 / (hi - lo)).
-void quantise(const torch::Tensor& x, const Layout& l, const torch::Tensor& msg) {
-  auto header = msg.narrow(0, 0, l.header_bytes()).view(torch::kFloat).view({l.nch, 2});
-  auto q = msg.narrow(0, l.header_bytes(), l.numel);
-  const int64_t full = l.numel / l.chunk, tail = l.numel - full * l.chunk;
-  auto one = [](const torch::Tensor& v, const torch::Tensor& hdr, const torch::Tensor& out) {
-    // v: [rows, cols]; hdr: [rows, 2]; out: [rows, cols] bytes.
-    auto lo = std::get<0>(v.min(1, true)), hi = std::get<0>(v.max(1, true));
-    hdr.narrow(1, 0, 1).copy_(lo);
-    hdr.narrow(1, 1, 1).copy_(hi);
-    auto range = hi - lo;
+// Quantise x (f32, flat, CPU) into msg, chunk by chunk: lo = min, hi = max,
+// q = round((x - lo) * 255 / (hi - lo)). Plain loops: one pass for the range, one to quantise.
+void quantise(const float* x, const Layout& l, uint8_t* msg) {
+  auto* header = reinterpret_cast<float*>(msg);
+  uint8_t* q = msg + l.header_bytes();
+  for (int64_t c = 0; c < l.nch; ++c) {
+    const int64_t begin = c * l.chunk, n = std::min(l.chunk, l.numel - begin);
+    const float* v = x + begin;
+    float lo = v[0], hi = v[0];
+    for (int64_t i = 1; i < n; ++i) {
+      lo = std::min(lo, v[i]);
+      hi = std::max(hi, v[i]);
+    }
+    header[2 * c] = lo;
+    header[2 * c + 1] = hi;
     // A constant chunk (range 0) sends zeros: dequantised as lo.
-    auto inv = torch::where(range > 0, 255.0 / range, torch::zeros_like(range));
-    out.copy_((v - lo).mul_(inv).round_().clamp_(0, 255).to(torch::kByte));
-  };
-  if (full > 0)
-    one(x.narrow(0, 0, full * l.chunk).view({full, l.chunk}), header.narrow(0, 0, full),
-        q.narrow(0, 0, full * l.chunk).view({full, l.chunk}));
-  if (tail > 0)
-    one(x.narrow(0, full * l.chunk, tail).view({1, tail}), header.narrow(0, full, 1),
-        q.narrow(0, full * l.chunk, tail).view({1, tail}));
+    const float inv = hi > lo ? 255.0f / (hi - lo) : 0.0f;
+    uint8_t* out = q + begin;
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = static_cast<uint8_t>(std::min((v[i] - lo) * inv + 0.5f, 255.0f));  // >= 0: truncation rounds
+  }
 }
 
-// out (f32, flat) += dequantised msg: lo + q * ((hi - lo) / 255).
-void add_dequantised(const torch::Tensor& msg, const Layout& l, const torch::Tensor& out) {
-  auto header = msg.narrow(0, 0, l.header_bytes()).view(torch::kFloat).view({l.nch, 2});
-  auto q = msg.narrow(0, l.header_bytes(), l.numel);
-  const int64_t full = l.numel / l.chunk, tail = l.numel - full * l.chunk;
-  auto one = [](const torch::Tensor& qv, const torch::Tensor& hdr, const torch::Tensor& o) {
-    auto lo = hdr.narrow(1, 0, 1), hi = hdr.narrow(1, 1, 1);
-    auto step = (hi - lo).div_(255.0);
-    o.add_(qv.to(torch::kFloat).mul_(step).add_(lo));
-  };
-  if (full > 0)
-    one(q.narrow(0, 0, full * l.chunk).view({full, l.chunk}), header.narrow(0, 0, full),
-        out.narrow(0, 0, full * l.chunk).view({full, l.chunk}));
-  if (tail > 0)
-    one(q.narrow(0, full * l.chunk, tail).view({1, tail}), header.narrow(0, full, 1),
-        out.narrow(0, full * l.chunk, tail).view({1, tail}));
+// out (f32, flat, CPU) += dequantised msg: lo + q * ((hi - lo) / 255). The same arithmetic on every
+// rank, so every rank gets the same sum.
+void add_dequantised(const uint8_t* msg, const Layout& l, float* out) {
+  const auto* header = reinterpret_cast<const float*>(msg);
+  const uint8_t* q = msg + l.header_bytes();
+  for (int64_t c = 0; c < l.nch; ++c) {
+    const int64_t begin = c * l.chunk, n = std::min(l.chunk, l.numel - begin);
+    const float lo = header[2 * c], step = (header[2 * c + 1] - lo) / 255.0f;
+    float* o = out + begin;
+    const uint8_t* qc = q + begin;
+    for (int64_t i = 0; i < n; ++i) o[i] += lo + static_cast<float>(qc[i]) * step;
+  }
 }
 
 void reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
@@ -65,24 +61,26 @@ void reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
   if (bucket.divisor != 1) buf.div_(bucket.divisor);
   const auto slices = compression::slices_of(bucket);
   if (s.options.error_feedback) s.residuals.add_to(bucket, slices);
-  // Quantise and sum in f32 whatever the gradients' type.
-  auto x = buf.to(torch::kFloat).contiguous();
+  // Quantise and sum in f32 on the CPU whatever the gradients' type and device (a no-op for f32
+  // CPU buckets).
+  auto x = buf.to(torch::kCPU, torch::kFloat).contiguous();
   const Layout l{x.numel(), s.options.int8_chunk, (x.numel() + s.options.int8_chunk - 1) / s.options.int8_chunk};
   const int world = group.size();
   auto recv = torch::empty({world * l.bytes()}, torch::kByte);
-  auto mine = recv.narrow(0, group.rank() * l.bytes(), l.bytes());
-  quantise(x, l, mine);
+  auto* all = recv.data_ptr<uint8_t>();
+  uint8_t* mine = all + group.rank() * l.bytes();
+  quantise(x.data_ptr<float>(), l, mine);
   if (s.options.error_feedback) {
     // What this rank's bytes stand for; the rest is its quantisation error, kept for next step.
     auto own = torch::zeros_like(x);
-    add_dequantised(mine, l, own);
-    s.residuals.store(slices, x.sub(own).to(buf.scalar_type()));
+    add_dequantised(mine, l, own.data_ptr<float>());
+    s.residuals.store(slices, x.sub(own).to(buf.device(), buf.scalar_type()));
   }
-  group.allgather(mine.data_ptr(), recv.data_ptr(), static_cast<size_t>(l.bytes()), DType::u8);
-  s.count(mine);
+  group.allgather(mine, all, static_cast<size_t>(l.bytes()), DType::u8);
+  if (s.stats) s.stats->add(static_cast<uint64_t>(l.bytes()));
   // Every rank adds the same messages in the same order: the same result everywhere.
   auto sum = torch::zeros_like(x);
-  for (int r = 0; r < world; ++r) add_dequantised(recv.narrow(0, r * l.bytes(), l.bytes()), l, sum);
+  for (int r = 0; r < world; ++r) add_dequantised(all + r * l.bytes(), l, sum.data_ptr<float>());
   buf.copy_(sum);
 }
 
