@@ -379,8 +379,10 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
     auto gtype = g0.scalar_type();
     auto wtype = wire_type(options_.compression, gtype);
     if (in_place(g0)) {
-      if (hook_) run_hook(g0.view({-1}), {g0}, {idx[k]});
-      else average(g0, gtype);
+      if (hook_)
+        run_hook(g0.view({-1}), {g0}, {idx[k]});
+      else
+        average(g0, gtype);
       ++k;
       continue;
     }

@@ -17,7 +17,8 @@ CompressionOptions compression_options(const TrainConfig& c) {
 }  // namespace
 
 CommHook CommAlgorithms::ddp_hook(const TrainConfig& c) {
-  if (c.averaging.method != "none") return post_local_sgd_hook(c.averaging.warmup_steps, allreduce_hook(stats_));
+  if (c.averaging.method != "none")
+    return post_local_sgd_hook(c.averaging.warmup_steps, allreduce_hook(stats_));
   return make_comm_hook(compression_options(c), stats_);
 }
 
@@ -29,7 +30,8 @@ DistributedOptimizerOptions CommAlgorithms::horovod_options(const TrainConfig& c
   return o;
 }
 
-void CommAlgorithms::build_averager(const TrainConfig& c, torch::nn::Module& model, const comm::CommPtr& group) {
+void CommAlgorithms::build_averager(const TrainConfig& c, torch::nn::Module& model,
+                                    const comm::CommPtr& group) {
   if (c.averaging.method == "local_sgd") {
     LocalSGDOptions o;
     o.period = c.averaging.period;

@@ -61,7 +61,8 @@ Outputs run_hook(int world, const std::function<CommHook()>& make, const Inputs&
 void expect_same_on_every_rank(const Outputs& out) {
   for (size_t r = 1; r < out.size(); ++r)
     for (size_t s = 0; s < out[r].size(); ++s)
-      EXPECT_TRUE(torch::equal(out[r][s], out[0][s])) << "rank " << r << " step " << s << " differs from rank 0";
+      EXPECT_TRUE(torch::equal(out[r][s], out[0][s]))
+          << "rank " << r << " step " << s << " differs from rank 0";
 }
 
 torch::Tensor mean_of(const std::vector<torch::Tensor>& per_rank, double divisor) {
@@ -78,7 +79,7 @@ torch::Tensor mean_of(const std::vector<torch::Tensor>& per_rank, double divisor
 TEST(Int8Hook, SumsExactlyRepresentableValuesExactly) {
   for (int world : {2, 3, 4}) {
     for (double divisor : {1.0, static_cast<double>(world)}) {
-      if (divisor == 3) continue;  // x / 3 is not dyadic
+      if (divisor == 3) continue;            // x / 3 is not dyadic
       const int64_t n = 3000, chunk = 1024;  // two full chunks and a tail of 952
       Inputs in(1);
       for (int r = 0; r < world; ++r) {
@@ -93,7 +94,8 @@ TEST(Int8Hook, SumsExactlyRepresentableValuesExactly) {
       auto o = options_for(Compression::int8);
       o.int8_chunk = chunk;
       o.error_feedback = true;
-      auto out = run_hook(world, [&] { return int8_hook(o); }, in, divisor);
+      auto out = run_hook(
+          world, [&] { return int8_hook(o); }, in, divisor);
       auto expected = mean_of(in[0], divisor).to(torch::kFloat);
       EXPECT_TRUE(torch::equal(out[0][0], expected))
           << "world " << world << " divisor " << divisor << ": max error "
@@ -111,7 +113,8 @@ TEST(Int8Hook, ErrorIsAtMostHalfAStepPerRank) {
   for (int r = 0; r < world; ++r) in[0].push_back(torch::randn({n}) * (r + 1));
   auto o = options_for(Compression::int8);
   o.int8_chunk = chunk;
-  auto out = run_hook(world, [&] { return int8_hook(o); }, in, 1.0);
+  auto out = run_hook(
+      world, [&] { return int8_hook(o); }, in, 1.0);
   // Per element: the sum over ranks of half that rank's step in the element's chunk.
   auto bound = torch::zeros({n}, torch::kDouble);
   for (auto& x : in[0])
@@ -140,11 +143,13 @@ TEST(TopKHook, SendsTheLargestValuesAndFeedsBackTheRest) {
     auto o = options_for(Compression::topk);
     o.topk_ratio = 0.2;
     o.error_feedback = ef;
-    auto out = run_hook(world, [&] { return topk_hook(o); }, in, 1.0);
+    auto out = run_hook(
+        world, [&] { return topk_hook(o); }, in, 1.0);
     EXPECT_TRUE(torch::equal(out[0][0], torch::tensor({5.f, 3.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, -2.f})))
         << out[0][0];
     // Step 2, zero gradients: with error feedback rank 0 sends what it kept back (1 and 0.5).
-    auto second = ef ? torch::tensor({0.f, 1.f, 0.5f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}) : torch::zeros({10});
+    auto second =
+        ef ? torch::tensor({0.f, 1.f, 0.5f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}) : torch::zeros({10});
     EXPECT_TRUE(torch::equal(out[0][1], second)) << "error feedback " << ef << ": " << out[0][1];
     expect_same_on_every_rank(out);
   }
@@ -158,7 +163,8 @@ TEST(TopKHook, CountsIndicesAndValuesOnly) {
   o.topk_ratio = 0.05;  // k = 50: 50 x (4-byte index + 4-byte value), padded to 8
   std::vector<std::shared_ptr<CommStats>> stats{std::make_shared<CommStats>(), std::make_shared<CommStats>()};
   std::atomic<int> made{0};
-  run_hook(world, [&] { return topk_hook(o, stats[static_cast<size_t>(made++)]); }, in, 2.0);
+  run_hook(
+      world, [&] { return topk_hook(o, stats[static_cast<size_t>(made++)]); }, in, 2.0);
   for (auto& s : stats) {
     EXPECT_EQ(s->bytes.load(), 3u * 400u);
     EXPECT_EQ(s->collectives.load(), 3u);
@@ -185,8 +191,10 @@ torch::Tensor low_rank_bucket(int r) {
   torch::manual_seed(100 + r);
   std::vector<torch::Tensor> parts;
   for (auto& s : kShapes) {
-    if (s.size() == 2 && s[0] > 6) parts.push_back(torch::outer(torch::randn({s[0]}), torch::randn({s[1]})).view(-1));
-    else parts.push_back(torch::randn({s[0] * (s.size() == 2 ? s[1] : 1)}));
+    if (s.size() == 2 && s[0] > 6)
+      parts.push_back(torch::outer(torch::randn({s[0]}), torch::randn({s[1]})).view(-1));
+    else
+      parts.push_back(torch::randn({s[0] * (s.size() == 2 ? s[1] : 1)}));
   }
   return torch::cat(parts);
 }
@@ -203,7 +211,8 @@ TEST(PowerSGDHook, ExactForLowRankAverages) {
   std::vector<std::shared_ptr<CommStats>> stats;
   for (int r = 0; r < world; ++r) stats.push_back(std::make_shared<CommStats>());
   std::atomic<int> made{0};
-  auto out = run_hook(world, [&] { return powersgd_hook(o, stats[static_cast<size_t>(made++)]); }, in, world, kShapes);
+  auto out = run_hook(
+      world, [&] { return powersgd_hook(o, stats[static_cast<size_t>(made++)]); }, in, world, kShapes);
   auto expected = mean_of(in[0], world).to(torch::kFloat);
   for (int s = 0; s < 2; ++s) {
     const double err = (out[0][static_cast<size_t>(s)] - expected).abs().max().item<double>();
@@ -228,11 +237,13 @@ TEST(PowerSGDHook, FirstStartStepsAreExactAllReduces) {
   auto o = options_for(Compression::powersgd);
   o.powersgd_rank = 1;
   o.start_step = 2;
-  auto out = run_hook(world, [&] { return powersgd_hook(o); }, in, world, kShapes);
+  auto out = run_hook(
+      world, [&] { return powersgd_hook(o); }, in, world, kShapes);
   for (int s = 0; s < 3; ++s) {
     auto expected = mean_of(in[static_cast<size_t>(s)], world).to(torch::kFloat);
     const bool close = torch::allclose(out[0][static_cast<size_t>(s)], expected, 1e-5, 1e-6);
-    EXPECT_EQ(close, s < 2) << "step " << s << ": plain all-reduce for start_step steps, rank-1 approximation after";
+    EXPECT_EQ(close, s < 2) << "step " << s
+                            << ": plain all-reduce for start_step steps, rank-1 approximation after";
   }
 }
 
@@ -255,7 +266,8 @@ double drift(Compression method, bool ef, int steps) {
   o.powersgd_rank = 2;
   o.topk_ratio = 0.05;
   o.int8_chunk = 4096;
-  auto out = run_hook(world, [&] { return make_comm_hook(o); }, in, world, shapes);
+  auto out = run_hook(
+      world, [&] { return make_comm_hook(o); }, in, world, shapes);
   auto sum = torch::zeros({n}, torch::kDouble);
   for (auto& t : out[0]) sum += t.to(torch::kDouble);
   auto target = mean_of(grads, world) * steps;
@@ -358,8 +370,10 @@ RunResult train(Front front, CompressionOptions o, int steps) {
       auto out = ddp ? ddp->forward([&] { return m->forward(x); }) : m->forward(x);
       auto loss = torch::mse_loss(out, y);
       loss.backward();
-      if (hvd) hvd->step();
-      else sgd.step();
+      if (hvd)
+        hvd->step();
+      else
+        sgd.step();
       if (r == 0) losses.push_back(loss.item<double>());
     }
     for (auto& t : m->parameters()) final_params[static_cast<size_t>(r)].push_back(t.detach().clone());
@@ -399,20 +413,21 @@ TEST_P(Convergence, ReachesTheUncompressedLossScale) {
   EXPECT_LT(res.last_loss, 5 * plain.last_loss + 1e-4) << "uncompressed reaches " << plain.last_loss;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Hooks, Convergence,
-    ::testing::Values(ConvergenceCase{Front::ddp, Compression::powersgd}, ConvergenceCase{Front::ddp, Compression::int8},
-                      ConvergenceCase{Front::ddp, Compression::topk},
-                      ConvergenceCase{Front::horovod, Compression::powersgd},
-                      ConvergenceCase{Front::horovod, Compression::int8},
-                      ConvergenceCase{Front::horovod, Compression::topk}),
-    [](const auto& info) {
-      return std::string(info.param.front == Front::ddp ? "ddp_" : "horovod_") + to_string(info.param.method);
-    });
+INSTANTIATE_TEST_SUITE_P(Hooks, Convergence,
+                         ::testing::Values(ConvergenceCase{Front::ddp, Compression::powersgd},
+                                           ConvergenceCase{Front::ddp, Compression::int8},
+                                           ConvergenceCase{Front::ddp, Compression::topk},
+                                           ConvergenceCase{Front::horovod, Compression::powersgd},
+                                           ConvergenceCase{Front::horovod, Compression::int8},
+                                           ConvergenceCase{Front::horovod, Compression::topk}),
+                         [](const auto& info) {
+                           return std::string(info.param.front == Front::ddp ? "ddp_" : "horovod_") +
+                                  to_string(info.param.method);
+                         });
 
 TEST(Compression, NamesRoundTrip) {
-  for (auto c : {Compression::none, Compression::fp16, Compression::bf16, Compression::powersgd, Compression::int8,
-                 Compression::topk})
+  for (auto c : {Compression::none, Compression::fp16, Compression::bf16, Compression::powersgd,
+                 Compression::int8, Compression::topk})
     EXPECT_EQ(parse_compression(to_string(c)), c);
   EXPECT_THROW(parse_compression("onebit"), gz::InvalidArgument);
 }

@@ -23,7 +23,8 @@ const bool kOneThread = [] {
 
 constexpr int64_t kB = 4;  // per-rank batch
 
-comm::CommPtr make_backend_comm(const std::string& backend, int rank, int world, std::shared_ptr<Store> store) {
+comm::CommPtr make_backend_comm(const std::string& backend, int rank, int world,
+                                std::shared_ptr<Store> store) {
   comm::CommOptions o;
   o.backend = backend;
   o.rank = rank;
@@ -49,8 +50,8 @@ bool same(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>&
 // `world` ranks train an MLP with SGD + momentum on their shards for `steps` steps: plain DDP, or
 // local SGD (post_local_sgd_hook(W) + PeriodicModelAverager(H, W)). Returns every rank's
 // parameters after every step.
-std::vector<std::vector<std::vector<torch::Tensor>>> train(int world, int steps, bool local_sgd, int64_t period,
-                                                           int64_t warmup) {
+std::vector<std::vector<std::vector<torch::Tensor>>> train(int world, int steps, bool local_sgd,
+                                                           int64_t period, int64_t warmup) {
   auto models = make_mlps(world);
   auto d = make_data(steps, world * kB);
   std::vector<std::vector<std::vector<torch::Tensor>>> history(static_cast<size_t>(world));
@@ -104,10 +105,12 @@ TEST(LocalSGD, WarmupThenEveryPeriodSteps) {
   for (int s = 0; s < steps; ++s) {
     const int t = s + 1;
     const bool expect_equal = t <= 2 || t == 5 || t == 8;
-    EXPECT_EQ(same(h[0][static_cast<size_t>(s)], h[1][static_cast<size_t>(s)]), expect_equal) << "after step " << t;
+    EXPECT_EQ(same(h[0][static_cast<size_t>(s)], h[1][static_cast<size_t>(s)]), expect_equal)
+        << "after step " << t;
   }
   // The warm-up is DDP exactly.
-  for (int s = 0; s < 2; ++s) EXPECT_TRUE(same(h[0][static_cast<size_t>(s)], ddp[0][static_cast<size_t>(s)])) << s;
+  for (int s = 0; s < 2; ++s)
+    EXPECT_TRUE(same(h[0][static_cast<size_t>(s)], ddp[0][static_cast<size_t>(s)])) << s;
 }
 
 TEST(LocalSGD, CountsTheBytesOfEachAverage) {
@@ -155,8 +158,10 @@ TEST_P(AsyncAveraging, RespectsTheStalenessBound) {
       at[static_cast<size_t>(r)].store(t);
       avg.step();
       for (int q = 0; q < world; ++q)
-        worst_gap[static_cast<size_t>(r)] = std::max(worst_gap[static_cast<size_t>(r)], t - at[static_cast<size_t>(q)].load());
-      worst_staleness[static_cast<size_t>(r)] = std::max(worst_staleness[static_cast<size_t>(r)], avg.staleness());
+        worst_gap[static_cast<size_t>(r)] =
+            std::max(worst_gap[static_cast<size_t>(r)], t - at[static_cast<size_t>(q)].load());
+      worst_staleness[static_cast<size_t>(r)] =
+          std::max(worst_staleness[static_cast<size_t>(r)], avg.staleness());
     }
     avg.synchronize();
     waits[static_cast<size_t>(r)] = avg.waits();
@@ -166,7 +171,8 @@ TEST_P(AsyncAveraging, RespectsTheStalenessBound) {
   for (int r = 0; r < world; ++r) {
     EXPECT_LE(worst_gap[static_cast<size_t>(r)], bound) << "rank " << r << " ran ahead of a slower rank";
     EXPECT_LE(worst_staleness[static_cast<size_t>(r)], bound) << "rank " << r;
-    EXPECT_TRUE(same(final_params[static_cast<size_t>(r)], final_params[0])) << "rank " << r << " after synchronize()";
+    EXPECT_TRUE(same(final_params[static_cast<size_t>(r)], final_params[0]))
+        << "rank " << r << " after synchronize()";
   }
   EXPECT_GT(waits[0], 0) << "the fast rank never waited";
   EXPECT_GT(rounds[0], 5) << "hardly any rounds ran";
@@ -193,7 +199,8 @@ TEST_P(AsyncAveraging, SynchronizeGivesEveryRankTheMean) {
     // By step 4 the bound (3) forced the first round in: it replaced the parameters by the average
     // (nothing changed since the snapshot), before any synchronize().
     EXPECT_GE(avg.rounds(), 1);
-    EXPECT_TRUE(torch::allclose(p, torch::full({5, 3}, 2.0f))) << "rank " << r << " after a folded round: " << p[0][0];
+    EXPECT_TRUE(torch::allclose(p, torch::full({5, 3}, 2.0f)))
+        << "rank " << r << " after a folded round: " << p[0][0];
     avg.synchronize();
     out[static_cast<size_t>(r)] = {p.clone(), buf.clone(), step.clone()};
   });
@@ -221,7 +228,8 @@ TEST(AsyncAveraging, PeerDroppingOutFailsTheOthersPromptly) {
     o.max_staleness = 1;
     gz::Stopwatch sw;
     try {
-      auto avg = std::make_unique<AsyncModelAverager>(std::vector<torch::Tensor>{w}, std::vector<torch::Tensor>{}, g, o);
+      auto avg = std::make_unique<AsyncModelAverager>(std::vector<torch::Tensor>{w},
+                                                      std::vector<torch::Tensor>{}, g, o);
       avg->step();
       if (r == 1) {
         avg.reset();  // leaves with a round in flight

@@ -1,9 +1,8 @@
 // The Trainer's compression: and averaging: blocks: parsing, validation, and 2-rank runs (threads,
 // shm) with each algorithm that must learn, end with equal replicas and count their bytes.
 #include <gtest/gtest.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -48,13 +47,13 @@ TEST(TrainerComm, ConfigRefusesWhatCannotWork) {
   auto bad = [](const std::string& yaml, std::vector<std::string> flags = {}) {
     EXPECT_THROW(parse_config(yaml, flags), gz::InvalidArgument) << yaml;
   };
-  bad("mode: single\ncompression:\n  method: topk\n");             // nothing to compress
-  bad("mode: horovod\naveraging:\n  method: local_sgd\n");          // averaging is DDP's
+  bad("mode: single\ncompression:\n  method: topk\n");                            // nothing to compress
+  bad("mode: horovod\naveraging:\n  method: local_sgd\n");                        // averaging is DDP's
   bad("mode: ddp\ncompression:\n  method: int8\naveraging:\n  method: async\n");  // one or the other
   bad("mode: ddp\ncompression:\n  method: onebit\n");
   bad("mode: ddp\ncompression:\n  topk_ratio: 0\n");
   bad("mode: ddp\naveraging:\n  period: 0\n");
-  bad("mode: ddp\ncompressio:\n  method: int8\n");                  // a typo'd block
+  bad("mode: ddp\ncompressio:\n  method: int8\n");  // a typo'd block
   bad("mode: ddp", {"--averaging.max_staleness", "-1"});
 }
 
@@ -79,12 +78,15 @@ Outcome run_two_ranks(const std::string& mode, const std::vector<std::string>& f
   Outcome out;
   out.params.resize(world);
   gz::test::run_ranks(world, [&](int rank, std::shared_ptr<gz::Store> store) {
-    std::vector<std::string> all{"--dataset", "synthetic", "--train_data", "512", "--test_data", "128",
-                                 "--net_type", "cnn", "--input_size", "8", "--in_channels", "1",
-                                 "--num_classes", "4", "--batch_size", "16", "--num_epochs", "3",
-                                 "--lr", "0.01", "--optimizer", "adamw", "--num_workers", "0",
-                                 "--progress", "false", "--tensorboard", "false", "--mode", mode,
-                                 "--work_dir", (dir / std::to_string(rank)).string()};
+    std::vector<std::string> all{
+        "--dataset",     "synthetic", "--train_data",  "512",
+        "--test_data",   "128",       "--net_type",    "cnn",
+        "--input_size",  "8",         "--in_channels", "1",
+        "--num_classes", "4",         "--batch_size",  "16",
+        "--num_epochs",  "3",         "--lr",          "0.01",
+        "--optimizer",   "adamw",     "--num_workers", "0",
+        "--progress",    "false",     "--tensorboard", "false",
+        "--mode",        mode,        "--work_dir",    (dir / std::to_string(rank)).string()};
     all.insert(all.end(), flags.begin(), flags.end());
     auto cfg = parse_config("", all);
     gz::comm::ShmOptions so;
@@ -92,7 +94,8 @@ Outcome run_two_ranks(const std::string& mode, const std::vector<std::string>& f
     Trainer t(cfg, gz::comm::create_shm_communicator(rank, world, store, so));
     auto m = t.train();
     if (rank == 0) out.metrics = m;
-    for (auto& p : t.model()->parameters()) out.params[static_cast<size_t>(rank)].push_back(p.detach().clone());
+    for (auto& p : t.model()->parameters())
+      out.params[static_cast<size_t>(rank)].push_back(p.detach().clone());
   });
   return out;
 }
@@ -112,8 +115,10 @@ TEST_P(TrainerCommRun, LearnsWithEqualReplicasAndCountsBytes) {
   auto res = run_two_ranks(GetParam().mode, GetParam().flags, tmp.path / "run");
   EXPECT_GT(res.metrics.at("test_accuracy"), 0.8);
   for (size_t i = 0; i < res.params[0].size(); ++i)
-    EXPECT_TRUE(torch::equal(res.params[0][i], res.params[1][i])) << "param " << i << " differs between the ranks";
-  const double bytes = res.metrics.at("comm_bytes_per_step"), plain_bytes = plain.metrics.at("comm_bytes_per_step");
+    EXPECT_TRUE(torch::equal(res.params[0][i], res.params[1][i]))
+        << "param " << i << " differs between the ranks";
+  const double bytes = res.metrics.at("comm_bytes_per_step"),
+               plain_bytes = plain.metrics.at("comm_bytes_per_step");
   EXPECT_GT(bytes, 0);
   if (GetParam().fewer_bytes) EXPECT_LT(bytes, 0.5 * plain_bytes) << "plain DDP: " << plain_bytes;
   EXPECT_GE(res.metrics.at("eval_seconds"), 0);
@@ -121,12 +126,13 @@ TEST_P(TrainerCommRun, LearnsWithEqualReplicasAndCountsBytes) {
 
 INSTANTIATE_TEST_SUITE_P(
     Algorithms, TrainerCommRun,
-    ::testing::Values(Case{"powersgd", "ddp", {"--compression.method", "powersgd", "--compression.rank", "2"}, true},
-                      Case{"int8_horovod", "horovod", {"--compression.method", "int8"}, true},
-                      Case{"topk", "ddp", {"--compression.method", "topk", "--compression.topk_ratio", "0.1"}, true},
-                      // 48 steps: with H = 5 the last step is no average; the final evaluation must average first.
-                      Case{"local_sgd", "ddp", {"--averaging.method", "local_sgd", "--averaging.period", "5"}, true},
-                      Case{"async", "ddp", {"--averaging.method", "async", "--averaging.max_staleness", "2"}, false}),
+    ::testing::Values(
+        Case{"powersgd", "ddp", {"--compression.method", "powersgd", "--compression.rank", "2"}, true},
+        Case{"int8_horovod", "horovod", {"--compression.method", "int8"}, true},
+        Case{"topk", "ddp", {"--compression.method", "topk", "--compression.topk_ratio", "0.1"}, true},
+        // 48 steps: with H = 5 the last step is no average; the final evaluation must average first.
+        Case{"local_sgd", "ddp", {"--averaging.method", "local_sgd", "--averaging.period", "5"}, true},
+        Case{"async", "ddp", {"--averaging.method", "async", "--averaging.max_staleness", "2"}, false}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -56,8 +56,8 @@ class AsyncModelAverager {
   /// @brief Collective: creates the averager's communicator and buffers. Assumes every rank starts
   /// from the same parameters (DDP broadcasts them), or warmup_steps of DDP.
   AsyncModelAverager(torch::nn::Module& module, comm::CommPtr group, AsyncAveragingOptions options = {});
-  AsyncModelAverager(std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers, comm::CommPtr group,
-                     AsyncAveragingOptions options = {});
+  AsyncModelAverager(std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
+                     comm::CommPtr group, AsyncAveragingOptions options = {});
   /// @brief A round still in flight (no synchronize() after the last step) is aborted: peers then
   /// fail with gz::Aborted rather than wait for it to time out.
   ~AsyncModelAverager();
@@ -89,8 +89,8 @@ class AsyncModelAverager {
   comm::CommPtr comm_;
   AsyncAveragingOptions options_;
   std::unique_ptr<averaging::FlatTensors> flat_;  // on comm_; reduced in place by the rounds
-  std::vector<torch::Tensor> snapshot_;            // per flat buffer: what this rank sent
-  std::vector<int64_t> header_;                    // {step, syncing}: min over ranks
+  std::vector<torch::Tensor> snapshot_;           // per flat buffer: what this rank sent
+  std::vector<int64_t> header_;                   // {step, syncing}: min over ranks
   comm::WorkPtr work_;
   int64_t step_ = 0;
   int64_t folded_step_ = 0;

@@ -130,8 +130,8 @@ class DistributedOptimizer {
   std::vector<size_t> plan_group_of_;
   std::vector<size_t> plan_left_;
   comm::WorkPtr loop_;
-  CommHook hook_;            // empty: all-reduce (cast per `compression`)
-  size_t hook_bucket_ = 0;   // groups handed to hook_ this step (progress thread only)
+  CommHook hook_;           // empty: all-reduce (cast per `compression`)
+  size_t hook_bucket_ = 0;  // groups handed to hook_ this step (progress thread only)
   int last_cycles_ = 0;
   bool last_replayed_ = false;
 };

@@ -53,8 +53,8 @@ class PeriodicModelAverager {
   /// @brief Parameters and buffers of `module`. Collective (allocates the flat buffer with the
   /// group); every rank passes the same shapes.
   PeriodicModelAverager(torch::nn::Module& module, comm::CommPtr group, LocalSGDOptions options = {});
-  PeriodicModelAverager(std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers, comm::CommPtr group,
-                        LocalSGDOptions options = {});
+  PeriodicModelAverager(std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
+                        comm::CommPtr group, LocalSGDOptions options = {});
   ~PeriodicModelAverager();
   PeriodicModelAverager(const PeriodicModelAverager&) = delete;
   PeriodicModelAverager& operator=(const PeriodicModelAverager&) = delete;

@@ -8,7 +8,8 @@
 
 namespace gz {
 
-AsyncModelAverager::AsyncModelAverager(torch::nn::Module& module, comm::CommPtr group, AsyncAveragingOptions options)
+AsyncModelAverager::AsyncModelAverager(torch::nn::Module& module, comm::CommPtr group,
+                                       AsyncAveragingOptions options)
     : AsyncModelAverager(module.parameters(), module.buffers(), std::move(group), std::move(options)) {}
 
 AsyncModelAverager::AsyncModelAverager(std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,

@@ -10,7 +10,8 @@ std::vector<torch::Tensor> averaged_tensors(const std::vector<torch::Tensor>& pa
   std::vector<torch::Tensor> out;
   for (const auto& p : params) {
     if (!c10::isFloatingType(p.scalar_type()))
-      GZ_THROW(InvalidArgument, "model averaging: a parameter of type ", p.scalar_type(), " cannot be averaged");
+      GZ_THROW(InvalidArgument, "model averaging: a parameter of type ", p.scalar_type(),
+               " cannot be averaged");
     out.push_back(p);
   }
   if (with_buffers)
@@ -38,28 +39,33 @@ FlatTensors::FlatTensors(std::vector<torch::Tensor> tensors, comm::Communicator&
   for (size_t k = 0; k < keys.size(); ++k) {
     auto opts = torch::TensorOptions().dtype(keys[k].first).device(keys[k].second);
     // CPU: memory the group all-reduces in place (shm maps it into every rank).
-    flats_.push_back(keys[k].second.is_cpu() ? alloc_buffer_tensor(group, sizes[k], opts) : torch::zeros({sizes[k]}, opts));
+    flats_.push_back(keys[k].second.is_cpu() ? alloc_buffer_tensor(group, sizes[k], opts)
+                                             : torch::zeros({sizes[k]}, opts));
   }
 }
 
 void FlatTensors::pack() {
   torch::NoGradGuard no_grad;
-  for (auto& e : entries_) flats_[e.flat].narrow(0, e.offset, e.tensor.numel()).view_as(e.tensor).copy_(e.tensor);
+  for (auto& e : entries_)
+    flats_[e.flat].narrow(0, e.offset, e.tensor.numel()).view_as(e.tensor).copy_(e.tensor);
 }
 
 void FlatTensors::unpack() {
   torch::NoGradGuard no_grad;
-  for (auto& e : entries_) e.tensor.copy_(flats_[e.flat].narrow(0, e.offset, e.tensor.numel()).view_as(e.tensor));
+  for (auto& e : entries_)
+    e.tensor.copy_(flats_[e.flat].narrow(0, e.offset, e.tensor.numel()).view_as(e.tensor));
 }
 
 void FlatTensors::add_to_tensors() {
   torch::NoGradGuard no_grad;
-  for (auto& e : entries_) e.tensor.add_(flats_[e.flat].narrow(0, e.offset, e.tensor.numel()).view_as(e.tensor));
+  for (auto& e : entries_)
+    e.tensor.add_(flats_[e.flat].narrow(0, e.offset, e.tensor.numel()).view_as(e.tensor));
 }
 
 void FlatTensors::allreduce_avg(comm::Communicator& group, CommStats* stats) {
   for (auto& f : flats_) {
-    group.allreduce(f.data_ptr(), static_cast<size_t>(f.numel()), to_dtype(f.scalar_type()), comm::ReduceOp::avg);
+    group.allreduce(f.data_ptr(), static_cast<size_t>(f.numel()), to_dtype(f.scalar_type()),
+                    comm::ReduceOp::avg);
     if (stats) stats->add(static_cast<uint64_t>(f.numel() * f.element_size()));
   }
 }

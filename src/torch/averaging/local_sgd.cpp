@@ -6,11 +6,13 @@
 
 namespace gz {
 
-PeriodicModelAverager::PeriodicModelAverager(torch::nn::Module& module, comm::CommPtr group, LocalSGDOptions options)
+PeriodicModelAverager::PeriodicModelAverager(torch::nn::Module& module, comm::CommPtr group,
+                                             LocalSGDOptions options)
     : PeriodicModelAverager(module.parameters(), module.buffers(), std::move(group), std::move(options)) {}
 
-PeriodicModelAverager::PeriodicModelAverager(std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
-                                             comm::CommPtr group, LocalSGDOptions options)
+PeriodicModelAverager::PeriodicModelAverager(std::vector<torch::Tensor> params,
+                                             std::vector<torch::Tensor> buffers, comm::CommPtr group,
+                                             LocalSGDOptions options)
     : group_(resolve_group(group)), options_(std::move(options)) {
   GZ_CHECK_ARG(options_.period >= 1, "local SGD period = ", options_.period);
   GZ_CHECK_ARG(options_.warmup_steps >= 0, "local SGD warmup_steps = ", options_.warmup_steps);

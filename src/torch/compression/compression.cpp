@@ -9,31 +9,43 @@ namespace gz {
 
 const char* to_string(Compression c) {
   switch (c) {
-    case Compression::none: return "none";
-    case Compression::fp16: return "fp16";
-    case Compression::bf16: return "bf16";
-    case Compression::powersgd: return "powersgd";
-    case Compression::int8: return "int8";
-    case Compression::topk: return "topk";
+    case Compression::none:
+      return "none";
+    case Compression::fp16:
+      return "fp16";
+    case Compression::bf16:
+      return "bf16";
+    case Compression::powersgd:
+      return "powersgd";
+    case Compression::int8:
+      return "int8";
+    case Compression::topk:
+      return "topk";
   }
   return "?";
 }
 
 Compression parse_compression(const std::string& name) {
-  for (auto c : {Compression::none, Compression::fp16, Compression::bf16, Compression::powersgd, Compression::int8,
-                 Compression::topk})
+  for (auto c : {Compression::none, Compression::fp16, Compression::bf16, Compression::powersgd,
+                 Compression::int8, Compression::topk})
     if (name == to_string(c)) return c;
   GZ_THROW(InvalidArgument, "unknown compression '", name, "' (known: none fp16 bf16 powersgd int8 topk)");
 }
 
 CommHook make_comm_hook(const CompressionOptions& options, std::shared_ptr<CommStats> stats) {
   switch (options.method) {
-    case Compression::none: return allreduce_hook(std::move(stats));
-    case Compression::fp16: return fp16_compress_hook(std::move(stats));
-    case Compression::bf16: return bf16_compress_hook(std::move(stats));
-    case Compression::powersgd: return powersgd_hook(options, std::move(stats));
-    case Compression::int8: return int8_hook(options, std::move(stats));
-    case Compression::topk: return topk_hook(options, std::move(stats));
+    case Compression::none:
+      return allreduce_hook(std::move(stats));
+    case Compression::fp16:
+      return fp16_compress_hook(std::move(stats));
+    case Compression::bf16:
+      return bf16_compress_hook(std::move(stats));
+    case Compression::powersgd:
+      return powersgd_hook(options, std::move(stats));
+    case Compression::int8:
+      return int8_hook(options, std::move(stats));
+    case Compression::topk:
+      return topk_hook(options, std::move(stats));
   }
   GZ_THROW(InvalidArgument, "make_comm_hook: bad compression method");
 }
@@ -76,8 +88,10 @@ void Residuals::store(const std::vector<Slice>& slices, const torch::Tensor& err
   for (const auto& s : slices) {
     auto& r = res_[s.key];
     auto part = error.narrow(0, s.offset, s.numel);
-    if (!r.defined() || r.numel() != s.numel || r.scalar_type() != part.scalar_type()) r = part.clone();
-    else r.copy_(part);
+    if (!r.defined() || r.numel() != s.numel || r.scalar_type() != part.scalar_type())
+      r = part.clone();
+    else
+      r.copy_(part);
   }
 }
 

@@ -64,7 +64,8 @@ void reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
   // Quantise and sum in f32 on the CPU whatever the gradients' type and device (a no-op for f32
   // CPU buckets).
   auto x = buf.to(torch::kCPU, torch::kFloat).contiguous();
-  const Layout l{x.numel(), s.options.int8_chunk, (x.numel() + s.options.int8_chunk - 1) / s.options.int8_chunk};
+  const Layout l{x.numel(), s.options.int8_chunk,
+                 (x.numel() + s.options.int8_chunk - 1) / s.options.int8_chunk};
   const int world = group.size();
   auto recv = torch::empty({world * l.bytes()}, torch::kByte);
   auto* all = recv.data_ptr<uint8_t>();

@@ -44,8 +44,10 @@ void orthogonalize(const torch::Tensor& p) {
   for (int64_t i = 0; i < r; ++i) {
     auto col = p.narrow(1, i, 1);
     const double norm = col.norm().item<double>();
-    if (std::isfinite(norm) && norm > 1e-30 && norm > tol * before[static_cast<size_t>(i)]) col.div_(norm);
-    else col.zero_();
+    if (std::isfinite(norm) && norm > 1e-30 && norm > tol * before[static_cast<size_t>(i)])
+      col.div_(norm);
+    else
+      col.zero_();
     if (i + 1 < r) {
       auto rest = p.narrow(1, i + 1, r - i - 1);
       rest.sub_(torch::mm(col, torch::mm(col.t(), rest)));
@@ -79,7 +81,8 @@ void reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
     const int64_t m = n > 0 ? sl.numel / n : 0;
     const int64_t r = std::min({s.options.powersgd_rank, n, m});
     if (n == 0 || m == 0 ||
-        static_cast<double>((n + m) * r) * s.options.powersgd_min_compression_rate >= static_cast<double>(n * m)) {
+        static_cast<double>((n + m) * r) * s.options.powersgd_min_compression_rate >=
+            static_cast<double>(n * m)) {
       plain.push_back(&sl);
       plain_n += sl.numel;
       continue;
@@ -95,8 +98,12 @@ void reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
     first.narrow(0, off, sl->numel).copy_(buf.narrow(0, sl->offset, sl->numel));
     off += sl->numel;
   }
-  auto matrix = [&](const Matrix& mt) { return buf.narrow(0, mt.slice->offset, mt.slice->numel).view({mt.n, mt.m}); };
-  auto p_of = [&](const Matrix& mt) { return first.narrow(0, plain_n + mt.p_off, mt.n * mt.r).view({mt.n, mt.r}); };
+  auto matrix = [&](const Matrix& mt) {
+    return buf.narrow(0, mt.slice->offset, mt.slice->numel).view({mt.n, mt.m});
+  };
+  auto p_of = [&](const Matrix& mt) {
+    return first.narrow(0, plain_n + mt.p_off, mt.n * mt.r).view({mt.n, mt.r});
+  };
   for (const auto& mt : mats) {
     auto& q = s.q[mt.slice->key];
     // A new parameter, no warm start, or a Q that collapsed (all zero: a zero gradient everywhere;
@@ -149,8 +156,8 @@ void reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
 
 CommHook powersgd_hook(const CompressionOptions& options, std::shared_ptr<CommStats> stats) {
   GZ_CHECK_ARG(options.powersgd_rank >= 1, "powersgd_rank = ", options.powersgd_rank);
-  GZ_CHECK_ARG(options.powersgd_min_compression_rate > 0, "powersgd_min_compression_rate = ",
-               options.powersgd_min_compression_rate);
+  GZ_CHECK_ARG(options.powersgd_min_compression_rate > 0,
+               "powersgd_min_compression_rate = ", options.powersgd_min_compression_rate);
   auto state = std::make_shared<PowerSGDState>(options, std::move(stats));
   return [state](comm::Communicator& group, GradBucket& bucket) {
     if (state->begin(bucket) || !c10::isFloatingType(bucket.buffer.scalar_type()))

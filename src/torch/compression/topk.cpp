@@ -32,8 +32,8 @@ void reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
   const int64_t n = buf.numel();
   GZ_CHECK_ARG(n < (int64_t(1) << 31), "topk: a bucket of ", n, " elements does not fit int32 indices");
   // k depends on the bucket's size only, so every rank sends the same amount.
-  const int64_t k = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(s.options.topk_ratio * static_cast<double>(n))),
-                                        1, n);
+  const int64_t k = std::clamp<int64_t>(
+      static_cast<int64_t>(std::ceil(s.options.topk_ratio * static_cast<double>(n))), 1, n);
   const auto type = buf.scalar_type();
   const Layout l{k, static_cast<int64_t>(c10::elementSize(type))};
   const int world = group.size();
