@@ -313,10 +313,11 @@ void Trainer::train_step(DataLoader& loader) {
 
 std::map<std::string, double> Trainer::evaluate() {
   std::map<std::string, double> out;
+  // Local SGD / async averaging: every rank evaluates (and then saves) the averaged model. Also
+  // without a test set: train() ends with an evaluation, which leaves every rank the same model.
+  impl_->comm.sync_replicas();
   if (!test_data_ || !model_) return out;
   torch::NoGradGuard no_grad;
-  // Local SGD / async averaging: every rank evaluates (and then saves) the averaged model.
-  impl_->comm.sync_replicas();
   // Rank 0's buffers (batch-norm statistics) everywhere, as DDP uses them in the next forward.
   if (group_ && world_ > 1)
     for (auto& b : model_->buffers()) gz::broadcast(b, 0, group_);

@@ -130,6 +130,24 @@ TEST(Int8Hook, ErrorIsAtMostHalfAStepPerRank) {
   expect_same_on_every_rank(out);
 }
 
+// A constant chunk, and one whose range is a denormal (255 / range overflows): both must come
+// through finite, within their range of the exact sum (UBSan caught NaN -> u8 casts here).
+TEST(Int8Hook, ConstantAndDenormalRangeChunksStayFinite) {
+  const int world = 2;
+  const int64_t chunk = 8;
+  auto a = torch::zeros({3 * chunk});
+  a.narrow(0, 0, chunk).fill_(0.25f);  // constant
+  a[chunk + 3] = 1e-44f;               // denormal range
+  a.narrow(0, 2 * chunk, chunk).copy_(torch::tensor({0.f, 255.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f}));  // exact
+  Inputs in{{a, a.clone()}};
+  auto o = options_for(Compression::int8);
+  o.int8_chunk = chunk;
+  auto out = run_hook(
+      world, [&] { return int8_hook(o); }, in, 1.0);
+  EXPECT_TRUE(torch::isfinite(out[0][0]).all().item<bool>()) << out[0][0];
+  EXPECT_LT((out[0][0] - 2 * a).abs().max().item<double>(), 1e-5) << out[0][0];
+}
+
 // ---------------------------------------------------------------------------------------------
 // top-k
 

@@ -1,6 +1,7 @@
 // 8-bit min-max quantisation ("ByteGrad"): per chunk a min, a max and one byte per element; the
 // quantised buckets are all-gathered and summed exactly by every rank.
 #include <algorithm>
+#include <cmath>
 
 #include "gz/core/error.h"
 #include "gz/torch/compression.h"
@@ -33,11 +34,15 @@ void quantise(const float* x, const Layout& l, uint8_t* msg) {
     }
     header[2 * c] = lo;
     header[2 * c + 1] = hi;
-    // A constant chunk (range 0) sends zeros: dequantised as lo.
-    const float inv = hi > lo ? 255.0f / (hi - lo) : 0.0f;
+    // A constant chunk (range 0) sends zeros: dequantised as lo. So does a range so small that
+    // 255 / range overflows (denormals), whose error is below any float anyway.
+    float inv = hi > lo ? 255.0f / (hi - lo) : 0.0f;
+    if (!std::isfinite(inv)) inv = 0.0f;
     uint8_t* out = q + begin;
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = static_cast<uint8_t>(std::min((v[i] - lo) * inv + 0.5f, 255.0f));  // >= 0: truncation rounds
+    for (int64_t i = 0; i < n; ++i) {
+      const float f = (v[i] - lo) * inv + 0.5f;  // >= 0.5 unless NaN: truncation rounds
+      out[i] = static_cast<uint8_t>(f > 0.0f ? std::min(f, 255.0f) : 0.0f);  // NaN (a NaN input) -> 0
+    }
   }
 }
 
