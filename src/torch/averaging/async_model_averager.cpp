@@ -32,12 +32,11 @@ AsyncModelAverager::AsyncModelAverager(std::vector<torch::Tensor> params, std::v
 
 AsyncModelAverager::~AsyncModelAverager() {
   if (!work_) return;
-  // Nobody will fold this round; peers waiting in it learn at once instead of at its deadline.
-  if (!work_->is_completed()) {
-    try {
-      comm_->abort("AsyncModelAverager destroyed with a round in flight (synchronize() was not called)");
-    } catch (...) {
-    }
+  // Not synchronised: peers are in this round or will start the next one, which this rank never
+  // joins. Aborting tells them at once instead of at the round's deadline.
+  try {
+    comm_->abort("AsyncModelAverager destroyed with a round in flight (synchronize() was not called)");
+  } catch (...) {
   }
   comm::finish_or_abort(*comm_, *work_, "AsyncModelAverager destroyed with a round in flight");
 }
