@@ -90,6 +90,14 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimiz
     names_.push_back(name);
     params_.push_back(p);
   }
+  if (options_.comm_hook) {
+    hook_ = options_.comm_hook;
+  } else if (options_.compression == Compression::powersgd || options_.compression == Compression::int8 ||
+             options_.compression == Compression::topk) {
+    CompressionOptions co = options_.compression_options;
+    co.method = options_.compression;
+    hook_ = make_comm_hook(co, options_.stats);
+  }
   passes_.assign(params_.size(), 0);
   submitted_.assign(params_.size(), 0);
   row_sparse_.assign(params_.size(), 0);
@@ -217,6 +225,7 @@ void DistributedOptimizer::run_cycles() {
   }
   bool replay = !plan.empty();
   size_t next_group = 0;
+  hook_bucket_ = 0;
   const auto patience = std::min({options_.stall_warning, stall_error, group_->timeout()}) / 2;
   while (ndone < n) {
     {
@@ -389,6 +398,7 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
   auto average = [&](const torch::Tensor& t, c10::ScalarType gtype) {
     const auto wtype = t.scalar_type();
     const auto count = static_cast<size_t>(t.numel());
+    if (options_.stats) options_.stats->add(static_cast<uint64_t>(t.numel() * t.element_size()));
     if (!c10::isFloatingType(wtype)) {
       group_->allreduce(t.data_ptr(), count, to_dtype(wtype), comm::ReduceOp::sum);
       t.div_(world, "trunc");
@@ -417,7 +427,10 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
       continue;
     }
     if (in_place(g0)) {
-      average(g0, gtype);
+      if (hook_)
+        run_hook(g0.view({-1}), {g0}, {idx[k]});
+      else
+        average(g0, gtype);
       ++k;
       continue;
     }
@@ -440,7 +453,20 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
       GZ_THROW(Error, "DistributedOptimizer: gradient of '", names_[idx[k]], "' (",
                g0.numel() * c10::elementSize(wtype), " bytes on the wire) does not fit the ", fusion_.numel(),
                "-byte fusion buffer");
-    average(buf.narrow(0, 0, off), gtype);
+    if (hook_) {
+      std::vector<torch::Tensor> views;
+      std::vector<size_t> ids;
+      int64_t o = 0;
+      for (size_t j = start; j < k; ++j) {
+        const auto& g = params_[idx[j]].grad();
+        views.push_back(buf.narrow(0, o, g.numel()).view(g.sizes()));
+        ids.push_back(idx[j]);
+        o += g.numel();
+      }
+      run_hook(buf.narrow(0, 0, off), std::move(views), std::move(ids));
+    } else {
+      average(buf.narrow(0, 0, off), gtype);
+    }
     off = 0;
     for (size_t j = start; j < k; ++j) {
       auto& g = params_[idx[j]].mutable_grad();
@@ -448,6 +474,17 @@ void DistributedOptimizer::reduce_fused(const std::vector<size_t>& idx) {
       off += g.numel();
     }
   }
+}
+
+void DistributedOptimizer::run_hook(const torch::Tensor& flat, std::vector<torch::Tensor> gradients,
+                                    std::vector<size_t> ids) {
+  GradBucket b;
+  b.index = hook_bucket_++;
+  b.buffer = flat;
+  b.divisor = group_->size();
+  b.gradients = std::move(gradients);
+  b.param_ids = std::move(ids);
+  hook_(*group_, b);
 }
 
 void DistributedOptimizer::synchronize() {

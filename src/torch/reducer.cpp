@@ -156,6 +156,9 @@ void Reducer::allocate_buckets(const std::vector<std::vector<size_t>>& layout) {
       // detach(): a plain tensor sharing the bucket's memory, not an autograd view, so
       // optimizer.zero_grad() may detach_() it.
       views_[i] = bk.grad.buffer.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes()).detach();
+      // What stateful hooks (error feedback, PowerSGD) see: per-parameter views and stable ids.
+      bk.grad.gradients.push_back(views_[i]);
+      bk.grad.param_ids.push_back(i);
     }
     if (row_sparse_[bk.params.front()]) {
       bk.grad.rows = views_[bk.params.front()];

@@ -130,6 +130,24 @@ std::vector<Field> fields(TrainConfig& c) {
       {"dp_replicas", Kind::Int, &c.dp_replicas, at_least<int64_t>(&c.dp_replicas, 1)},
       {"device", Kind::String, &c.device, one_of(&c.device, {"cpu", "cuda"})},
       {"mixed_precision", Kind::String, &c.mixed_precision, one_of(&c.mixed_precision, {"no", "bf16", "fp16"})},
+      // --- communication algorithms: the compression: and averaging: blocks ---
+      {"compression.method", Kind::String, &c.compression.method,
+       one_of(&c.compression.method, {"none", "fp16", "bf16", "powersgd", "int8", "topk"})},
+      {"compression.start_step", Kind::Int, &c.compression.start_step, at_least<int64_t>(&c.compression.start_step, 0)},
+      {"compression.error_feedback", Kind::Bool, &c.compression.error_feedback, none},
+      {"compression.rank", Kind::Int, &c.compression.rank, at_least<int64_t>(&c.compression.rank, 1)},
+      {"compression.int8_chunk", Kind::Int, &c.compression.int8_chunk, at_least<int64_t>(&c.compression.int8_chunk, 1)},
+      {"compression.topk_ratio", Kind::Double, &c.compression.topk_ratio, [&c] {
+         if (!(c.compression.topk_ratio > 0 && c.compression.topk_ratio <= 1))
+           return detail::concat("must be in (0, 1], got ", c.compression.topk_ratio);
+         return std::string();
+       }},
+      {"averaging.method", Kind::String, &c.averaging.method, one_of(&c.averaging.method, {"none", "local_sgd", "async"})},
+      {"averaging.period", Kind::Int, &c.averaging.period, at_least<int64_t>(&c.averaging.period, 1)},
+      {"averaging.warmup_steps", Kind::Int, &c.averaging.warmup_steps, at_least<int64_t>(&c.averaging.warmup_steps, 0)},
+      {"averaging.buffers", Kind::Bool, &c.averaging.buffers, none},
+      {"averaging.max_staleness", Kind::Int, &c.averaging.max_staleness,
+       at_least<int64_t>(&c.averaging.max_staleness, 0)},
       {"finetune", Kind::String, &c.finetune, none},
       {"resume_from_checkpoint", Kind::String, &c.resume_from_checkpoint, none},
       {"elastic_batch", Kind::String, &c.elastic_batch,
@@ -244,8 +262,8 @@ void apply_yaml(const YAML::Node& node, const std::string& prefix, const std::ve
     std::string key = prefix + it->first.Scalar();
     const YAML::Node value = it->second;  // a copy: the iterator's pair is a temporary
     if (value.IsMap()) {
-      // Only the scheduler block nests; any other map is an unknown key.
-      if (key != "scheduler") find_field(table, key, where);
+      // Only these blocks nest; any other map is an unknown key.
+      if (key != "scheduler" && key != "compression" && key != "averaging") find_field(table, key, where);
       apply_yaml(value, key + ".", table, origin);
       continue;
     }
@@ -298,6 +316,25 @@ void apply_flags(const std::vector<std::string>& flags, const std::vector<Field>
   }
 }
 
+// The compression: and averaging: blocks against the mode and each other.
+void check_comm_algorithms(const TrainConfig& c, const std::string& origin) {
+  const bool compress = c.compression.method != "none", average = c.averaging.method != "none";
+  if (compress && c.mode != "ddp" && c.mode != "horovod")
+    GZ_THROW(InvalidArgument, "config key 'compression.method' (", origin, " + flags): '", c.compression.method,
+             "' needs mode ddp or horovod, got mode '", c.mode, "'");
+  if (average && c.mode != "ddp")
+    GZ_THROW(InvalidArgument, "config key 'averaging.method' (", origin, " + flags): '", c.averaging.method,
+             "' needs mode ddp, got mode '", c.mode, "'");
+  if (compress && average)
+    GZ_THROW(InvalidArgument, "config keys 'compression.method' and 'averaging.method' (", origin,
+             " + flags): choose one (compression '", c.compression.method, "', averaging '", c.averaging.method, "')");
+  // ZeRO reduce-scatters the buckets with its own hook and steps only this rank's shard.
+  if (c.zero_stage > 0 && (compress || average))
+    GZ_THROW(InvalidArgument, "config key 'zero_stage' (", origin, " + flags): ", c.zero_stage,
+             " does not combine with compression or averaging (got compression '", c.compression.method,
+             "', averaging '", c.averaging.method, "'); use zero_stage: 0");
+}
+
 }  // namespace
 
 TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::string>& flags,
@@ -327,6 +364,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::st
   }
   if (config.mode == "dp" && config.gradient_accumulation_steps < 1)
     GZ_THROW(InvalidArgument, "config key 'gradient_accumulation_steps': must be >= 1");
+  check_comm_algorithms(config, origin);
   if (config.mixed_precision == "fp16" && config.device != "cuda")
     GZ_THROW(InvalidArgument, "config key 'mixed_precision' (", origin,
              " + flags): fp16 needs device: cuda (the GradScaler path); use bf16 on CPU");
@@ -348,17 +386,16 @@ std::string config_to_yaml(const TrainConfig& config) {
   auto table = fields(copy);
   YAML::Emitter out;
   out << YAML::BeginMap;
-  bool in_sched = false;
+  std::string block;  // the nested block open now ("scheduler", "compression", ...), or ""
   for (auto& f : table) {
-    bool sched = f.key.rfind("scheduler.", 0) == 0;
-    if (sched && !in_sched) {
-      out << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
-      in_sched = true;
-    } else if (!sched && in_sched) {
-      out << YAML::EndMap;
-      in_sched = false;
+    const auto dot = f.key.find('.');
+    const std::string fb = dot == std::string::npos ? std::string() : f.key.substr(0, dot);
+    if (fb != block) {
+      if (!block.empty()) out << YAML::EndMap;
+      if (!fb.empty()) out << YAML::Key << fb << YAML::Value << YAML::BeginMap;
+      block = fb;
     }
-    out << YAML::Key << (sched ? f.key.substr(10) : f.key) << YAML::Value;
+    out << YAML::Key << (fb.empty() ? f.key : f.key.substr(dot + 1)) << YAML::Value;
     switch (f.kind) {
       case Kind::Int: out << *static_cast<int64_t*>(f.ptr); break;
       case Kind::Double: {
@@ -378,7 +415,7 @@ std::string config_to_yaml(const TrainConfig& config) {
       }
     }
   }
-  if (in_sched) out << YAML::EndMap;
+  if (!block.empty()) out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -26,6 +26,7 @@
 #include "gz/train/data/factory.h"
 #include "gz/train/elastic_batch.h"
 #include "gz/train/scheduler.h"
+#include "comm_algorithms.h"
 
 namespace gz::train {
 
@@ -45,6 +46,10 @@ struct Trainer::Impl {
   bool set_up = false;
   int64_t last_eval_step = -1;
   BatchPlan plan;
+  // Compression, local SGD, async averaging (comm_algorithms.h); eval time for the time-to-accuracy logs.
+  CommAlgorithms comm;
+  double eval_seconds = 0;
+  int64_t first_step = 0;
 };
 
 namespace {
@@ -184,19 +189,23 @@ void Trainer::setup() {
   // Distribution: DDP broadcasts rank 0's weights when built; Horovod mode broadcasts them
   // explicitly (and the optimizer state after a resume, see train()).
   if (c.mode == "ddp" && group_) {
-    impl_->ddp = std::make_unique<DistributedDataParallel>(model_, group_);
+    DDPOptions ddp_options;
+    ddp_options.comm_hook = impl_->comm.ddp_hook(c);
+    impl_->ddp = std::make_unique<DistributedDataParallel>(model_, group_, ddp_options);
     if (c.zero_stage > 0) {  // ZeRO: the optimizer steps this rank's shard; checkpoints stay whole
       ZeroOptions zo;
       zo.stage = static_cast<int>(c.zero_stage);
       impl_->zero = std::make_shared<ZeroRedundancyOptimizer>(*impl_->ddp, impl_->optimizer, zo);
       impl_->optimizer = impl_->zero;
     }
+    impl_->comm.build_averager(c, *model_, group_);
   } else if (c.mode == "horovod" && group_) {
     NamedParameters named;
     for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
     broadcast_parameters(*model_, 0, group_);
-    impl_->hvd = std::make_unique<DistributedOptimizer>(impl_->optimizer, named, Compression::none,
-                                                        static_cast<int>(impl_->plan.accumulation), group_);
+    auto hvd_options = impl_->comm.horovod_options(c);
+    hvd_options.backward_passes_per_step = static_cast<int>(impl_->plan.accumulation);
+    impl_->hvd = std::make_unique<DistributedOptimizer>(impl_->optimizer, named, hvd_options, group_);
   } else if (c.mode == "dp") {
     DataParallelOptions dpo;
     dpo.devices.assign(static_cast<size_t>(c.dp_replicas), impl_->device);
@@ -334,6 +343,7 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
   }
   scaler.step(opt);
   scaler.update();
+  impl_->comm.after_step();
   std::vector<double> loss{loss_sum};
   allreduce_sum(loss);
   state_.loss = loss[0] / static_cast<double>(global_batch);
@@ -341,6 +351,9 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
 
 std::map<std::string, double> Trainer::evaluate() {
   std::map<std::string, double> out;
+  // Local SGD / async averaging: every rank evaluates (and then saves) the averaged model. Also
+  // without a test set: train() ends with an evaluation, which leaves every rank the same model.
+  impl_->comm.sync_replicas();
   if (!test_data_ || !model_) return out;
   if (impl_->zero) impl_->zero->synchronize();  // the last step's parameter all-gathers
   torch::NoGradGuard no_grad;
@@ -614,12 +627,20 @@ std::map<std::string, double> Trainer::train() {
   if (impl_->hvd && state_.step > 0) broadcast_optimizer_state(*impl_->optimizer, 0, group_);
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
 
+  impl_->first_step = state_.step;
   auto run_eval = [&] {
+    Stopwatch eval_clock;
     auto m = evaluate();
+    impl_->eval_seconds += eval_clock.seconds();
     if (m.empty()) return;
     impl_->last_eval_step = state_.step;
     state_.metrics = m;
     state_.metrics["train_loss"] = state_.loss;
+    // Time-to-accuracy logs subtract evaluation time; bytes this rank handed to collectives.
+    state_.metrics["eval_seconds"] = impl_->eval_seconds;
+    if (group_)
+      state_.metrics["comm_bytes_per_step"] = static_cast<double>(impl_->comm.bytes()) /
+                                              static_cast<double>(std::max<int64_t>(1, state_.step - impl_->first_step));
     auto it = state_.metrics.find(c.metric_for_best_model);
     if (it != state_.metrics.end()) {
       double v = it->second;

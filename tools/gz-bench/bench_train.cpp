@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "gz/core/deadline.h"
@@ -14,8 +16,11 @@
 #include "gz/core/timeline.h"
 #include "gz/torch/data_parallel.h"
 #include "gz/torch/ddp.h"
+#include "gz/torch/async_model_averager.h"
+#include "gz/torch/compression.h"
 #include "gz/torch/distributed_optimizer.h"
 #include "gz/torch/fused_adamw.h"
+#include "gz/torch/local_sgd.h"
 #include "gz/torch/process_group.h"
 #include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/models/model.h"
@@ -40,7 +45,32 @@ struct TrainBenchOptions {
   double first_bucket_mb = -1;
   int zero = 0;           // ddp mode: ZeRO stage (0 = plain DDP)
   bool memory = false;    // print what gradients, optimizer state and the process hold
+  gz::CompressionOptions compression;  // --powersgd-rank, --topk-ratio, --int8-chunk, --start-step
+  std::string averaging = "none";       // none, local_sgd, async
+  int64_t period = 8;
+  int64_t staleness = 4;
 };
+
+// Bytes this process's network namespace sent so far (every interface but loopback): what really
+// went over the simulated hosts' links, headers included.
+long long wire_tx_bytes() {
+  std::ifstream f("/proc/net/dev");
+  std::string line;
+  long long total = 0;
+  for (int i = 0; std::getline(f, line); ++i) {
+    if (i < 2) continue;  // two header lines
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name == "lo") continue;
+    std::istringstream in(line.substr(colon + 1));
+    long long v[9] = {};
+    for (auto& x : v) in >> x;  // rx: bytes packets errs drop fifo frame compressed multicast; tx: bytes
+    total += v[8];
+  }
+  return total;
+}
 
 int usage() {
   std::fprintf(
@@ -58,8 +88,14 @@ int usage() {
       "  --backend NAME           communicator backend (default auto)\n"
       "  --kernels fused|torch    fused: gz::FusedAdamW, fused_dropout, max_pool2d_relu (default);\n"
       "                           torch: LibTorch's AdamW, dropout, max_pool2d and relu\n"
-      "  --hook allreduce|none    ddp mode; none skips the gradient all-reduce (a diagnostic:\n"
-      "                           what DDP costs apart from communication)\n"
+      "  --hook allreduce|none|fp16|bf16|powersgd|int8|topk\n"
+      "                           ddp: the comm hook; horovod: the compression (allreduce = none).\n"
+      "                           none skips the gradient all-reduce (a diagnostic: what DDP costs\n"
+      "                           apart from communication)\n"
+      "  --powersgd-rank R --topk-ratio F --int8-chunk N --start-step N   compression knobs\n"
+      "  --averaging none|local_sgd|async   ddp mode: model averaging instead of gradient all-reduce\n"
+      "  --period H               local_sgd: average every H steps (default 8)\n"
+      "  --staleness S            async: staleness bound in steps (default 4)\n"
       "  --cycle-us US            horovod mode: negotiation cycle time (default: the library's)\n"
       "  --row-sparse on|off      ddp/horovod: mostly-zero gradient rows (the token embedding's)\n"
       "                           travel as rows (default on, as in the library)\n"
@@ -114,6 +150,20 @@ TrainBenchOptions parse(int argc, char** argv) {
       o.zero = static_cast<int>(gz::parse_int(next(), "--zero"));
     else if (a == "--memory")
       o.memory = true;
+    else if (a == "--powersgd-rank")
+      o.compression.powersgd_rank = gz::parse_int(next(), "--powersgd-rank");
+    else if (a == "--topk-ratio")
+      o.compression.topk_ratio = gz::parse_double(next(), "--topk-ratio");
+    else if (a == "--int8-chunk")
+      o.compression.int8_chunk = gz::parse_int(next(), "--int8-chunk");
+    else if (a == "--start-step")
+      o.compression.start_step = gz::parse_int(next(), "--start-step");
+    else if (a == "--averaging")
+      o.averaging = next();
+    else if (a == "--period")
+      o.period = gz::parse_int(next(), "--period");
+    else if (a == "--staleness")
+      o.staleness = gz::parse_int(next(), "--staleness");
     else if (a == "--help" || a == "-h")
       std::exit(usage());
     else
@@ -125,9 +175,14 @@ TrainBenchOptions parse(int argc, char** argv) {
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --mode must be single, dp, ddp or horovod, got ", o.mode);
   if (o.kernels != "fused" && o.kernels != "torch")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --kernels must be fused or torch, got ", o.kernels);
-  if (o.hook != "allreduce" && o.hook != "none")
-    GZ_THROW(gz::InvalidArgument, "gz-bench train: --hook must be allreduce or none, got ", o.hook);
+  if (o.hook != "none") o.compression.method = gz::parse_compression(o.hook == "allreduce" ? "none" : o.hook);
+  if (o.averaging != "none" && o.averaging != "local_sgd" && o.averaging != "async")
+    GZ_THROW(gz::InvalidArgument, "gz-bench train: --averaging must be none, local_sgd or async, got ", o.averaging);
+  if (o.averaging != "none" && (o.mode != "ddp" || o.hook != "allreduce"))
+    GZ_THROW(gz::InvalidArgument, "gz-bench train: --averaging needs --mode ddp and --hook allreduce");
   GZ_CHECK_ARG(o.zero >= 0 && o.zero <= 2 && (o.zero == 0 || o.mode == "ddp"), "--zero 0|1|2 (ddp mode only)");
+  GZ_CHECK_ARG(o.zero == 0 || (o.hook == "allreduce" && o.averaging == "none"),
+               "--zero runs with --hook allreduce and --averaging none (ZeRO has its own reduce-scatter hook)");
   GZ_CHECK_ARG(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.threads > 0 && o.seq > 0,
                "batch/steps/threads");
   return o;
@@ -197,9 +252,14 @@ int bench_train(int argc, char** argv) {
   std::shared_ptr<gz::ZeroRedundancyOptimizer> zero;
   std::unique_ptr<gz::DistributedOptimizer> hvd;
   std::unique_ptr<gz::DataParallel> dp;
+  std::unique_ptr<gz::PeriodicModelAverager> local_sgd;
+  std::unique_ptr<gz::AsyncModelAverager> async_avg;
+  auto stats = std::make_shared<gz::CommStats>();  // bytes handed to collectives by hooks/averagers
   if (o.mode == "ddp") {
     gz::DDPOptions dopt;
     if (o.hook == "none") dopt.comm_hook = [](gz::comm::Communicator&, gz::GradBucket&) {};
+    else if (o.averaging != "none") dopt.comm_hook = gz::post_local_sgd_hook(0);
+    else dopt.comm_hook = gz::make_comm_hook(o.compression, stats);
     dopt.row_sparse.enabled = o.row_sparse;
     if (o.bucket_mb > 0) dopt.bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
     if (o.first_bucket_mb > 0) dopt.first_bucket_bytes = static_cast<size_t>(o.first_bucket_mb * (1 << 20));
@@ -209,6 +269,16 @@ int bench_train(int argc, char** argv) {
       zo.stage = o.zero;
       zero = std::make_shared<gz::ZeroRedundancyOptimizer>(*ddp, opt, zo);
       opt = zero;
+    } else if (o.averaging == "local_sgd") {
+      gz::LocalSGDOptions lo;
+      lo.period = o.period;
+      lo.stats = stats;
+      local_sgd = std::make_unique<gz::PeriodicModelAverager>(*model, nullptr, lo);
+    } else if (o.averaging == "async") {
+      gz::AsyncAveragingOptions ao;
+      ao.max_staleness = o.staleness;
+      ao.stats = stats;
+      async_avg = std::make_unique<gz::AsyncModelAverager>(*model, nullptr, ao);
     }
   } else if (o.mode == "horovod") {
     gz::broadcast_parameters(*model, 0);
@@ -218,6 +288,9 @@ int bench_train(int argc, char** argv) {
     if (o.cycle_us >= 0) ho.cycle_time = std::chrono::microseconds(o.cycle_us);
     ho.row_sparse.enabled = o.row_sparse;
     if (o.bucket_mb > 0) ho.replay_bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
+    ho.compression = o.compression.method;
+    ho.compression_options = o.compression;
+    ho.stats = stats;
     hvd = std::make_unique<gz::DistributedOptimizer>(opt, named, ho);
   } else if (o.mode == "dp") {
     dp = std::make_unique<gz::DataParallel>(
@@ -253,6 +326,8 @@ int bench_train(int argc, char** argv) {
       hvd->step();
     else
       opt->step();
+    if (local_sgd) local_sgd->step();
+    if (async_avg) async_avg->step();
     if (tl) {
       auto t3 = gz::Clock::now();
       tl->span("step", "forward", t0, t1);
@@ -261,11 +336,18 @@ int bench_train(int argc, char** argv) {
     }
   };
   for (int i = 0; i < o.warmup; ++i) step();
+  if (async_avg) async_avg->synchronize();
   if (distributed) gz::default_group()->barrier();
   if (o.memory) gz::bench::reset_peak_rss();
+  const uint64_t bytes0 = stats->bytes.load();
+  const long long wire0 = wire_tx_bytes();
   gz::Stopwatch sw;
   for (int i = 0; i < o.steps; ++i) step();
+  // Async: the rounds still in flight belong to the timed steps.
+  if (async_avg) async_avg->synchronize();
   double secs = sw.seconds();
+  const double bytes_per_step = static_cast<double>(stats->bytes.load() - bytes0) / o.steps;
+  const double wire_per_step = static_cast<double>(wire_tx_bytes() - wire0) / o.steps;
   if (distributed) {
     // The slowest rank sets the pace.
     gz::default_group()->allreduce(&secs, 1, gz::DType::f64, gz::comm::ReduceOp::max);
@@ -307,10 +389,15 @@ int bench_train(int argc, char** argv) {
         static_cast<long long>(nparams), o.row_sparse ? "on" : "off", static_cast<long long>(dense_bytes),
         static_cast<long long>(rows_bytes));
     const std::string mode = o.zero ? o.mode + "_zero" + std::to_string(o.zero) : o.mode;
-    std::printf("RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f\n", o.model.c_str(),
-                mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps);
+    std::printf(
+        "RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f hook=%s averaging=%s "
+        "bytes_per_step=%.0f wire_bytes_per_step=%.0f\n",
+        o.model.c_str(), mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps, o.hook.c_str(),
+        o.averaging.c_str(), bytes_per_step, wire_per_step);
     std::fflush(stdout);
   }
+  async_avg.reset();
+  local_sgd.reset();
   opt.reset();
   zero.reset();
   ddp.reset();

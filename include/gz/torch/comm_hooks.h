@@ -4,9 +4,12 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <memory>
+#include <vector>
 
 #include "gz/comm/communicator.h"
 #include "gz/torch/row_sparse.h"
+#include "gz/torch/comm_stats.h"
 
 namespace gz {
 
@@ -26,6 +29,13 @@ struct GradBucket {
   torch::Tensor rows;
   RowSparseOptions row_sparse;
   RowSparseState row_state;
+  /// @brief The gradients in the bucket: views of `buffer`, back to back in this order and covering
+  /// it (DDP: param-shaped). Empty means one flat tensor, `buffer` itself.
+  std::vector<torch::Tensor> gradients;
+  /// @brief A stable id per entry of `gradients`, the same on every rank and every step (the
+  /// parameter's index): stateful hooks (error feedback, PowerSGD's Q) key their state on it, so
+  /// it survives bucket rebuilds and Horovod's changing fusion groups.
+  std::vector<size_t> param_ids;
 };
 
 /// @brief For hooks: bucket.rows averaged across the group with only its non-zero rows on the wire
@@ -37,12 +47,13 @@ bool reduce_rows(comm::Communicator& group, GradBucket& bucket);
 using CommHook = std::function<void(comm::Communicator& group, GradBucket& bucket)>;
 
 /// @brief Default: all-reduce (sum) in the gradients' dtype, then divide; row-sparse buckets
-/// through reduce_rows().
-CommHook allreduce_hook();
+/// through reduce_rows(). `stats` (optional) counts the bytes it hands to the wire.
+CommHook allreduce_hook(std::shared_ptr<CommStats> stats = nullptr);
 /// @brief Divide, cast to float16, all-reduce in float16, cast back (half the bytes on the wire).
 /// Row-sparse buckets go through reduce_rows() uncompressed (their rows are few).
-CommHook fp16_compress_hook();
+CommHook fp16_compress_hook(std::shared_ptr<CommStats> stats = nullptr);
 /// @brief Like fp16_compress_hook with bfloat16 (wider range, fewer mantissa bits).
-CommHook bf16_compress_hook();
+CommHook bf16_compress_hook(std::shared_ptr<CommStats> stats = nullptr);
+// PowerSGD, 8-bit min-max and top-k hooks (with error feedback): gz/torch/compression.h.
 
 }  // namespace gz

@@ -18,6 +18,9 @@
 #include "gz/core/deadline.h"
 #include "gz/core/timeline.h"
 #include "gz/torch/row_sparse.h"
+#include "gz/torch/comm_hooks.h"
+#include "gz/torch/comm_stats.h"
+#include "gz/torch/compression.h"
 
 namespace torch::autograd {
 struct Node;
@@ -25,14 +28,22 @@ struct Node;
 
 namespace gz {
 
-/// @brief Wire format of gradients (Horovod's Compression).
-enum class Compression { none, fp16, bf16 };
-
 using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
 
 /// @brief Knobs of DistributedOptimizer.
 struct DistributedOptimizerOptions {
+  /// @brief Wire format of gradients (Horovod's Compression): none, fp16, bf16 cast the fused
+  /// buffer; powersgd, int8, topk reduce it with the compressing hooks of gz/torch/compression.h
+  /// (state per parameter name, so it survives changing fusion groups).
   Compression compression = Compression::none;
+  /// @brief Knobs of powersgd, int8 and topk (its `method` is ignored: `compression` decides).
+  CompressionOptions compression_options;
+  /// @brief Any reduction with DDP's comm-hook contract, instead of `compression`: called per
+  /// fused group (GradBucket: index counts the groups of a step from 0, param_ids are the
+  /// parameters' positions in name order).
+  CommHook comm_hook;
+  /// @brief Counts the bytes handed to collectives for gradients (optional).
+  std::shared_ptr<CommStats> stats;
   /// @brief Gradients are averaged on every N-th backward pass (local accumulation in between).
   int backward_passes_per_step = 1;
   /// @brief Fusion buffer size: ready tensors are packed together up to this many bytes per all-reduce.
@@ -107,6 +118,7 @@ class DistributedOptimizer {
   void bind_arena();
   void run_cycles();
   void reduce_fused(const std::vector<size_t>& idx);
+  void run_hook(const torch::Tensor& flat, std::vector<torch::Tensor> gradients, std::vector<size_t> ids);
   void record_schedule(const std::vector<std::vector<size_t>>& executed);
   void decide_row_sparse();
 
@@ -135,6 +147,8 @@ class DistributedOptimizer {
   std::vector<size_t> plan_group_of_;
   std::vector<size_t> plan_left_;
   comm::WorkPtr loop_;
+  CommHook hook_;           // empty: all-reduce (cast per `compression`)
+  size_t hook_bucket_ = 0;  // groups handed to hook_ this step (progress thread only)
   int last_cycles_ = 0;
   bool last_replayed_ = false;
   bool row_sparse_decided_ = false;

@@ -18,6 +18,27 @@ struct SchedulerConfig {
   double min_lr = 0;                 ///< floor of cosine / linear decay
 };
 
+// --- communication algorithms (gz/torch/compression.h, local_sgd.h, async_model_averager.h) ---
+/// @brief Gradient compression (the `compression:` block; modes ddp and horovod).
+struct CompressionConfig {
+  std::string method = "none";  ///< none, fp16, bf16, powersgd, int8, topk
+  int64_t start_step = 0;       ///< powersgd/int8/topk: plain all-reduce for the first N steps
+  bool error_feedback = true;   ///< powersgd/int8/topk: feed the compression error into the next step
+  int64_t rank = 4;             ///< powersgd: approximation rank
+  int64_t int8_chunk = 1024;    ///< int8: elements per min/max chunk
+  double topk_ratio = 0.01;     ///< topk: fraction of elements sent
+};
+
+/// @brief Model averaging instead of a gradient all-reduce every step (the `averaging:` block; mode ddp).
+struct AveragingConfig {
+  std::string method = "none";  ///< none, local_sgd (every `period` steps), async (background rounds)
+  int64_t period = 8;           ///< local_sgd: H, average every H optimizer steps
+  int64_t warmup_steps = 0;     ///< W: plain DDP (gradient all-reduce) for the first W steps
+  bool buffers = true;          ///< also average floating-point buffers
+  int64_t max_staleness = 4;    ///< async: S, the staleness bound in steps
+};
+// --- end communication algorithms ---
+
 /// @brief Everything gz-train needs to run one job. Defaults make a small single-process run.
 struct TrainConfig {
   // data
@@ -69,6 +90,8 @@ struct TrainConfig {
   int64_t dp_replicas = 2;  ///< mode dp: CPU replicas
   std::string device = "cpu";  ///< cpu, cuda
   std::string mixed_precision = "no";  ///< no, bf16, fp16 (fp16 needs CUDA)
+  CompressionConfig compression;       ///< gradient compression (ddp, horovod)
+  AveragingConfig averaging;           ///< local SGD / asynchronous model averaging (ddp)
   std::string finetune;  ///< initial weights (a checkpoint dir/file or model file)
   std::string resume_from_checkpoint;  ///< path, or "auto" = latest in work_dir
   // elastic: resuming on another world size (gz/train/elastic_batch.h)
