@@ -108,6 +108,7 @@ int run(int argc, char** argv) {
   cfg.base_env = env;
   cfg.master_addr = o.master_addr;
   cfg.store_port = store.port();
+  cfg.master_port = store.program_port();
   cfg.cores = usable_cores();
   cfg.before_attempt = [&store](int attempt, const SupervisorConfig::Cancelled& c) { return store.meet(attempt, c); };
   cfg.after_success = [&store](int attempt, const SupervisorConfig::Cancelled& c, const std::function<bool()>& failed) {

@@ -32,7 +32,8 @@ struct StoreHost::Impl {
 
 StoreHost::StoreHost(const LaunchOptions& options, std::string token)
     : o_(options), token_(std::move(token)), impl_(std::make_unique<Impl>()) {
-  port_ = o_.master_port;
+  port_ = o_.store_port();
+  program_port_ = o_.master_port;
 }
 
 StoreHost::~StoreHost() {
@@ -68,21 +69,40 @@ void check_port_free(const std::string& addr, int port) {
                       err);
 }
 
+int probe_free_port(const std::string& addr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw SystemError("socket()", errno);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof sa;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw SystemError("cannot find a free port on " + addr, err);
+  }
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
 void StoreHost::start() {
   if (o_.node_rank != 0) return;
   // One node: listen on loopback unless the user named an address; several: everywhere.
   std::string bind_addr = (o_.nnodes == 1 && !o_.master_addr_given) ? "127.0.0.1" : "0.0.0.0";
+  // MASTER_PORT is the program's (torch's rank 0 binds it): gzrun only checks it is free.
   check_port_free(bind_addr, o_.master_port);
+  const int want = o_.store_port();
 #if GZ_HAVE_TCP_STORE
   TcpStoreServerOptions so;
   so.bind_addr = bind_addr;
-  so.port = o_.master_port;
+  so.port = want;
   so.token = token_;
   try {
     impl_->server = std::make_unique<TcpStoreServer>(so);
   } catch (const Error& e) {
-    throw Error("cannot host the rendezvous store on port " + std::to_string(o_.master_port) + ": " +
-                e.what());
+    throw Error("cannot host gzrun's store on port " + std::to_string(want) +
+                (o_.nnodes > 1 ? " (MASTER_PORT+1)" : "") + ": " + e.what());
   }
   port_ = impl_->server->port();
 #else
@@ -94,12 +114,12 @@ void StoreHost::start() {
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(o_.master_port));
+  sa.sin_port = htons(static_cast<uint16_t>(want));
   inet_pton(AF_INET, bind_addr.c_str(), &sa.sin_addr);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 128) != 0) {
     int err = errno;
     ::close(fd);
-    throw SystemError("cannot listen on port " + std::to_string(o_.master_port), err);
+    throw SystemError("cannot listen on port " + std::to_string(want), err);
   }
   socklen_t len = sizeof sa;
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
@@ -108,6 +128,12 @@ void StoreHost::start() {
   say("warning: this build has no TcpStore implementation; port " + std::to_string(port_) +
       " is reserved but serves nothing");
 #endif
+  if (program_port_ == 0) {
+    // One node, no --master-port: a port free now for the program's rank 0 (torchrun
+    // --standalone does the same); the store holds its own, so the two never coincide.
+    for (int i = 0; i < 8 && (program_port_ == 0 || program_port_ == port_); ++i)
+      program_port_ = probe_free_port(bind_addr);
+  }
 }
 
 #if GZ_HAVE_TCP_STORE

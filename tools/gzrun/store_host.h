@@ -22,12 +22,15 @@ class StoreHost {
   StoreHost(const StoreHost&) = delete;
   StoreHost& operator=(const StoreHost&) = delete;
 
-  /// @brief On node rank 0: start the server on --master-port (0 = a free port; the server
-  /// holds the listening socket, so there is no window for another process to take it).
-  /// Throws gz::Error naming the port when it is busy. Other nodes: nothing to do.
+  /// @brief On node rank 0: check that the program's MASTER_PORT is free (or pick a free one)
+  /// and start the server on options.store_port() (0 = a free port; the server holds the
+  /// listening socket). Throws gz::Error naming the port when one is busy. Other nodes: nothing.
   void start();
-  /// @brief The store's port: the actual port on node 0, --master-port elsewhere.
+  /// @brief The store's port: the actual port on node 0, options.store_port() elsewhere.
   int port() const { return port_; }
+  /// @brief The program's MASTER_PORT: --master-port, or on one node without it a port that was
+  /// free when start() probed it (never the store's).
+  int program_port() const { return program_port_; }
   /// @brief Returns true when gzrun was asked to stop (checked while waiting for other nodes).
   using Cancelled = std::function<bool()>;
   /// @brief Multi-node only: wait (up to --rdzv-timeout) until every node's gzrun is ready for
@@ -59,8 +62,12 @@ class StoreHost {
   const LaunchOptions& o_;
   std::string token_;
   int port_ = 0;
+  int program_port_ = 0;
   std::unique_ptr<Impl> impl_;
 };
+
+/// @brief A port free on `addr` right now (bind to port 0, read it, close).
+int probe_free_port(const std::string& addr);
 
 /// @brief Fail early with a clear message when `port` is already taken on `addr`
 /// (bind() probe; the real server binds right after). Throws gz::SystemError naming the port.

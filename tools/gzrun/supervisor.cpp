@@ -145,6 +145,7 @@ void Supervisor::start_workers(int attempt, const std::string& run_id) {
   a.attempt = attempt;
   a.run_id = run_id;
   a.master_addr = c_.master_addr;
+  a.master_port = c_.master_port;
   a.store_port = c_.store_port;
   a.cores = c_.cores;
   std::vector<std::string> argv{o_.program};
