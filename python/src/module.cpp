@@ -1,11 +1,16 @@
-// guozhuang._C: the process group class and its creator for torch.distributed.
+// guozhuang._C: the "gz" process group and its creator for torch.distributed, the launcher
+// environment as torch's env:// expects it, and the Horovod-mode core (horovod.cpp).
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>  // c10::intrusive_ptr as a pybind11 holder
 
+#include <map>
+
 #include "gz/comm/factory.h"
-#include "gz/core/error.h"
+#include "gz/core/env.h"
+#include "gz/store/rendezvous.h"
+#include "horovod.h"
 #include "process_group.h"
 
 namespace py = pybind11;
@@ -13,12 +18,33 @@ using gz::python::GzBackendBase;
 using gz::python::GzGroupOptions;
 using gz::python::ProcessGroupGz;
 
+namespace {
+
+// torch's env:// reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT only. Under mpirun or srun
+// the launcher names them differently: what our rendezvous detects, under torch's names.
+std::map<std::string, std::string> launcher_env() {
+  const gz::WorldInfo w = gz::detect_world(gz::Env::from_process());
+  std::map<std::string, std::string> env;
+  if (w.launcher == "single") return env;
+  env["RANK"] = std::to_string(w.rank);
+  env["WORLD_SIZE"] = std::to_string(w.world_size);
+  env["LOCAL_RANK"] = std::to_string(w.local_rank);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(w.local_world_size);
+  env["MASTER_ADDR"] = w.master_addr;
+  if (w.master_port > 0) env["MASTER_PORT"] = std::to_string(w.master_port);
+  env["GZ_DETECTED_LAUNCHER"] = w.launcher;
+  return env;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "Guozhuang's torch.distributed backend \"gz\" (CPU tensors over gz::comm::Communicator)";
-  // The c10d base classes (ProcessGroup / Backend, Store) are registered by torch.
+  m.doc() = "Guozhuang's torch.distributed backend \"gz\" (CPU tensors over gz::comm::Communicator) and the "
+            "Horovod-mode core of guozhuang.torch";
+  // The c10d base classes (ProcessGroup / Backend, Store, Work) are registered by torch.
   py::module::import("torch.distributed");
 
-  // gz::Error and subclasses (TimeoutError, PeerError, Aborted, ...) derive from
+  // gz::Error and its subclasses (TimeoutError, PeerError, Aborted, ...) derive from
   // std::runtime_error: pybind11 raises them as RuntimeError with our message.
   py::class_<ProcessGroupGz, GzBackendBase, c10::intrusive_ptr<ProcessGroupGz>>(m, "ProcessGroupGz")
       .def(py::init([](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
@@ -33,10 +59,15 @@ PYBIND11_MODULE(_C, m) {
            "Collective over `size` ranks: rendezvous through torch's store and connect our communicator.")
       .def_property_readonly("comm_backend", &ProcessGroupGz::commBackend,
                              "The communicator's backend: shm, gloo, mpi, hier(shm+gloo), ...")
+      .def_property_readonly("timeout", &ProcessGroupGz::timeout, "Default per-op timeout of the group.")
       .def("abort", &ProcessGroupGz::abortGroup, py::arg("reason") = "aborted by the user",
            py::call_guard<py::gil_scoped_release>(),
            "Fail every queued and running op (gz::Aborted) and every later one.");
 
   m.def("available_backends", &gz::comm::available_backends, "Communicator backends compiled in.");
+  m.def("launcher_env", &launcher_env,
+        "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR[, MASTER_PORT] as detected from gzrun, "
+        "torchrun, OpenMPI, PMI or SLURM variables (empty for a lone process).");
   m.attr("torch_backend_api") = gz::python::kTorchBackendApi;
+  gz::python::bind_horovod(m);
 }

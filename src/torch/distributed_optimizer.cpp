@@ -74,7 +74,6 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimiz
                                            NamedParameters named_parameters,
                                            const DistributedOptimizerOptions& options, comm::CommPtr group)
     : optimizer_(std::move(optimizer)), group_(resolve_group(group)), options_(options) {
-  if (!optimizer_) GZ_THROW(InvalidArgument, "DistributedOptimizer: null optimizer");
   GZ_CHECK_ARG(options_.backward_passes_per_step >= 1,
                "backward_passes_per_step = ", options_.backward_passes_per_step);
   std::sort(named_parameters.begin(), named_parameters.end(),
@@ -435,12 +434,33 @@ void DistributedOptimizer::synchronize() {
   if (err) std::rethrow_exception(err);
 }
 
+void DistributedOptimizer::submit_zeros() {
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_) {
+      auto& g = p.mutable_grad();
+      if (g.defined())
+        g.zero_();
+      else
+        g = torch::zeros_like(p);
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    passes_[i] = options_.backward_passes_per_step - 1;
+    on_ready(i);
+  }
+}
+
 void DistributedOptimizer::step() {
+  if (!optimizer_) GZ_THROW(InvalidArgument, "DistributedOptimizer::step: constructed without an optimizer");
   synchronize();
   optimizer_->step();
 }
 
-void DistributedOptimizer::zero_grad() { optimizer_->zero_grad(); }
+void DistributedOptimizer::zero_grad() {
+  if (!optimizer_) GZ_THROW(InvalidArgument, "DistributedOptimizer::zero_grad: constructed without an optimizer");
+  optimizer_->zero_grad();
+}
 
 void broadcast_parameters(const NamedParameters& params, int root, const comm::CommPtr& group) {
   auto g = resolve_group(group);
