@@ -70,7 +70,10 @@ def set_launcher_env():
     """Give torch's env:// what it reads (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) under
     launchers that name them differently (mpirun, srun, PMI). Variables already set are kept.
     Called on import; a lone process (no launcher) gets nothing."""
-    env = _C.launcher_env()
+    try:
+        env = _C.launcher_env()
+    except RuntimeError:  # partial or inconsistent variables: leave them to whoever set them
+        return
     if env.get("GZ_DETECTED_LAUNCHER") not in ("openmpi", "pmi", "slurm"):
         return
     env.pop("GZ_DETECTED_LAUNCHER")

@@ -1,6 +1,7 @@
 #include "process_group.h"
 
 #include <ATen/core/jit_type.h>
+#include <pybind11/pybind11.h>  // the interpreter lock, released while tearing down
 #include <c10/util/Exception.h>
 
 #include "gz/comm/factory.h"
@@ -15,6 +16,20 @@ using ::c10d::OpType;
 using gz::comm::Communicator;
 using gz::comm::OpOptions;
 using WorkRef = c10::intrusive_ptr<::c10d::Work>;
+
+namespace {
+// torch's own backends and launchers say "Timed out" (gloo, TCPStore, torchelastic), and scripts
+// and tools look for it; our timeouts say which rank was missing and how long was waited.
+std::exception_ptr for_torch(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const gz::TimeoutError& t) {
+    return std::make_exception_ptr(gz::TimeoutError(std::string("gz backend: Timed out (") + t.what() + ")", t.peer(), e));
+  } catch (...) {
+    return e;
+  }
+}
+}  // namespace
 
 // ---- GzWork ----
 
@@ -42,10 +57,15 @@ std::exception_ptr GzWork::exception() const {
 }
 
 bool GzWork::wait(std::chrono::milliseconds timeout) {
-  if (timeout.count() > 0)
-    work_->wait(Deadline::after(std::chrono::duration_cast<Duration>(timeout)));
-  else
-    work_->wait();
+  try {
+    if (timeout.count() > 0)
+      work_->wait(Deadline::after(std::chrono::duration_cast<Duration>(timeout)));
+    else
+      work_->wait();
+  } catch (const gz::TimeoutError& e) {
+    if (std::string(e.what()).rfind("gz backend: Timed out", 0) == 0) throw;
+    std::rethrow_exception(for_torch(std::current_exception()));
+  }
   return true;
 }
 
@@ -70,18 +90,34 @@ ProcessGroupGz::ProcessGroupGz(const c10::intrusive_ptr<::c10d::Store>& store, i
   co.rank = rank;
   co.size = size;
   co.timeout = std::chrono::duration_cast<Duration>(options_.timeout);
-  co.store = std::make_shared<C10dStoreAdapter>(store);
-  co.store->set_timeout(co.timeout);
+  store_ = std::make_shared<C10dStoreAdapter>(store);
+  store_->set_timeout(co.timeout);
+  co.store = store_;
   comm_ = gz::comm::create_communicator(co);
+  links_ = std::make_unique<P2PLinks>(store_, rank, options_.backend, co.timeout);
 }
 
 ProcessGroupGz::~ProcessGroupGz() {
-  // Destroying the communicator aborts what is still pending and waits until it has returned;
-  // ops dropped from its queue fail their futures (see enqueue), so nothing waits forever.
-  comm_.reset();
+  // Destroying the links and the communicator aborts what is still pending and joins their
+  // threads; ops dropped from a queue fail their futures (see enqueue), so nothing waits forever.
+  // Those threads may free the last reference to a Python tensor, which takes the interpreter
+  // lock: never join them while holding it (torch drops groups with it held).
+  auto teardown = [this] {
+    links_.reset();
+    comm_.reset();
+  };
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release release;
+    teardown();
+  } else {
+    teardown();
+  }
 }
 
-void ProcessGroupGz::abortGroup(const std::string& reason) { comm_->abort(reason); }
+void ProcessGroupGz::abortGroup(const std::string& reason) {
+  links_->abort(reason);
+  comm_->abort(reason);
+}
 
 OpOptions ProcessGroupGz::issue(std::chrono::milliseconds timeout, int tag) const {
   OpOptions o;
@@ -106,22 +142,27 @@ struct DropGuard {
 };
 }  // namespace
 
+
 c10::intrusive_ptr<GzWork> ProcessGroupGz::enqueue(OpType type, const char* title, std::vector<at::Tensor> outputs,
-                                                   const OpOptions& o, Body body) {
+                                                   const OpOptions& o, Body body, int p2p_peer, bool sending) {
   auto work = c10::make_intrusive<GzWork>(getRank(), type, title, std::move(outputs));
   auto guard = std::make_shared<DropGuard>(work);
-  Communicator* c = comm_.get();
-  work->work_ = comm_->submit(
-      [c, o, body = std::move(body), guard] {
-        try {
-          body(*c, o);
-        } catch (...) {
-          guard->work->complete(std::current_exception());
-          throw;  // our Work fails too: wait() rethrows it
-        }
-        guard->work->complete(nullptr);
-      },
-      o);
+  auto run = [body = std::move(body), guard](Communicator& c, const OpOptions& opts) {
+    try {
+      body(c, opts);
+    } catch (...) {
+      auto e = for_torch(std::current_exception());
+      guard->work->complete(e);
+      std::rethrow_exception(e);  // our Work fails too: wait() rethrows it
+    }
+    guard->work->complete(nullptr);
+  };
+  if (p2p_peer >= 0) {
+    work->work_ = links_->submit(p2p_peer, sending, o, std::move(run));
+  } else {
+    Communicator* c = comm_.get();
+    work->work_ = comm_->submit([c, o, run = std::move(run)] { run(*c, o); }, o);
+  }
   return work;
 }
 
@@ -210,11 +251,14 @@ WorkRef ProcessGroupGz::send(std::vector<at::Tensor>& tensors, int dstRank, int 
   TORCH_CHECK(dstRank >= 0 && dstRank < getSize() && dstRank != getRank(), "gz backend: send to invalid rank ",
               dstRank, " from rank ", getRank(), " of ", getSize());
   at::Tensor t = tensors[0];
-  return enqueue(OpType::SEND, "gz:send", tensors, issue(std::chrono::milliseconds(0), tag),
-                 [t, dstRank](Communicator& c, const OpOptions& o) {
-                   at::Tensor buf = dense(t);
-                   c.send(buf.data_ptr(), nbytes(buf), kBytes, dstRank, o);
-                 });
+  // On the link to dstRank, whose rank 1 is the receiver.
+  return enqueue(
+      OpType::SEND, "gz:send", tensors, issue(std::chrono::milliseconds(0), tag),
+      [t](Communicator& c, const OpOptions& o) {
+        at::Tensor buf = dense(t);
+        c.send(buf.data_ptr(), nbytes(buf), kBytes, 1, o);
+      },
+      dstRank, /*sending=*/true);
 }
 
 WorkRef ProcessGroupGz::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
@@ -222,12 +266,15 @@ WorkRef ProcessGroupGz::recv(std::vector<at::Tensor>& tensors, int srcRank, int 
   TORCH_CHECK(srcRank >= 0 && srcRank < getSize() && srcRank != getRank(), "gz backend: recv from invalid rank ",
               srcRank, " on rank ", getRank(), " of ", getSize());
   at::Tensor t = tensors[0];
-  auto work = enqueue(OpType::RECV, "gz:recv", tensors, issue(std::chrono::milliseconds(0), tag),
-                      [t, srcRank](Communicator& c, const OpOptions& o) mutable {
-                        at::Tensor buf = dense(t);
-                        c.recv(buf.data_ptr(), nbytes(buf), kBytes, srcRank, o);
-                        write_back(t, buf);
-                      });
+  // On the link from srcRank, whose rank 0 is the sender.
+  auto work = enqueue(
+      OpType::RECV, "gz:recv", tensors, issue(std::chrono::milliseconds(0), tag),
+      [t](Communicator& c, const OpOptions& o) mutable {
+        at::Tensor buf = dense(t);
+        c.recv(buf.data_ptr(), nbytes(buf), kBytes, 0, o);
+        write_back(t, buf);
+      },
+      srcRank, /*sending=*/false);
   work->source_rank_ = srcRank;
   return work;
 }

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "gz/comm/communicator.h"
+#include "gz/store/store.h"
+#include "p2p_links.h"
 #include "torch_compat.h"
 
 namespace gz::python {
@@ -122,16 +124,20 @@ class ProcessGroupGz : public GzBackendBase {
 
  private:
   using Body = std::function<void(gz::comm::Communicator&, const gz::comm::OpOptions&)>;
-  /// @brief Queue `body` on the progress thread with the options `o`; the returned Work's future
+  /// @brief Queue `body` with the options `o` on the progress thread (collectives) or, when
+  /// `p2p_peer` >= 0, on the point-to-point link to/from that peer. The returned Work's future
   /// completes with `outputs` once body returned (or with body's error).
   c10::intrusive_ptr<GzWork> enqueue(::c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-                                     const gz::comm::OpOptions& o, Body body);
+                                     const gz::comm::OpOptions& o, Body body, int p2p_peer = -1,
+                                     bool sending = false);
   /// @brief Options with the op's absolute deadline, fixed now (at issue): `timeout` when set
   /// (> 0), else the group's.
   gz::comm::OpOptions issue(std::chrono::milliseconds timeout, int tag = 0) const;
 
   GzGroupOptions options_;
+  std::shared_ptr<gz::Store> store_;  ///< torch's store as ours
   std::shared_ptr<gz::comm::Communicator> comm_;
+  std::unique_ptr<P2PLinks> links_;
 };
 
 }  // namespace gz::python
