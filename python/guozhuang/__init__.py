@@ -12,6 +12,9 @@ its TCPStore or FileStore, or one passed as ``store=``), and every op carries th
 op, rank, peer and elapsed time, never a hang. Which of Guozhuang's engines moves the data:
 GZ_BACKEND (auto = shared memory inside a node, shared memory + Gloo across nodes; or shm, gloo, mpi).
 
+PyTorch's DDP on a "gz" group all-reduces its gradient buckets zero-copy: guozhuang places them in
+shared memory every rank maps (guozhuang/ddp.py; GZ_DDP_SHARED_BUCKETS=0 turns that off).
+
 Horovod's API over Guozhuang's Horovod-mode core: ``import guozhuang.torch as hvd``.
 """
 
@@ -94,3 +97,6 @@ def _register():
 
 set_launcher_env()
 _register()
+from . import ddp as _ddp  # noqa: E402  (DDP's buckets in shared memory on "gz")
+
+_ddp.install()

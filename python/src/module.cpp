@@ -9,6 +9,7 @@
 
 #include "gz/comm/factory.h"
 #include "gz/core/env.h"
+#include "bucket_allocator.h"
 #include "gz/store/rendezvous.h"
 #include "horovod.h"
 #include "process_group.h"
@@ -68,6 +69,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("launcher_env", &launcher_env,
         "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR[, MASTER_PORT] as detected from gzrun, "
         "torchrun, OpenMPI, PMI or SLURM variables (empty for a lone process).");
+  m.def(
+      "_bucket_scope_enter",
+      [](ProcessGroupGz& pg, size_t min_bytes) {
+        gz::python::install_bucket_allocator();
+        gz::python::set_bucket_scope(pg.communicator(), min_bytes);
+      },
+      py::arg("group"), py::arg("min_bytes"),
+      "On this thread, CPU allocations of at least min_bytes come from the group's shared buffers "
+      "(collective: open it around the same allocations on every rank).");
+  m.def("_bucket_scope_exit", [] { gz::python::set_bucket_scope(nullptr, 0); });
+  m.def("_shared_bucket_bytes", &gz::python::shared_bucket_bytes,
+        "Bytes of DDP buckets placed in the groups' shared buffers so far.");
   m.attr("torch_backend_api") = gz::python::kTorchBackendApi;
   gz::python::bind_horovod(m);
 }

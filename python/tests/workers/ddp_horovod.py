@@ -67,8 +67,17 @@ for label, kw, hook in [("default", {}, None), ("grad-as-bucket-view", {"gradien
                         ("fp16-hook", {}, default_hooks.fp16_compress_hook)]:
     src = base_unused if kw.get("find_unused_parameters") else base
     ref, ours = copy.deepcopy(src), copy.deepcopy(src)
+    before = guozhuang._C._shared_bucket_bytes()
     ddp_ref = DDP(ref, **kw)
+    if guozhuang._C._shared_bucket_bytes() != before:
+        failures.append(f"DDP {label}: a gloo group's buckets went to shared memory")
     ddp_gz = DDP(ours, process_group=gz, **kw)
+    # The Reducer's buckets (the gradients, but tiny buckets, which take the latency path anyway)
+    # live in the gz group's shared buffers.
+    param_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
+    if guozhuang._C._shared_bucket_bytes() - before < param_bytes - 16384:
+        failures.append(f"DDP {label}: {guozhuang._C._shared_bucket_bytes() - before} bytes of buckets in shared "
+                        f"memory, expected about the {param_bytes} bytes of parameters")
     if hook is not None:
         ddp_ref.register_comm_hook(None, hook)
         ddp_gz.register_comm_hook(gz, hook)
