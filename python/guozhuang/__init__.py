@@ -28,7 +28,7 @@ from . import _C
 from ._C import ProcessGroupGz, available_backends
 
 __all__ = ["ProcessGroupGz", "available_backends", "create_process_group", "comm_backend", "abort",
-           "set_launcher_env"]
+           "set_launcher_env", "rendezvous_store"]
 __version__ = "0.1.0"
 
 
@@ -67,6 +67,14 @@ def comm_backend(group=None):
 def abort(group=None, reason="aborted by the user"):
     """Fail every queued and running op of a "gz" group (RuntimeError), and every later one."""
     _backend_of(group).abort(reason)
+
+
+def rendezvous_store(init_method="env://", timeout=None):
+    """(store, rank, world_size) by Guozhuang's rendezvous rules, for
+    ``dist.init_process_group("gz", store=store, rank=rank, world_size=world_size)``: under gzrun
+    the store gzrun hosts (torch then opens no TCPStore of its own), under torchrun one next to
+    MASTER_PORT, under mpirun or srun one on MASTER_ADDR:MASTER_PORT, or tcp:// and file://."""
+    return _C.rendezvous_store(init_method, timedelta(milliseconds=_timeout_ms(timeout)))
 
 
 def set_launcher_env():

@@ -6,10 +6,12 @@
 #include <torch/csrc/utils/pybind.h>  // c10::intrusive_ptr as a pybind11 holder
 
 #include <map>
+#include <tuple>
 
 #include "gz/comm/factory.h"
 #include "gz/core/env.h"
 #include "bucket_allocator.h"
+#include "gz_store.h"
 #include "gz/store/rendezvous.h"
 #include "horovod.h"
 #include "process_group.h"
@@ -65,6 +67,18 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>(),
            "Fail every queued and running op (gz::Aborted) and every later one.");
 
+  py::class_<gz::python::GzC10dStore, ::c10d::Store, c10::intrusive_ptr<gz::python::GzC10dStore>>(
+      m, "Store", "Guozhuang's rendezvous store as a torch.distributed Store (init_process_group(store=...)).");
+  m.def(
+      "rendezvous_store",
+      [](const std::string& init_method, std::chrono::milliseconds timeout) {
+        auto r = gz::python::rendezvous_store(init_method, timeout);
+        return std::make_tuple(r.store, r.rank, r.world_size);  // converted once the GIL is back
+      },
+      py::arg("init_method") = "env://", py::arg("timeout") = std::chrono::milliseconds(0),
+      py::call_guard<py::gil_scoped_release>(),
+      "(store, rank, world_size) by Guozhuang's rendezvous rules: gzrun's store, torchrun (MASTER_PORT+1), "
+      "OpenMPI, PMI, SLURM, tcp://host:port, file:///path.");
   m.def("available_backends", &gz::comm::available_backends, "Communicator backends compiled in.");
   m.def("launcher_env", &launcher_env,
         "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR[, MASTER_PORT] as detected from gzrun, "

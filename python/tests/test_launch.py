@@ -30,7 +30,7 @@ def run(cmd, e, timeout=120):
     return p.stdout, p.returncode
 
 
-@pytest.mark.parametrize("mode", ["gloo", "gz", "hvd"])
+@pytest.mark.parametrize("mode", ["gloo", "gz", "hvd", "gz-store"])
 def test_gzrun(mode):
     out, rc = run([GZRUN, "--nproc-per-node", "2", PYTHON, SCRIPT, mode], env())
     check(out, 2, rc)
@@ -43,7 +43,7 @@ def test_gzrun_explicit_master_port_is_the_programs():
     check(out, 2, rc)
 
 
-@pytest.mark.parametrize("mode", ["gz", "hvd"])
+@pytest.mark.parametrize("mode", ["gz", "hvd", "gz-store"])
 def test_torchrun(mode):
     # Debian's torchrun (torch 1.13 on Python 3.11) cannot parse its own default --redirects/--tee "0"
     # (Python 3.11's Flag iteration skips the zero member): name a non-zero value.
