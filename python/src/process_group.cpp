@@ -8,6 +8,7 @@
 #include "gz/core/error.h"
 #include "process_group_util.h"
 #include "reduce_plan.h"
+#include "sparse_allreduce.h"
 #include "store_adapter.h"
 
 namespace gz::python {
@@ -181,6 +182,9 @@ WorkRef ProcessGroupGz::broadcast(std::vector<at::Tensor>& tensors, const ::c10d
 }
 
 WorkRef ProcessGroupGz::allreduce(std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "gz backend: allreduce takes exactly one tensor per process (got ",
+              tensors.size(), ")");
+  if (tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   check_one(tensors, "allreduce");
   const ReducePlan plan = plan_reduction(tensors[0], opts.reduceOp, "allreduce");
   at::Tensor t = tensors[0];
@@ -191,6 +195,23 @@ WorkRef ProcessGroupGz::allreduce(std::vector<at::Tensor>& tensors, const ::c10d
                    allreduce_planned(c, buf, plan, o);
                    write_back(t, buf);
                  });
+}
+
+WorkRef ProcessGroupGz::allreduce_sparse(std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
+  at::Tensor t = tensors[0];
+  TORCH_CHECK(t.device().is_cpu(), "gz backend: allreduce supports CPU tensors only, got a tensor on ", t.device());
+  TORCH_CHECK(t.layout() == at::kSparse, "gz backend: allreduce supports dense and sparse COO tensors, got layout ",
+              t.layout());
+  TORCH_CHECK(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp.op_) == c10d::ReduceOp::SUM,
+              "gz backend: allreduce of sparse tensors supports ReduceOp.SUM only (as Gloo)");
+  // The result has its own indices: it replaces the input (in place for the caller, and as the
+  // future's value, which DDP's reducer takes for sparse gradients).
+  auto work = enqueue(OpType::ALLREDUCE, "gz:all_reduce", tensors, issue(opts.timeout),
+                      [t](Communicator& c, const OpOptions& o) mutable {
+                        at::Tensor sum = sparse_allreduce_sum(c, t, o);
+                        t.copy_(sum);
+                      });
+  return work;
 }
 
 WorkRef ProcessGroupGz::allreduce_coalesced(std::vector<at::Tensor>& tensors,

@@ -124,6 +124,9 @@ class ProcessGroupGz : public GzBackendBase {
 
  private:
   using Body = std::function<void(gz::comm::Communicator&, const gz::comm::OpOptions&)>;
+  /// @brief allreduce() of a sparse COO tensor (sum, over all-gathered indices and values).
+  c10::intrusive_ptr<::c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                    const ::c10d::AllreduceOptions& opts);
   /// @brief Queue `body` with the options `o` on the progress thread (collectives) or, when
   /// `p2p_peer` >= 0, on the point-to-point link to/from that peer. The returned Work's future
   /// completes with `outputs` once body returned (or with body's error).

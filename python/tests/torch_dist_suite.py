@@ -101,7 +101,10 @@ class Recorder(unittest.TextTestResult):
 
     def record(self, test, outcome, reason=""):
         name = test.id().split(".")[-1]
-        line = {"test": name, "outcome": outcome, "reason": reason.strip()[-2000:],
+        reason = reason.strip()
+        if len(reason) > 4000:  # the message and the end of the traceback; C++ frames in between
+            reason = reason[:2000] + "\n...\n" + reason[-2000:]
+        line = {"test": name, "outcome": outcome, "reason": reason,
                 "seconds": round(time.time() - self.t0.get(test.id(), time.time()), 2)}
         self.out.write(json.dumps(line) + "\n")
         self.out.flush()

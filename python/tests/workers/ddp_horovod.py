@@ -89,6 +89,19 @@ for label, kw, hook in [("default", {}, None), ("grad-as-bucket-view", {"gradien
         compare(f"DDP {label} step {step}", ddp_gz.module, ddp_ref.module, rtol=1e-3 if hook else 1e-5,
                 atol=1e-4 if hook else 1e-6)
 
+# sparse gradients (nn.Embedding(sparse=True)): DDP all-reduces them as sparse tensors
+torch.manual_seed(5)
+emb = nn.Sequential(nn.EmbeddingBag(50, 8, mode="sum", sparse=True), nn.Linear(8, 2))
+ref, ours = copy.deepcopy(emb), copy.deepcopy(emb)
+ddp_ref, ddp_gz = DDP(ref), DDP(ours, process_group=gz)
+o_ref, o_gz = torch.optim.SGD(ref.parameters(), lr=0.1), torch.optim.SGD(ours.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(rank)
+for step in range(3):
+    ids, y = torch.randint(0, 50, (6, 4), generator=g), torch.randint(0, 2, (6,), generator=g)
+    train_step(ddp_ref, o_ref, ids, y)
+    train_step(ddp_gz, o_gz, ids, y)
+    compare(f"DDP sparse embedding step {step}", ours, ref)
+
 # no_sync(): gradients accumulate locally, the next synchronised backward averages them all
 ref, ours = copy.deepcopy(base), copy.deepcopy(base)
 ddp_ref, ddp_gz = DDP(ref), DDP(ours, process_group=gz)

@@ -197,6 +197,17 @@ fut = work.get_future().then(lambda f: f.value()[0] * 2)
 work.wait()
 check("async all_reduce + future.then", fut.wait(),
       reference(R.SUM, torch.float64, [data(r, torch.float64, 1000) for r in range(world)]) * 2)
+def sparse_input(r):
+    g = torch.Generator().manual_seed(77 + r)
+    idx = torch.randint(0, 20, (2, 6), generator=g)
+    return torch.sparse_coo_tensor(idx, torch.randint(1, 4, (6, 3), generator=g).float(), (20, 20, 3))
+
+
+sp = sparse_input(rank)
+dist.all_reduce(sp)
+g_sp = on_gloo(lambda grp: (lambda u: (dist.all_reduce(u, group=grp), u)[1])(sparse_input(rank)))
+check("all_reduce sparse", sp.to_dense(), sum(sparse_input(r).to_dense() for r in range(world)),
+      g_sp.to_dense() if g_sp is not None else None)
 premul = data(rank, torch.float32, 8)
 dist.all_reduce(premul, op=dist._make_nccl_premul_sum(0.5))
 check("all_reduce PREMUL_SUM 0.5", premul, reference(R.SUM, torch.float32, [data(r, torch.float32, 8) * 0.5
