@@ -122,8 +122,9 @@ void ProcessGroupGz::abortGroup(const std::string& reason) {
 
 OpOptions ProcessGroupGz::issue(std::chrono::milliseconds timeout, int tag) const {
   OpOptions o;
-  o.deadline = Deadline::after(timeout.count() > 0 ? std::chrono::duration_cast<Duration>(timeout)
-                                                   : comm_->timeout());
+  // c10d's options say "unset" with a negative timeout (kUnsetTimeout); zero is a real one.
+  o.deadline = Deadline::after(timeout.count() >= 0 ? std::chrono::duration_cast<Duration>(timeout)
+                                                    : comm_->timeout());
   o.tag = tag;
   return o;
 }
@@ -258,12 +259,20 @@ WorkRef ProcessGroupGz::barrier(const ::c10d::BarrierOptions& opts) {
 }
 
 void ProcessGroupGz::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool /*waitAllRanks*/) {
-  // Our barrier's timeout error already names the ranks that did not arrive.
+  // A barrier within opts.timeout; its error names the (first) rank that did not arrive, in
+  // Gloo's words. (torch 1.13's dist.monitored_barrier() accepts gloo groups only; this serves
+  // group.monitored_barrier() and later torch versions.)
+  Stopwatch sw;
   auto work = barrier(opts);
   try {
     work->wait();
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "gz backend: rank ", getRank(), " failed to pass monitoredBarrier: ", e.what());
+  } catch (const gz::Error& e) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(sw.elapsed()).count();
+    if (getRank() == 0 && e.peer() > 0)
+      TORCH_CHECK(false, "Rank ", e.peer(), " failed to pass monitoredBarrier in ", ms, " ms (", e.what(),
+                  ")");
+    TORCH_CHECK(false, "Rank ", getRank(), " timed out in monitoredBarrier after ", ms, " ms (", e.what(),
+                ")");
   }
 }
 
