@@ -42,7 +42,7 @@ class BucketAllocator final : public c10::Allocator {
 void install_bucket_allocator() {
   static BucketAllocator* installed = [] {
     auto* a = new BucketAllocator(c10::GetCPUAllocator());  // lives as long as the process
-    c10::SetCPUAllocator(a, /*priority=*/1);  // above the default's 0
+    c10::SetCPUAllocator(a, /*priority=*/1);                // above the default's 0
     return a;
   }();
   (void)installed;

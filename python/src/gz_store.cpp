@@ -71,8 +71,8 @@ RendezvousStore rendezvous_store(const std::string& init_method, std::chrono::mi
   RendezvousStore out;
   out.rank = rdzv->world.rank;
   out.world_size = rdzv->world.world_size;
-  out.store = c10::make_intrusive<GzC10dStore>(rdzv->store, timeout.count() > 0 ? timeout : ::c10d::Store::kDefaultTimeout,
-                                               rdzv);
+  out.store = c10::make_intrusive<GzC10dStore>(
+      rdzv->store, timeout.count() > 0 ? timeout : ::c10d::Store::kDefaultTimeout, rdzv);
   return out;
 }
 

@@ -3,9 +3,8 @@
 // instead of letting torch open its own TCPStore on MASTER_PORT.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <memory>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "gz/store/rendezvous.h"
 #include "gz/store/store.h"

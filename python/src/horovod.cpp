@@ -62,7 +62,8 @@ void bind_horovod(py::module& m) {
         if (is_initialized()) return false;
         ProcessGroupOptions o;
         o.backend = backend;
-        if (timeout_s > 0) o.timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(timeout_s));
+        if (timeout_s > 0)
+          o.timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(timeout_s));
         py::gil_scoped_release release;
         init(o);
         return true;
@@ -93,7 +94,9 @@ void bind_horovod(py::module& m) {
       py::arg("tensor"), py::arg("op"), "In place on `tensor` (CPU): sum, avg, min, max or prod over ranks.");
   m.def(
       "hvd_broadcast_async",
-      [](const at::Tensor& t, int root) { return Handle{broadcast_async(t, root), std::make_shared<at::Tensor>(t)}; },
+      [](const at::Tensor& t, int root) {
+        return Handle{broadcast_async(t, root), std::make_shared<at::Tensor>(t)};
+      },
       py::arg("tensor"), py::arg("root"), "In place on `tensor`: every rank gets root's.");
   m.def(
       "hvd_allgather_async",
@@ -112,8 +115,8 @@ void bind_horovod(py::module& m) {
       },
       "Every rank of the default group waits for every other.");
 
-  py::class_<DistributedOptimizer>(m, "_GradientAverager",
-                                   "Averages gradients by name as backward produces them (Horovod mode core).")
+  py::class_<DistributedOptimizer>(
+      m, "_GradientAverager", "Averages gradients by name as backward produces them (Horovod mode core).")
       .def(py::init(&make_averager), py::arg("named_parameters"), py::arg("compression") = "none",
            py::arg("backward_passes_per_step") = 1)
       .def("synchronize", &DistributedOptimizer::synchronize, py::call_guard<py::gil_scoped_release>(),

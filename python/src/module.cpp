@@ -8,11 +8,11 @@
 #include <map>
 #include <tuple>
 
+#include "bucket_allocator.h"
 #include "gz/comm/factory.h"
 #include "gz/core/env.h"
-#include "bucket_allocator.h"
-#include "gz_store.h"
 #include "gz/store/rendezvous.h"
+#include "gz_store.h"
 #include "horovod.h"
 #include "process_group.h"
 
@@ -42,8 +42,9 @@ std::map<std::string, std::string> launcher_env() {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "Guozhuang's torch.distributed backend \"gz\" (CPU tensors over gz::comm::Communicator) and the "
-            "Horovod-mode core of guozhuang.torch";
+  m.doc() =
+      "Guozhuang's torch.distributed backend \"gz\" (CPU tensors over gz::comm::Communicator) and the "
+      "Horovod-mode core of guozhuang.torch";
   // The c10d base classes (ProcessGroup / Backend, Store, Work) are registered by torch.
   py::module::import("torch.distributed");
 
@@ -57,8 +58,8 @@ PYBIND11_MODULE(_C, m) {
              if (timeout.count() > 0) o.timeout = timeout;
              return c10::make_intrusive<ProcessGroupGz>(store, rank, size, o);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("backend") = "auto",
-           py::call_guard<py::gil_scoped_release>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("backend") = "auto", py::call_guard<py::gil_scoped_release>(),
            "Collective over `size` ranks: rendezvous through torch's store and connect our communicator.")
       .def_property_readonly("comm_backend", &ProcessGroupGz::commBackend,
                              "The communicator's backend: shm, gloo, mpi, hier(shm+gloo), ...")
@@ -68,7 +69,8 @@ PYBIND11_MODULE(_C, m) {
            "Fail every queued and running op (gz::Aborted) and every later one.");
 
   py::class_<gz::python::GzC10dStore, ::c10d::Store, c10::intrusive_ptr<gz::python::GzC10dStore>>(
-      m, "Store", "Guozhuang's rendezvous store as a torch.distributed Store (init_process_group(store=...)).");
+      m, "Store",
+      "Guozhuang's rendezvous store as a torch.distributed Store (init_process_group(store=...)).");
   m.def(
       "rendezvous_store",
       [](const std::string& init_method, std::chrono::milliseconds timeout) {

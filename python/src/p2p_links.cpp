@@ -19,10 +19,10 @@ struct P2PLinks::Link {
   bool sending = false;  // this process is src
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<Job> queue;  // guarded by mu
-  bool stop = false;      // guarded by mu
-  std::string aborted;    // guarded by mu
-  comm::CommPtr comm;     // created on the link's thread by its first op; guarded by mu once set
+  std::deque<Job> queue;      // guarded by mu
+  bool stop = false;          // guarded by mu
+  std::string aborted;        // guarded by mu
+  comm::CommPtr comm;         // created on the link's thread by its first op; guarded by mu once set
   std::exception_ptr broken;  // creation failed: every op fails with it (link thread only)
   std::thread thread;
 
@@ -103,7 +103,8 @@ void P2PLinks::Link::fail_queued(const std::string& why) {
     dropped.swap(queue);
   }
   for (auto& j : dropped)
-    j.work->finish(std::make_exception_ptr(Aborted("gz backend: point-to-point op aborted before it ran: " + why)));
+    j.work->finish(
+        std::make_exception_ptr(Aborted("gz backend: point-to-point op aborted before it ran: " + why)));
 }
 
 void P2PLinks::Link::run(const P2PLinks& owner) {
@@ -127,19 +128,19 @@ void P2PLinks::Link::run(const P2PLinks& owner) {
         co.size = 2;
         // Bounded by this op's deadline: a peer that never comes fails it in time.
         co.timeout = std::max(Duration(1), std::min(owner.timeout_, job.opts.deadline->remaining()));
-        co.store = std::make_shared<PrefixStore>(
-            "gz_p2p/" + std::to_string(src) + "-" + std::to_string(dst), owner.store_);
+        co.store = std::make_shared<PrefixStore>("gz_p2p/" + std::to_string(src) + "-" + std::to_string(dst),
+                                                 owner.store_);
         try {
           auto c = comm::create_communicator(co);
           std::lock_guard<std::mutex> lock(mu);
           comm = std::move(c);
           if (!aborted.empty()) comm->abort(aborted);
         } catch (const std::exception& e) {
-          broken = std::make_exception_ptr(PeerError(
-              detail::concat("gz backend: point-to-point link ", src, " -> ", dst,
-                             " could not be set up (rank ", sending ? dst : src,
-                             " did not come for its first send/recv with this rank): ", e.what()),
-              sending ? dst : src, std::current_exception()));
+          broken = std::make_exception_ptr(
+              PeerError(detail::concat("gz backend: point-to-point link ", src, " -> ", dst,
+                                       " could not be set up (rank ", sending ? dst : src,
+                                       " did not come for its first send/recv with this rank): ", e.what()),
+                        sending ? dst : src, std::current_exception()));
           std::rethrow_exception(broken);
         }
       }

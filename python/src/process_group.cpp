@@ -1,8 +1,8 @@
 #include "process_group.h"
 
 #include <ATen/core/jit_type.h>
-#include <pybind11/pybind11.h>  // the interpreter lock, released while tearing down
 #include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>  // the interpreter lock, released while tearing down
 
 #include "gz/comm/factory.h"
 #include "gz/core/error.h"
@@ -25,7 +25,8 @@ std::exception_ptr for_torch(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
   } catch (const gz::TimeoutError& t) {
-    return std::make_exception_ptr(gz::TimeoutError(std::string("gz backend: Timed out (") + t.what() + ")", t.peer(), e));
+    return std::make_exception_ptr(
+        gz::TimeoutError(std::string("gz backend: Timed out (") + t.what() + ")", t.peer(), e));
   } catch (...) {
     return e;
   }
@@ -71,8 +72,9 @@ bool GzWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void GzWork::abort() {
-  TORCH_CHECK(false, "gz backend: Work.abort() is not supported; every op ends by its own deadline "
-                     "(guozhuang.abort(group) aborts a whole group)");
+  TORCH_CHECK(false,
+              "gz backend: Work.abort() is not supported; every op ends by its own deadline "
+              "(guozhuang.abort(group) aborts a whole group)");
 }
 
 int GzWork::sourceRank() const {
@@ -144,9 +146,9 @@ struct DropGuard {
 };
 }  // namespace
 
-
-c10::intrusive_ptr<GzWork> ProcessGroupGz::enqueue(OpType type, const char* title, std::vector<at::Tensor> outputs,
-                                                   const OpOptions& o, Body body, int p2p_peer, bool sending) {
+c10::intrusive_ptr<GzWork> ProcessGroupGz::enqueue(OpType type, const char* title,
+                                                   std::vector<at::Tensor> outputs, const OpOptions& o,
+                                                   Body body, int p2p_peer, bool sending) {
   auto work = c10::make_intrusive<GzWork>(getRank(), type, title, std::move(outputs));
   auto guard = std::make_shared<DropGuard>(work);
   auto run = [body = std::move(body), guard](Communicator& c, const OpOptions& opts) {
@@ -198,11 +200,13 @@ WorkRef ProcessGroupGz::allreduce(std::vector<at::Tensor>& tensors, const ::c10d
                  });
 }
 
-WorkRef ProcessGroupGz::allreduce_sparse(std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
+WorkRef ProcessGroupGz::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                         const ::c10d::AllreduceOptions& opts) {
   at::Tensor t = tensors[0];
-  TORCH_CHECK(t.device().is_cpu(), "gz backend: allreduce supports CPU tensors only, got a tensor on ", t.device());
-  TORCH_CHECK(t.layout() == at::kSparse, "gz backend: allreduce supports dense and sparse COO tensors, got layout ",
-              t.layout());
+  TORCH_CHECK(t.device().is_cpu(), "gz backend: allreduce supports CPU tensors only, got a tensor on ",
+              t.device());
+  TORCH_CHECK(t.layout() == at::kSparse,
+              "gz backend: allreduce supports dense and sparse COO tensors, got layout ", t.layout());
   TORCH_CHECK(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp.op_) == c10d::ReduceOp::SUM,
               "gz backend: allreduce of sparse tensors supports ReduceOp.SUM only (as Gloo)");
   // The result has its own indices: it replaces the input (in place for the caller, and as the
@@ -278,8 +282,8 @@ void ProcessGroupGz::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool /
 
 WorkRef ProcessGroupGz::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   check_one(tensors, "send");
-  TORCH_CHECK(dstRank >= 0 && dstRank < getSize() && dstRank != getRank(), "gz backend: send to invalid rank ",
-              dstRank, " from rank ", getRank(), " of ", getSize());
+  TORCH_CHECK(dstRank >= 0 && dstRank < getSize() && dstRank != getRank(),
+              "gz backend: send to invalid rank ", dstRank, " from rank ", getRank(), " of ", getSize());
   at::Tensor t = tensors[0];
   // On the link to dstRank, whose rank 1 is the receiver.
   return enqueue(
@@ -293,8 +297,8 @@ WorkRef ProcessGroupGz::send(std::vector<at::Tensor>& tensors, int dstRank, int 
 
 WorkRef ProcessGroupGz::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   check_one(tensors, "recv");
-  TORCH_CHECK(srcRank >= 0 && srcRank < getSize() && srcRank != getRank(), "gz backend: recv from invalid rank ",
-              srcRank, " on rank ", getRank(), " of ", getSize());
+  TORCH_CHECK(srcRank >= 0 && srcRank < getSize() && srcRank != getRank(),
+              "gz backend: recv from invalid rank ", srcRank, " on rank ", getRank(), " of ", getSize());
   at::Tensor t = tensors[0];
   // On the link from srcRank, whose rank 0 is the sender.
   auto work = enqueue(
@@ -310,8 +314,9 @@ WorkRef ProcessGroupGz::recv(std::vector<at::Tensor>& tensors, int srcRank, int 
 }
 
 WorkRef ProcessGroupGz::recvAnysource(std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {
-  TORCH_CHECK(false, "gz backend: recv without a source rank is not supported: our point-to-point channels "
-                     "match sends by (source, tag) in order; pass src=");
+  TORCH_CHECK(false,
+              "gz backend: recv without a source rank is not supported: our point-to-point channels "
+              "match sends by (source, tag) in order; pass src=");
 }
 
 }  // namespace gz::python

@@ -86,8 +86,8 @@ class ProcessGroupGz : public GzBackendBase {
                                              const ::c10d::BroadcastOptions& opts = {}) override;
   c10::intrusive_ptr<::c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                              const ::c10d::AllreduceOptions& opts = {}) override;
-  c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                       const ::c10d::AllreduceCoalescedOptions& opts = {}) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts = {}) override;
   c10::intrusive_ptr<::c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                           const ::c10d::ReduceOptions& opts = {}) override;
   c10::intrusive_ptr<::c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -107,8 +107,8 @@ class ProcessGroupGz : public GzBackendBase {
   c10::intrusive_ptr<::c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                   std::vector<std::vector<at::Tensor>>& inputs,
                                                   const ::c10d::ReduceScatterOptions& opts = {}) override;
-  c10::intrusive_ptr<::c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                        const ::c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<::c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts = {}) override;
   c10::intrusive_ptr<::c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                  std::vector<int64_t>& outputSplitSizes,
                                                  std::vector<int64_t>& inputSplitSizes,

@@ -32,8 +32,9 @@ void unpack(const at::Tensor& flat, int64_t off, at::Tensor& dst) {
 // `send` (blocks in order of d) to every d and receives recv_bytes[s] from every s into `recv`.
 // Over allgather(v): deadlock-free and simple; every rank receives every block, which is fine for
 // the few ranks of one machine but not an optimal all-to-all.
-void alltoall_bytes(Communicator& c, const OpOptions& o, const uint8_t* send, const std::vector<int64_t>& send_bytes,
-                    uint8_t* recv, const std::vector<int64_t>& recv_bytes) {
+void alltoall_bytes(Communicator& c, const OpOptions& o, const uint8_t* send,
+                    const std::vector<int64_t>& send_bytes, uint8_t* recv,
+                    const std::vector<int64_t>& recv_bytes) {
   const int w = c.size(), r = c.rank();
   // Everyone's send sizes: S[src * w + dst].
   std::vector<int64_t> S(static_cast<size_t>(w) * w);
@@ -43,8 +44,8 @@ void alltoall_bytes(Communicator& c, const OpOptions& o, const uint8_t* send, co
     totals[s] = static_cast<size_t>(std::accumulate(S.begin() + s * w, S.begin() + (s + 1) * w, int64_t{0}));
   for (int s = 0; s < w; ++s)
     if (S[s * w + r] != recv_bytes[s])
-      GZ_THROW(gz::InvalidArgument, "gz backend: alltoall: rank ", r, " expects ", recv_bytes[s], " bytes from rank ",
-               s, ", which sends it ", S[s * w + r]);
+      GZ_THROW(gz::InvalidArgument, "gz backend: alltoall: rank ", r, " expects ", recv_bytes[s],
+               " bytes from rank ", s, ", which sends it ", S[s * w + r]);
   std::vector<uint8_t> all(std::accumulate(totals.begin(), totals.end(), size_t{0}));
   c.allgatherv(send, all.data(), totals, kBytes, o);
   size_t chunk = 0, out = 0;
@@ -58,24 +59,25 @@ void alltoall_bytes(Communicator& c, const OpOptions& o, const uint8_t* send, co
 }
 
 // Equal split sizes when none are given; checks that they cover dim 0.
-std::vector<int64_t> splits_or_equal(const std::vector<int64_t>& splits, const at::Tensor& t, int w, const char* what) {
+std::vector<int64_t> splits_or_equal(const std::vector<int64_t>& splits, const at::Tensor& t, int w,
+                                     const char* what) {
   TORCH_CHECK(t.dim() >= 1, "gz backend: alltoall_base: ", what, " needs at least one dimension");
   if (splits.empty()) {
     TORCH_CHECK(t.size(0) % w == 0, "gz backend: alltoall_base: ", what, " dim 0 (", t.size(0),
                 ") is not divisible by the world size ", w);
     return std::vector<int64_t>(w, t.size(0) / w);
   }
-  TORCH_CHECK(static_cast<int>(splits.size()) == w, "gz backend: alltoall_base: ", what, " has ", splits.size(),
-              " split sizes for a world of ", w);
-  TORCH_CHECK(std::accumulate(splits.begin(), splits.end(), int64_t{0}) == t.size(0), "gz backend: alltoall_base: ",
-              what, " split sizes do not add up to dim 0 (", t.size(0), ")");
+  TORCH_CHECK(static_cast<int>(splits.size()) == w, "gz backend: alltoall_base: ", what, " has ",
+              splits.size(), " split sizes for a world of ", w);
+  TORCH_CHECK(std::accumulate(splits.begin(), splits.end(), int64_t{0}) == t.size(0),
+              "gz backend: alltoall_base: ", what, " split sizes do not add up to dim 0 (", t.size(0), ")");
   return splits;
 }
 
 }  // namespace
 
-WorkRef ProcessGroupGz::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-                                  const ::c10d::AllgatherOptions& opts) {
+WorkRef ProcessGroupGz::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                  std::vector<at::Tensor>& inputs, const ::c10d::AllgatherOptions& opts) {
   check_one(inputs, "allgather");
   TORCH_CHECK(outputs.size() == 1, "gz backend: allgather takes one output list per process");
   TORCH_CHECK(static_cast<int>(outputs[0].size()) == getSize(), "gz backend: allgather needs ", getSize(),
@@ -96,7 +98,8 @@ WorkRef ProcessGroupGz::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                  [in, outs, counts, equal](Communicator& c, const OpOptions& o) mutable {
                    at::Tensor src = dense(in);
                    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-                   at::Tensor flat = at::empty({static_cast<int64_t>(total)}, at::TensorOptions().dtype(at::kByte));
+                   at::Tensor flat =
+                       at::empty({static_cast<int64_t>(total)}, at::TensorOptions().dtype(at::kByte));
                    if (equal)
                      c.allgather(src.data_ptr(), flat.data_ptr(), counts[0], kBytes, o);
                    else
@@ -109,7 +112,8 @@ WorkRef ProcessGroupGz::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                  });
 }
 
-WorkRef ProcessGroupGz::_allgather_base(at::Tensor& output, at::Tensor& input, const ::c10d::AllgatherOptions& opts) {
+WorkRef ProcessGroupGz::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                        const ::c10d::AllgatherOptions& opts) {
   check_cpu(input, "_allgather_base");
   check_cpu(output, "_allgather_base");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "gz backend: _allgather_base: output dtype ",
@@ -126,16 +130,18 @@ WorkRef ProcessGroupGz::_allgather_base(at::Tensor& output, at::Tensor& input, c
 }
 
 WorkRef ProcessGroupGz::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                            std::vector<at::Tensor>& inputs, const ::c10d::AllgatherOptions& opts) {
+                                            std::vector<at::Tensor>& inputs,
+                                            const ::c10d::AllgatherOptions& opts) {
   // outputs[r][i] receives rank r's inputs[i] (every rank passes tensors of the same sizes).
   const int w = getSize();
   TORCH_CHECK(!inputs.empty(), "gz backend: allgather_coalesced needs at least one input tensor");
-  TORCH_CHECK(static_cast<int>(outputs.size()) == w, "gz backend: allgather_coalesced needs one output list per rank (",
-              w, "), got ", outputs.size());
+  TORCH_CHECK(static_cast<int>(outputs.size()) == w,
+              "gz backend: allgather_coalesced needs one output list per rank (", w, "), got ",
+              outputs.size());
   check_same_dtype(inputs, "allgather_coalesced");
   for (auto& list : outputs) {
-    TORCH_CHECK(list.size() == inputs.size(), "gz backend: allgather_coalesced: an output list has ", list.size(),
-                " tensors for ", inputs.size(), " inputs");
+    TORCH_CHECK(list.size() == inputs.size(), "gz backend: allgather_coalesced: an output list has ",
+                list.size(), " tensors for ", inputs.size(), " inputs");
     check_same(list, inputs[0], "allgather_coalesced", "output", /*same_numel=*/false);
     for (size_t i = 0; i < list.size(); ++i)
       TORCH_CHECK(list[i].numel() == inputs[i].numel(), "gz backend: allgather_coalesced: output tensor ", i,
@@ -160,7 +166,8 @@ WorkRef ProcessGroupGz::gather(std::vector<std::vector<at::Tensor>>& outputs, st
                                const ::c10d::GatherOptions& opts) {
   check_one(inputs, "gather");
   const int root = static_cast<int>(opts.rootRank);
-  TORCH_CHECK(root >= 0 && root < getSize(), "gz backend: gather root ", root, " out of range [0, ", getSize(), ")");
+  TORCH_CHECK(root >= 0 && root < getSize(), "gz backend: gather root ", root, " out of range [0, ",
+              getSize(), ")");
   std::vector<at::Tensor> outs;
   if (root == getRank()) {
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
@@ -184,11 +191,13 @@ WorkRef ProcessGroupGz::gather(std::vector<std::vector<at::Tensor>>& outputs, st
                  });
 }
 
-WorkRef ProcessGroupGz::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+WorkRef ProcessGroupGz::scatter(std::vector<at::Tensor>& outputs,
+                                std::vector<std::vector<at::Tensor>>& inputs,
                                 const ::c10d::ScatterOptions& opts) {
   check_one(outputs, "scatter");
   const int root = static_cast<int>(opts.rootRank);
-  TORCH_CHECK(root >= 0 && root < getSize(), "gz backend: scatter root ", root, " out of range [0, ", getSize(), ")");
+  TORCH_CHECK(root >= 0 && root < getSize(), "gz backend: scatter root ", root, " out of range [0, ",
+              getSize(), ")");
   std::vector<at::Tensor> ins;
   if (root == getRank()) {
     TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
@@ -211,7 +220,8 @@ WorkRef ProcessGroupGz::scatter(std::vector<at::Tensor>& outputs, std::vector<st
                  });
 }
 
-WorkRef ProcessGroupGz::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+WorkRef ProcessGroupGz::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                       std::vector<std::vector<at::Tensor>>& inputs,
                                        const ::c10d::ReduceScatterOptions& opts) {
   check_one(outputs, "reduce_scatter");
   TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
@@ -246,8 +256,10 @@ WorkRef ProcessGroupGz::_reduce_scatter_base(at::Tensor& output, at::Tensor& inp
                  });
 }
 
-WorkRef ProcessGroupGz::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
-                                      std::vector<int64_t>& inputSplitSizes, const ::c10d::AllToAllOptions& opts) {
+WorkRef ProcessGroupGz::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                      std::vector<int64_t>& outputSplitSizes,
+                                      std::vector<int64_t>& inputSplitSizes,
+                                      const ::c10d::AllToAllOptions& opts) {
   check_cpu(input, "alltoall_base");
   check_cpu(output, "alltoall_base");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "gz backend: alltoall_base: output dtype ",
@@ -276,8 +288,8 @@ WorkRef ProcessGroupGz::alltoall(std::vector<at::Tensor>& outputs, std::vector<a
                                  const ::c10d::AllToAllOptions& opts) {
   const int w = getSize();
   TORCH_CHECK(static_cast<int>(outputs.size()) == w && static_cast<int>(inputs.size()) == w,
-              "gz backend: alltoall needs ", w, " input and ", w, " output tensors, got ", inputs.size(), " and ",
-              outputs.size());
+              "gz backend: alltoall needs ", w, " input and ", w, " output tensors, got ", inputs.size(),
+              " and ", outputs.size());
   std::vector<int64_t> send_bytes, recv_bytes;
   for (int i = 0; i < w; ++i) {
     check_cpu(inputs[i], "alltoall");

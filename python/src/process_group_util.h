@@ -23,7 +23,8 @@ inline void write_back(at::Tensor& t, const at::Tensor& buf) {
 }
 
 inline void check_one(const std::vector<at::Tensor>& ts, const char* op) {
-  TORCH_CHECK(ts.size() == 1, "gz backend: ", op, " takes exactly one tensor per process (got ", ts.size(), ")");
+  TORCH_CHECK(ts.size() == 1, "gz backend: ", op, " takes exactly one tensor per process (got ", ts.size(),
+              ")");
   check_cpu(ts[0], op);
 }
 

@@ -10,26 +10,41 @@ namespace {
 
 const char* op_name(c10d::ReduceOp::RedOpType op) {
   switch (op) {
-    case c10d::ReduceOp::SUM: return "SUM";
-    case c10d::ReduceOp::AVG: return "AVG";
-    case c10d::ReduceOp::PRODUCT: return "PRODUCT";
-    case c10d::ReduceOp::MIN: return "MIN";
-    case c10d::ReduceOp::MAX: return "MAX";
-    case c10d::ReduceOp::BAND: return "BAND";
-    case c10d::ReduceOp::BOR: return "BOR";
-    case c10d::ReduceOp::BXOR: return "BXOR";
-    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
-    default: return "UNKNOWN";
+    case c10d::ReduceOp::SUM:
+      return "SUM";
+    case c10d::ReduceOp::AVG:
+      return "AVG";
+    case c10d::ReduceOp::PRODUCT:
+      return "PRODUCT";
+    case c10d::ReduceOp::MIN:
+      return "MIN";
+    case c10d::ReduceOp::MAX:
+      return "MAX";
+    case c10d::ReduceOp::BAND:
+      return "BAND";
+    case c10d::ReduceOp::BOR:
+      return "BOR";
+    case c10d::ReduceOp::BXOR:
+      return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "PREMUL_SUM";
+    default:
+      return "UNKNOWN";
   }
 }
 
 comm::ReduceOp arithmetic(c10d::ReduceOp::RedOpType op) {
   switch (op) {
-    case c10d::ReduceOp::AVG: return comm::ReduceOp::avg;
-    case c10d::ReduceOp::PRODUCT: return comm::ReduceOp::prod;
-    case c10d::ReduceOp::MIN: return comm::ReduceOp::min;
-    case c10d::ReduceOp::MAX: return comm::ReduceOp::max;
-    default: return comm::ReduceOp::sum;  // SUM, PREMUL_SUM (after scaling)
+    case c10d::ReduceOp::AVG:
+      return comm::ReduceOp::avg;
+    case c10d::ReduceOp::PRODUCT:
+      return comm::ReduceOp::prod;
+    case c10d::ReduceOp::MIN:
+      return comm::ReduceOp::min;
+    case c10d::ReduceOp::MAX:
+      return comm::ReduceOp::max;
+    default:
+      return comm::ReduceOp::sum;  // SUM, PREMUL_SUM (after scaling)
   }
 }
 
@@ -41,9 +56,11 @@ ReducePlan plan_reduction(const at::Tensor& t, const c10d::ReduceOp& rop, const 
   const auto op = static_cast<c10d::ReduceOp::RedOpType>(rop.op_);
   const auto st = t.scalar_type();
   ReducePlan p;
-  TORCH_CHECK(op <= c10d::ReduceOp::PREMUL_SUM, "gz backend: ", what, ": unknown ReduceOp ", static_cast<int>(op));
+  TORCH_CHECK(op <= c10d::ReduceOp::PREMUL_SUM, "gz backend: ", what, ": unknown ReduceOp ",
+              static_cast<int>(op));
   auto unsupported = [&](const char* why) {
-    TORCH_CHECK(false, "gz backend: ", what, " does not support ReduceOp.", op_name(op), " on ", st, ": ", why);
+    TORCH_CHECK(false, "gz backend: ", what, " does not support ReduceOp.", op_name(op), " on ", st, ": ",
+                why);
   };
   if (op == c10d::ReduceOp::PREMUL_SUM) {
     // Multiply by the factor, then sum (NCCL's PREMUL_SUM; a float factor or a one-element tensor).
@@ -54,7 +71,8 @@ ReducePlan plan_reduction(const at::Tensor& t, const c10d::ReduceOp& rop, const 
     p.premul = true;
     if (!s->tensor_factors.empty()) {
       p.premul_tensor = s->tensor_factors[0].to(at::kCPU);
-      TORCH_CHECK(p.premul_tensor.numel() == 1, "gz backend: ", what, ": PREMUL_SUM factor must have one element");
+      TORCH_CHECK(p.premul_tensor.numel() == 1, "gz backend: ", what,
+                  ": PREMUL_SUM factor must have one element");
     } else {
       p.premul_factor = s->double_factor;
     }
@@ -76,7 +94,8 @@ ReducePlan plan_reduction(const at::Tensor& t, const c10d::ReduceOp& rop, const 
       // torch's bool reductions are logical: SUM and MAX = any, PRODUCT and MIN = all.
       if (op == c10d::ReduceOp::AVG) unsupported("the average of booleans is not a boolean");
       p.dtype = DType::u8;
-      p.op = (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::MAX) ? comm::ReduceOp::max : comm::ReduceOp::min;
+      p.op = (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::MAX) ? comm::ReduceOp::max
+                                                                      : comm::ReduceOp::min;
       return p;
     case at::kShort:
       p.kind = ReducePlan::Kind::widened;
@@ -107,7 +126,8 @@ ReducePlan plan_reduction(const at::Tensor& t, const c10d::ReduceOp& rop, const 
 namespace {
 
 // Every rank's copy of `buf`, folded with the bitwise op into `buf`.
-void bitwise_allreduce(comm::Communicator& c, const at::Tensor& buf, const ReducePlan& p, const comm::OpOptions& o) {
+void bitwise_allreduce(comm::Communicator& c, const at::Tensor& buf, const ReducePlan& p,
+                       const comm::OpOptions& o) {
   const int w = c.size();
   at::Tensor all = at::empty({w, buf.numel()}, buf.options());
   c.allgather(buf.data_ptr(), all.data_ptr(), nbytes(buf), DType::u8, o);
@@ -132,11 +152,14 @@ void scale_for_premul(const at::Tensor& buf, const ReducePlan& p) {
 }
 
 // The wire span of a contiguous tensor under a native plan.
-size_t wire_count(const at::Tensor& t, const ReducePlan& p) { return static_cast<size_t>(t.numel() * p.reals_per_element); }
+size_t wire_count(const at::Tensor& t, const ReducePlan& p) {
+  return static_cast<size_t>(t.numel() * p.reals_per_element);
+}
 
 }  // namespace
 
-void allreduce_planned(comm::Communicator& c, const at::Tensor& buf, const ReducePlan& p, const comm::OpOptions& o) {
+void allreduce_planned(comm::Communicator& c, const at::Tensor& buf, const ReducePlan& p,
+                       const comm::OpOptions& o) {
   switch (p.kind) {
     case ReducePlan::Kind::native:
       scale_for_premul(buf, p);
@@ -164,8 +187,8 @@ void reduce_planned(comm::Communicator& c, const at::Tensor& buf, const ReducePl
   c.reduce(buf.data_ptr(), wire_count(buf, p), p.dtype, p.op, root, o);
 }
 
-void reduce_scatter_planned(comm::Communicator& c, const at::Tensor& in, const at::Tensor& out, const ReducePlan& p,
-                            const comm::OpOptions& o) {
+void reduce_scatter_planned(comm::Communicator& c, const at::Tensor& in, const at::Tensor& out,
+                            const ReducePlan& p, const comm::OpOptions& o) {
   if (p.kind != ReducePlan::Kind::native) {
     at::Tensor all = in.clone();
     allreduce_planned(c, all, p, o);
@@ -182,7 +205,8 @@ void reduce_scatter_planned(comm::Communicator& c, const at::Tensor& in, const a
 
 void check_cpu(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.defined(), "gz backend: ", op, ": undefined tensor");
-  TORCH_CHECK(t.device().is_cpu(), "gz backend: ", op, " supports CPU tensors only, got a tensor on ", t.device());
+  TORCH_CHECK(t.device().is_cpu(), "gz backend: ", op, " supports CPU tensors only, got a tensor on ",
+              t.device());
   TORCH_CHECK(t.layout() == at::kStrided, "gz backend: ", op, " supports dense tensors only, got layout ",
               t.layout());
 }
@@ -193,8 +217,8 @@ void check_same(const std::vector<at::Tensor>& ts, const at::Tensor& t0, const c
     check_cpu(t, op);
     TORCH_CHECK(t.scalar_type() == t0.scalar_type(), "gz backend: ", op, ": ", what, " dtypes differ (",
                 t.scalar_type(), " vs ", t0.scalar_type(), ")");
-    TORCH_CHECK(!same_numel || t.numel() == t0.numel(), "gz backend: ", op, ": ", what, " sizes differ (", t.numel(), " vs ",
-                t0.numel(), " elements)");
+    TORCH_CHECK(!same_numel || t.numel() == t0.numel(), "gz backend: ", op, ": ", what, " sizes differ (",
+                t.numel(), " vs ", t0.numel(), " elements)");
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "gz/comm/communicator.h"
@@ -18,9 +19,9 @@ struct ReducePlan {
     bitwise,  ///< BAND/BOR/BXOR on integers: all-gather, then folded locally
   };
   Kind kind = Kind::native;
-  DType dtype = DType::f32;               ///< wire element type (native, widened)
+  DType dtype = DType::f32;                 ///< wire element type (native, widened)
   comm::ReduceOp op = comm::ReduceOp::sum;  ///< native, widened
-  int64_t reals_per_element = 1;          ///< complex: 2
+  int64_t reals_per_element = 1;            ///< complex: 2
   c10d::ReduceOp::RedOpType bitop = c10d::ReduceOp::BAND;
   bool premul = false;  ///< PREMUL_SUM: scale by the factor, then sum
   double premul_factor = 1.0;

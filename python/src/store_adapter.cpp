@@ -65,7 +65,8 @@ void C10dStoreAdapter::wait(const std::vector<std::string>& keys, Deadline deadl
         }
         if (!present) missing += (missing.empty() ? "" : ", ") + k;
       }
-      GZ_THROW(gz::TimeoutError, "torch store: waited ", format_duration(sw.elapsed()), " for key(s) ", missing);
+      GZ_THROW(gz::TimeoutError, "torch store: waited ", format_duration(sw.elapsed()), " for key(s) ",
+               missing);
     }
     std::this_thread::sleep_for(std::min<std::chrono::microseconds>(pause, deadline.remaining()));
     pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
