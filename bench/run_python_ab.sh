@@ -10,7 +10,7 @@ build=${1:-${GZ_BUILD_DIR:-$root/build}}
 out=${2:-/dev/stdout}
 export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 {
-  echo "# $(date -u +%FT%TZ) commit $(git -C "$root" rev-parse --short HEAD) $(nproc) cores; before: $(uptime)"
+  echo "# $(date -u +%FT%TZ) commit $(git -C "$root" rev-parse --short HEAD) $(getconf _NPROCESSORS_ONLN) cores; before: $(uptime)"
   "$build/tools/gzrun/gzrun" --nproc-per-node 2 /usr/bin/python3 "$root/bench/python_ab_bench.py" --model cnn \
     --batch 64 --rounds "${CNN_ROUNDS:-20}" --block 10 2>&1 | grep -v -i warn
   "$build/tools/gzrun/gzrun" --nproc-per-node 2 /usr/bin/python3 "$root/bench/python_ab_bench.py" --model bert-small \
