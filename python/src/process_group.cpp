@@ -287,7 +287,7 @@ WorkRef ProcessGroupGz::send(std::vector<at::Tensor>& tensors, int dstRank, int 
   at::Tensor t = tensors[0];
   // On the link to dstRank, whose rank 1 is the receiver.
   return enqueue(
-      OpType::SEND, "gz:send", tensors, issue(std::chrono::milliseconds(0), tag),
+      OpType::SEND, "gz:send", tensors, issue(::c10d::kUnsetTimeout, tag),
       [t](Communicator& c, const OpOptions& o) {
         at::Tensor buf = dense(t);
         c.send(buf.data_ptr(), nbytes(buf), kBytes, 1, o);
@@ -302,7 +302,7 @@ WorkRef ProcessGroupGz::recv(std::vector<at::Tensor>& tensors, int srcRank, int 
   at::Tensor t = tensors[0];
   // On the link from srcRank, whose rank 0 is the sender.
   auto work = enqueue(
-      OpType::RECV, "gz:recv", tensors, issue(std::chrono::milliseconds(0), tag),
+      OpType::RECV, "gz:recv", tensors, issue(::c10d::kUnsetTimeout, tag),
       [t](Communicator& c, const OpOptions& o) mutable {
         at::Tensor buf = dense(t);
         c.recv(buf.data_ptr(), nbytes(buf), kBytes, 0, o);

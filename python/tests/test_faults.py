@@ -43,6 +43,7 @@ def test_stalled_peer_times_out(timeout_s):
     secs, msg = raised(line)
     assert timeout_s - 0.5 <= secs <= timeout_s + 2, out
     assert "rank 0/2" in msg and "1" in msg, msg  # names this rank and the peer it waited for
+    assert " Timed out " in msg, msg  # as torch's own backends say it
 
 
 def test_work_wait_timeout():
@@ -65,3 +66,8 @@ def test_abort_fails_running_and_queued_futures():
     secs, msg = raised(line)
     assert secs <= 2, out
     assert "abort" in msg, msg
+
+
+def test_groups_torn_down_with_ops_finishing():
+    line, out = run_pair("teardown", 60)
+    assert line.startswith("RAISED 0 teardown ok"), out

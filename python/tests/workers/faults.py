@@ -7,6 +7,9 @@
   ddp      as kill, inside DDP's backward (the reducer's future must fail, not hang)
   abort    as stall, with two async ops queued; guozhuang.abort() must fail both futures at once
            (the second never ran: its future fails when the queue drops it)
+  teardown no failure: 30 times, async ops on temporary tensors, then the group is destroyed while
+           they finish (their last reference goes on the progress thread, which then needs the
+           interpreter lock); prints "RAISED 0 teardown ok" when all 30 ended
 """
 import datetime
 import os
@@ -21,6 +24,15 @@ import guozhuang  # noqa: F401
 
 mode, timeout_s = sys.argv[1], float(sys.argv[2])
 dist.init_process_group("gz", timeout=datetime.timedelta(seconds=timeout_s))
+if mode == "teardown":
+    for i in range(30):
+        g = dist.new_group(backend="gz")
+        for _ in range(4):
+            dist.all_reduce(torch.ones(1 << 14), group=g, async_op=True)  # nobody keeps tensor or work
+        dist.destroy_process_group(g)
+    if dist.get_rank() == 0:
+        print("RAISED 0 teardown ok", flush=True)
+    os._exit(0)
 rank = dist.get_rank()
 t = torch.ones(1 << 16)
 dist.all_reduce(t)  # everyone is there once

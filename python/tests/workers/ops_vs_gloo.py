@@ -175,6 +175,20 @@ for dtype in DTYPES:
         dist.recv(got, 0)
         check(f"send/recv {dtype}", got, inputs[0])
 
+# batch_isend_irecv with every receive posted before its send, on both sides, and messages far
+# bigger than any channel buffering: needs sends and receives to progress independently.
+big = [torch.full((1 << 18,), float(rank * 10 + peer)) for peer in range(world)]
+got = [torch.empty(1 << 18) for _ in range(world)]
+ops = []
+for peer in range(world):
+    if peer != rank:
+        ops += [dist.P2POp(dist.irecv, got[peer], peer), dist.P2POp(dist.isend, big[peer], peer)]
+for req in dist.batch_isend_irecv(ops):
+    req.wait()
+for peer in range(world):
+    if peer != rank:
+        check(f"batch_isend_irecv from {peer}", got[peer], torch.full((1 << 18,), float(peer * 10 + rank)))
+
 # all_reduce_coalesced, non-contiguous tensors, async work and futures, complex, sub-groups
 ts = [data(rank, torch.float32, 5), data(rank, torch.float32, 9)]
 dist.all_reduce_coalesced(ts)
