@@ -16,6 +16,11 @@ matching `gz-bench train --model bert-base`.
 rows of this step's tokens (ProcessGroupGloo's sparse all-reduce), the advantage gz's row-sparse
 exchange has; the averaged sparse gradient is made dense before AdamW (which refuses sparse
 gradients), so the update is the dense one, as in gz.
+
+Guozhuang from Python (build/python on PYTHONPATH): --backend gz runs the same DDP on our "gz"
+backend; --hook noop registers a DDP comm hook that returns each bucket untouched (no communication:
+the ceiling of any backend); --mode horovod trains with guozhuang.torch's DistributedOptimizer
+instead of DDP (Horovod's API over our Horovod-mode core).
 """
 import argparse
 import datetime
@@ -106,10 +111,19 @@ def run(rank, args, port):
     torch.set_num_threads(args.threads)
     torch.manual_seed(42)
     world = args.nproc
-    if world > 1:
+    hvd = None
+    if args.backend == "gz" or args.mode == "horovod":
+        import guozhuang  # noqa: F401  (registers "gz")
+    if world > 1 and args.mode == "horovod":
+        import guozhuang.torch as hvd
+        if not args.env:
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                              LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        hvd.init()
+    elif world > 1:
         # A bounded timeout: a stuck run fails instead of leaving a worker spinning.
         init = "env://" if args.env else f"tcp://127.0.0.1:{port}"
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+        dist.init_process_group(args.backend, init_method=init, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=300))
     if args.model == "cnn":
         model = Cnn()
@@ -122,7 +136,18 @@ def run(rank, args, port):
         x = torch.randint(1, 30522, (args.batch, args.seq))
         y = torch.randint(0, 2, (args.batch,))
     model.train()
-    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    net = model
+    if hvd is not None:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    elif world > 1:
+        net = nn.parallel.DistributedDataParallel(model)
+        if args.hook == "noop":
+            def noop(state, bucket):  # no communication: each bucket comes back as it is
+                fut = torch.futures.Future()
+                fut.set_result(bucket.buffer())
+                return fut
+            net.register_comm_hook(None, noop)
 
     sparse = [model.tokens.weight] if args.sparse_embedding and args.model != "cnn" else []
 
@@ -138,22 +163,31 @@ def run(rank, args, port):
 
     for _ in range(args.warmup):
         step()
-    if world > 1:
+    if hvd is not None:
+        hvd.barrier()
+    elif world > 1:
         dist.barrier()
     start = time.perf_counter()
     for _ in range(args.steps):
         step()
     secs = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    if world > 1:
+    if hvd is not None:
+        secs = hvd.allreduce(secs, op=hvd.Max)
+    elif world > 1:
         dist.all_reduce(secs, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
     secs = secs.item()
     if rank == 0:
         samples = args.batch * world * args.steps
+        backend = "none" if world == 1 else ("gz" if hvd is not None else args.backend)
         print(f"ddp_bench.py: torch {torch.__version__} model={args.model} ranks={world} batch={args.batch} "
-              f"threads={args.threads} steps={args.steps} backend={'gloo' if world > 1 else 'none'} "
+              f"threads={args.threads} steps={args.steps} backend={backend} hook={args.hook} "
               f"sparse_embedding={args.sparse_embedding}")
-        print(f"RESULT impl=pytorch model={args.model} mode=ddp ranks={world} "
+        print(f"RESULT impl=pytorch model={args.model} mode={args.mode} backend={backend} hook={args.hook} ranks={world} "
               f"samples_per_s={samples / secs:.2f} step_ms={1000.0 * secs / args.steps:.3f}", flush=True)
+    if hvd is not None:
+        hvd.barrier()
+        sys.stdout.flush()
+        os._exit(0)
     if world > 1:
         # Skip gloo's teardown: about one run in six hung there (after the result was printed) with
         # Debian's torch 1.13, and the benchmark script would then wait for its timeout.
@@ -179,6 +213,11 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--sparse-embedding", action="store_true",
                    help="bert: nn.Embedding(sparse=True) for the tokens (rows on the wire), densified before AdamW")
+    p.add_argument("--backend", choices=["gloo", "gz"], default="gloo", help="torch.distributed backend for DDP")
+    p.add_argument("--hook", choices=["none", "noop"], default="none",
+                   help="noop: a DDP comm hook that returns the bucket untouched (the no-communication ceiling)")
+    p.add_argument("--mode", choices=["ddp", "horovod"], default="ddp",
+                   help="horovod: guozhuang.torch.DistributedOptimizer instead of DDP")
     p.add_argument("--env", action="store_true",
                    help="one rank of a multi-host job: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment")
     args = p.parse_args()

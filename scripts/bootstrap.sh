@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what Guozhuang needs on Debian 12 (idempotent; quiet when everything is present).
 #   scripts/bootstrap.sh          build + demo dependencies
-#   scripts/bootstrap.sh test     + test tools (clang for the fuzz target and the ASan+UBSan build, iproute2 for netns tests)
+#   scripts/bootstrap.sh test     + test tools (clang for the fuzz target and the ASan+UBSan build, iproute2 for netns
+#                                   tests) and the Python package's build and test dependencies
 #   scripts/bootstrap.sh bench    + python3-torch for the PyTorch DDP comparison
 set -euo pipefail
 pkgs=(g++ cmake make git ca-certificates pkg-config ccache
@@ -9,7 +10,8 @@ pkgs=(g++ cmake make git ca-certificates pkg-config ccache
       libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libpng-dev libjpeg-dev dataset-fashion-mnist procps)
 for profile in "$@"; do
   case "$profile" in
-    test) pkgs+=(libgtest-dev clang libclang-rt-dev iproute2 python3) ;;
+    test) pkgs+=(libgtest-dev clang libclang-rt-dev iproute2 python3
+                 python3-torch python3-dev pybind11-dev python3-pytest) ;;  # + the Python package
     bench) pkgs+=(python3-torch python3-matplotlib iproute2) ;;
     *) echo "bootstrap: unknown profile '$profile' (expected: test, bench)" >&2; exit 2 ;;
   esac

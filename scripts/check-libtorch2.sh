@@ -7,7 +7,8 @@
 # runs the build and ctest inside it. The host's own LibTorch 1.13 build is untouched.
 #
 #   sudo scripts/check-libtorch2.sh [DIR]      (default /var/tmp/gz-trixie)
-#   env: GZ_TEST_JOBS (2), GZ_MIRROR (http://deb.debian.org/debian)
+#   env: GZ_TEST_JOBS (2), GZ_MIRROR (http://deb.debian.org/debian), GZ_TARGETS (build only these,
+#        e.g. "gz_python_ext gzrun"), GZ_CTEST_ARGS (e.g. "-L python": run only those tests)
 # Needs root (debootstrap, chroot, mounts) and access to a Debian mirror; about 2 GiB in DIR.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,7 +43,8 @@ mkdir -p "$dir/src"
 find "$dir/src" -mindepth 1 -maxdepth 1 ! -name build ! -name .ccache -exec rm -rf {} +
 (cd "$root" && git ls-files -z --cached --others --exclude-standard |
   while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp -a --parents -t "$dir/src/")
-chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root GZ_TEST_JOBS="${GZ_TEST_JOBS:-2}" bash -c '
+chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root GZ_TEST_JOBS="${GZ_TEST_JOBS:-2}" \
+  GZ_TARGETS="${GZ_TARGETS:-}" GZ_CTEST_ARGS="${GZ_CTEST_ARGS:-}" GZ_JOBS="${GZ_JOBS:-}" bash -c '
   set -euo pipefail
   cd /src
   scripts/bootstrap.sh test
@@ -51,6 +53,6 @@ chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root GZ_TEST_JOBS=
   echo "== build"
   scripts/build.sh
   echo "== ctest"
-  cd build && ctest --output-on-failure -j "$GZ_TEST_JOBS" --timeout 600
+  cd build && ctest --output-on-failure -j "$GZ_TEST_JOBS" --timeout 600 $GZ_CTEST_ARGS
 '
 echo "check-libtorch2: LibTorch 2.x build and tests passed"

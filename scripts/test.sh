@@ -18,6 +18,12 @@ echo "== build (release)"
 scripts/build.sh -DGZ_BUILD_TESTS=ON
 echo "== ctest (release)"
 ctest_stage build -j "${GZ_TEST_JOBS:-2}" --timeout 600
+# The Python package is part of the product: its tests must have been among those (bootstrap's
+# test profile installs python3-torch, python3-dev, pybind11-dev and python3-pytest).
+if [ "$(ctest_count build -L python)" -eq 0 ]; then
+  echo "test.sh: no Python tests ran: the package guozhuang was not built (see cmake's 'Python package' line)" >&2
+  exit 1
+fi
 stage_time "release build + ctest"
 echo "== NCCL backend build (link only)"
 # Compiles and links the NCCL backend and test_nccl against a CUDA + NCCL install when there is

@@ -212,6 +212,9 @@ void Communicator::executor_loop() {
     if (--in_flight_ == 0) idle_cv_.notify_all();
     lock.unlock();
     item.second->finish(err);
+    // Destroy the op (and what it captured) before taking the lock again: a capture's destructor
+    // may block (a tensor freed by a Python binding takes the interpreter lock) or issue ops.
+    item = {};
     lock.lock();
   }
 }

@@ -479,13 +479,20 @@ Rendezvous rendezvous(const InitOptions& options, const Env& env) {
                  " nodes needs MASTER_ADDR (the host of rank 0), e.g. mpirun -x MASTER_ADDR=...");
       int port = w.master_port ? w.master_port : kDefaultMasterPort;
       std::string port_name = "MASTER_PORT";
-      if (w.launcher == "torchrun") {
+      std::string host = w.master_addr;
+      if (hosted && env.get("GZ_STORE_PORT")) {
+        // gzrun hosts our store next to (not on) the program's MASTER_PORT, which torch's own
+        // TCPStore may bind.
+        port = static_cast<int>(*int_var(env, "GZ_STORE_PORT", 1, 65535));
+        port_name = "GZ_STORE_PORT";
+        if (auto a = env.get("GZ_STORE_ADDR"); a && !a->empty()) host = *a;
+      } else if (w.launcher == "torchrun") {
         // torchrun's own store holds MASTER_PORT; ours lives next door.
         if (port >= 65535) GZ_THROW(InvalidArgument, "MASTER_PORT=", port, " leaves no room for MASTER_PORT+1");
         ++port;
         port_name = "MASTER_PORT+1";
       }
-      connect_tcp(w.master_addr, port, !hosted && w.rank == 0, port_name);
+      connect_tcp(host, port, !hosted && w.rank == 0, port_name);
     }
   } else if (method.rfind("tcp://", 0) == 0) {
     out.world = explicit_world(options, env, method);

@@ -75,7 +75,6 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimiz
                                            NamedParameters named_parameters,
                                            const DistributedOptimizerOptions& options, comm::CommPtr group)
     : optimizer_(std::move(optimizer)), group_(resolve_group(group)), options_(options) {
-  if (!optimizer_) GZ_THROW(InvalidArgument, "DistributedOptimizer: null optimizer");
   GZ_CHECK_ARG(options_.backward_passes_per_step >= 1,
                "backward_passes_per_step = ", options_.backward_passes_per_step);
   std::sort(named_parameters.begin(), named_parameters.end(),
@@ -547,12 +546,33 @@ int64_t DistributedOptimizer::last_rows_exchanged(const std::string& name) const
   return row_state_[static_cast<size_t>(it - names_.begin())].last_rows;
 }
 
+void DistributedOptimizer::submit_zeros() {
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_) {
+      auto& g = p.mutable_grad();
+      if (g.defined())
+        g.zero_();
+      else
+        g = torch::zeros_like(p);
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    passes_[i] = options_.backward_passes_per_step - 1;
+    on_ready(i);
+  }
+}
+
 void DistributedOptimizer::step() {
+  if (!optimizer_) GZ_THROW(InvalidArgument, "DistributedOptimizer::step: constructed without an optimizer");
   synchronize();
   optimizer_->step();
 }
 
-void DistributedOptimizer::zero_grad() { optimizer_->zero_grad(); }
+void DistributedOptimizer::zero_grad() {
+  if (!optimizer_) GZ_THROW(InvalidArgument, "DistributedOptimizer::zero_grad: constructed without an optimizer");
+  optimizer_->zero_grad();
+}
 
 void DistributedOptimizer::set_backward_passes_per_step(int n) {
   GZ_CHECK_ARG(n >= 1, "backward_passes_per_step = ", n);

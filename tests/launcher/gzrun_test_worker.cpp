@@ -52,9 +52,26 @@ std::string payload(int rank, int i, int len) {
   return s;
 }
 
-// Whether something accepts TCP connections on 127.0.0.1:MASTER_PORT (the hosted store).
-bool store_reachable() {
+// Whether MASTER_PORT is free for the program's rank 0 to bind (torch's TCPStore does).
+bool master_port_free() {
   int port = env_int("MASTER_PORT");
+  if (port <= 0) return false;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 && ::listen(fd, 1) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Whether something accepts TCP connections on 127.0.0.1:GZ_STORE_PORT (the hosted store).
+bool store_reachable() {
+  int port = env_int("GZ_STORE_PORT");
   if (port <= 0) return false;
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return false;
@@ -168,6 +185,7 @@ int main(int argc, char** argv) {
   if (mode == "env") {
     for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
                           "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "GZ_LAUNCHER", "GZ_STORE_HOSTED",
+                          "GZ_STORE_ADDR", "GZ_STORE_PORT",
                           "GZ_NNODES", "GZ_RUN_ID", "GZ_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
                           "OMP_NUM_THREADS", "GZ_RDZV_TOKEN"}) {
       const char* v = std::getenv(k);
@@ -176,6 +194,8 @@ int main(int argc, char** argv) {
     std::printf("PID=%d\n", static_cast<int>(getpid()));
     std::printf("PGID_IS_PID=%d\n", getpgrp() == getpid() ? 1 : 0);
     std::printf("STORE_REACHABLE=%d\n", store_reachable() ? 1 : 0);
+    // Rank 0 only: several workers probing one port at once would see each other.
+    if (rank == 0) std::printf("MASTER_PORT_FREE=%d\n", master_port_free() ? 1 : 0);
     return 0;
   }
   if (mode == "exit" && argc >= 4) {

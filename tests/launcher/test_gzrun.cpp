@@ -113,7 +113,11 @@ TEST_P(GzrunWorld, EveryWorkerGetsDistinctRanksAndEnv) {
     EXPECT_EQ(e["GZ_RDZV_TOKEN"].size(), 64u);  // generated for one node (launch_auth.h)
     EXPECT_EQ(e["GZ_RDZV_TOKEN"], env[0]["GZ_RDZV_TOKEN"]);
     EXPECT_EQ(e["PGID_IS_PID"], "1");  // own process group
-    EXPECT_EQ(e["STORE_REACHABLE"], "1");  // gzrun listens on MASTER_PORT
+    EXPECT_EQ(e["STORE_REACHABLE"], "1");  // gzrun listens on GZ_STORE_PORT
+    EXPECT_EQ(e["GZ_STORE_ADDR"], "127.0.0.1");
+    // The program's MASTER_PORT is not gzrun's: torch's rank 0 can bind it.
+    EXPECT_NE(e["GZ_STORE_PORT"], port);
+    if (r == 0) EXPECT_EQ(e["MASTER_PORT_FREE"], "1");
     pids.insert(e["PID"]);
   }
   EXPECT_EQ(static_cast<int>(pids.size()), n);

@@ -195,6 +195,7 @@ TEST(GzrunWorkerEnv, TorchrunNamesAndRanks) {
   a.attempt = 2;
   a.run_id = "77-2";
   a.master_addr = "10.1.1.1";
+  a.master_port = 1234;
   a.store_port = 4321;
   a.cores = 16;
   Env base({{"PATH", "/bin"}, {"RANK", "stale"}});
@@ -207,7 +208,9 @@ TEST(GzrunWorkerEnv, TorchrunNamesAndRanks) {
   EXPECT_EQ(env["NODE_RANK"], "2");
   EXPECT_EQ(env["ROLE_RANK"], "11");
   EXPECT_EQ(env["MASTER_ADDR"], "10.1.1.1");
-  EXPECT_EQ(env["MASTER_PORT"], "4321");
+  EXPECT_EQ(env["MASTER_PORT"], "1234");  // the program's
+  EXPECT_EQ(env["GZ_STORE_ADDR"], "10.1.1.1");
+  EXPECT_EQ(env["GZ_STORE_PORT"], "4321");  // gzrun's store
   EXPECT_EQ(env["GZ_LAUNCHER"], "gzrun");
   EXPECT_EQ(env["GZ_STORE_HOSTED"], "1");
   EXPECT_EQ(env["GZ_NNODES"], "3");

@@ -302,6 +302,23 @@ TEST(Rendezvous, LauncherHostedStoreAndRunIdPrefix) {
   EXPECT_EQ(to_string(direct.get("run/attempt2/hello/2", Deadline::after(1s))), "2");
 }
 
+TEST(Rendezvous, GzrunStorePortIsNotMasterPort) {
+  // gzrun leaves MASTER_PORT to the program (torch's TCPStore) and names its store in GZ_STORE_*.
+  TcpStoreServerOptions so;
+  so.bind_addr = "127.0.0.1";
+  TcpStoreServer launcher_store(so);
+  auto vars = [&](int r) {
+    return Vars{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", "1"},  // nothing of ours listens there
+                {"GZ_STORE_HOSTED", "1"}, {"GZ_STORE_ADDR", "127.0.0.1"},
+                {"GZ_STORE_PORT", std::to_string(launcher_store.port())}, {"GZ_LAUNCHER", "gzrun"},
+                {"GZ_RUN_ID", "a0"}};
+  };
+  auto rvs = run_world(2, vars, [](int) { return opts(); });
+  for (auto& rv : rvs) EXPECT_EQ(rv.server, nullptr);
+  EXPECT_EQ(rvs[0].world.master_port, 1);  // the program's port is still reported as given
+}
+
 TEST(Rendezvous, OpenMpiEnvironment) {
   int port = free_port();
   auto rvs = run_world(

@@ -124,6 +124,7 @@ int run(int argc, char** argv) {
   if (auth.insecure) cfg.base_env.set("GZ_RDZV_INSECURE", "1");
   cfg.master_addr = o.master_addr;
   cfg.store_port = store.port();
+  cfg.master_port = store.program_port();
   cfg.cores = usable_cores();
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) == 0) cfg.hostname = host;

@@ -148,6 +148,9 @@ void validate(LaunchOptions& o) {
     if (o.master_port == 0)
       GZ_THROW(InvalidArgument, "--master-port 0 (a free port) only works with one node: with --nnodes ",
                o.nnodes, " every node must know the port in advance");
+    if (o.master_port >= 65535)
+      GZ_THROW(InvalidArgument, "--master-port ", o.master_port, ": with --nnodes ", o.nnodes,
+               " gzrun's store listens on MASTER_PORT+1, which must be a valid port");
   }
   if (static_cast<long long>(o.nnodes) * o.nproc_per_node > (1 << 24))
     GZ_THROW(InvalidArgument, "world size ", static_cast<long long>(o.nnodes) * o.nproc_per_node, " is too large");
@@ -265,7 +268,9 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            (default 10)
   --master-addr A          address of the store host (default 127.0.0.1): node rank 0, or with
                            MIN:MAX the gzrun on the host that owns this address
-  --master-port P          store port; default: a free port on one node, 29500 on several
+  --master-port P          the program's MASTER_PORT (rank 0 of a torch program binds it);
+                           default: a free port on one node, 29500 on several. gzrun's own
+                           store listens on a free port (one node) or P+1 (several nodes)
   --rdzv-endpoint A:P      same as --master-addr A --master-port P
   --standalone             single node on a free local port
   --log-dir DIR            also write each rank's output to DIR/rank_<r>.log
@@ -290,7 +295,7 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
   --version                print the version
 
 worker environment: RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK ROLE_RANK
-  MASTER_ADDR MASTER_PORT GZ_LAUNCHER=gzrun GZ_STORE_HOSTED=1 GZ_NNODES GZ_RUN_ID
+  MASTER_ADDR MASTER_PORT GZ_LAUNCHER=gzrun GZ_STORE_HOSTED=1 GZ_STORE_ADDR GZ_STORE_PORT GZ_NNODES GZ_RUN_ID
   GZ_RESTART_COUNT TORCHELASTIC_RESTART_COUNT GZ_RDZV_TIMEOUT_S, OMP_NUM_THREADS (unless set)
   and GZ_RDZV_TOKEN (GZ_RDZV_INSECURE=1 with --rdzv-insecure). Workers read stdin from /dev/null.
 

@@ -24,7 +24,9 @@ struct LaunchOptions {
   double join_window_s = 10;
   std::string master_addr = "127.0.0.1";
   bool master_addr_given = false;
-  /// @brief Store port. 0 = a free port (single node only). Default: 0 on one node, 29500 on many.
+  /// @brief The program's MASTER_PORT (torch's TCPStore, bound by the program's rank 0; gzrun
+  /// only checks that it is free). 0 = a free port (single node only). Default: 0 on one node,
+  /// 29500 on many. gzrun's own store listens elsewhere (store_port()).
   int master_port = 0;
   bool master_port_given = false;
   std::string log_dir;          ///< empty = no per-rank log files
@@ -54,6 +56,10 @@ struct LaunchOptions {
   int world_size() const { return nnodes * nproc_per_node; }
   /// @brief The heartbeat interval in effect (see heartbeat_interval_s).
   double effective_heartbeat_interval_s() const;
+  /// @brief Port of gzrun's own store (workers get it as GZ_STORE_PORT): 0 (a free port) on one
+  /// node, MASTER_PORT + 1 on several (every node must know it in advance), so it never takes
+  /// the program's MASTER_PORT.
+  int store_port() const { return nnodes == 1 ? 0 : master_port + 1; }
 };
 
 /// @brief Default store port when several nodes meet (torchrun's default).

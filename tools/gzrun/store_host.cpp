@@ -37,7 +37,8 @@ struct StoreHost::Impl {
 
 StoreHost::StoreHost(const LaunchOptions& options, std::string token)
     : o_(options), token_(std::move(token)), impl_(std::make_unique<Impl>()) {
-  port_ = o_.master_port;
+  port_ = o_.store_port();
+  program_port_ = o_.master_port;
 }
 
 StoreHost::~StoreHost() {
@@ -51,7 +52,7 @@ StoreHost::~StoreHost() {
 
 bool StoreHost::available() { return GZ_HAVE_TCP_STORE != 0; }
 
-void check_port_free(const std::string& addr, int port) {
+void check_port_free(const std::string& addr, int port, const std::string& what) {
   if (port == 0) return;
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw SystemError("socket()", errno);
@@ -66,7 +67,7 @@ void check_port_free(const std::string& addr, int port) {
   int err = errno;
   ::close(fd);
   if (rc != 0)
-    throw SystemError("cannot host the rendezvous store on port " + std::to_string(port) +
+    throw SystemError("cannot bind " + what + " on port " + std::to_string(port) +
                           (err == EADDRINUSE ? " (the port is already in use; pick another --master-port, "
                                                "or leave it out on a single node to get a free one)"
                                              : ""),
@@ -96,6 +97,23 @@ bool is_local_address(const std::string& addr) {
   return found;
 }
 
+int probe_free_port(const std::string& addr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw SystemError("socket()", errno);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof sa;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw SystemError("cannot find a free port on " + addr, err);
+  }
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
 void StoreHost::start() {
   if (o_.elastic) {
     // No node ranks before the rendezvous: the store runs where --master-addr points.
@@ -106,25 +124,27 @@ void StoreHost::start() {
   // Loopback when --master-addr is a loopback address (one node by default), else everywhere:
   // then a token is required (launch_auth.h), or --rdzv-insecure.
   std::string bind_addr = store_bind_addr(o_);
+  const int want = o_.store_port();
   // Elastic, several gzruns of the job on the host that owns the address: the first one hosts.
   auto taken_by_another_gzrun = [&] {
     if (!o_.elastic) return false;
     try {
-      check_port_free(bind_addr, o_.master_port);
+      check_port_free(bind_addr, want);
       return false;
     } catch (const SystemError& e) {
       if (e.code() != EADDRINUSE) throw;
-      say("store port " + std::to_string(o_.master_port) + " is taken on this host: joining the store there");
+      say("store port " + std::to_string(want) + " is taken on this host: joining the store there");
       return true;
     }
   };
   if (taken_by_another_gzrun()) return;
-  check_port_free(bind_addr, o_.master_port);
+  // MASTER_PORT is the program's (torch's rank 0 binds it): gzrun only checks it is free.
+  check_port_free(bind_addr, o_.master_port, "the program's MASTER_PORT (its rank 0 binds it)");
   hosts_ = true;
 #if GZ_HAVE_TCP_STORE
   TcpStoreServerOptions so;
   so.bind_addr = bind_addr;
-  so.port = o_.master_port;
+  so.port = want;
   so.token = token_;
   so.allow_insecure = o_.rdzv_insecure;
   try {
@@ -134,8 +154,8 @@ void StoreHost::start() {
       hosts_ = false;
       return;
     }
-    throw Error("cannot host the rendezvous store on port " + std::to_string(o_.master_port) + ": " +
-                e.what());
+    throw Error("cannot host gzrun's store on port " + std::to_string(want) +
+                (o_.nnodes > 1 ? " (MASTER_PORT+1)" : "") + ": " + e.what());
   }
   port_ = impl_->server->port();
 #else
@@ -147,12 +167,12 @@ void StoreHost::start() {
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(o_.master_port));
+  sa.sin_port = htons(static_cast<uint16_t>(want));
   inet_pton(AF_INET, bind_addr.c_str(), &sa.sin_addr);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 128) != 0) {
     int err = errno;
     ::close(fd);
-    throw SystemError("cannot listen on port " + std::to_string(o_.master_port), err);
+    throw SystemError("cannot listen on port " + std::to_string(want), err);
   }
   socklen_t len = sizeof sa;
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
@@ -161,6 +181,12 @@ void StoreHost::start() {
   say("warning: this build has no TcpStore implementation; port " + std::to_string(port_) +
       " is reserved but serves nothing");
 #endif
+  if (program_port_ == 0) {
+    // One node, no --master-port: a port free now for the program's rank 0 (torchrun
+    // --standalone does the same); the store holds its own, so the two never coincide.
+    for (int i = 0; i < 8 && (program_port_ == 0 || program_port_ == port_); ++i)
+      program_port_ = probe_free_port(bind_addr);
+  }
 }
 
 #if GZ_HAVE_TCP_STORE

@@ -23,19 +23,24 @@ class StoreHost {
   StoreHost(const StoreHost&) = delete;
   StoreHost& operator=(const StoreHost&) = delete;
 
-  /// @brief On node rank 0 (elastic: on the host that owns --master-addr): start the server on
-  /// --master-port (0 = a free port; the server holds the listening socket, so there is no window
-  /// for another process to take it). Throws gz::Error naming the port when it is busy. Other
-  /// nodes: nothing to do. Elastic, busy port on the owning host: another gzrun of the job there
-  /// hosts it (several gzruns on one machine), this one is a client.
+  /// @brief On node rank 0 (elastic: on the host that owns --master-addr): check that the
+  /// program's MASTER_PORT is free and start the server on options.store_port() (0 = a free port;
+  /// the server holds the listening socket, so there is no window for another process to take it).
+  /// Throws gz::Error naming the port when one is busy. Other nodes: nothing to do. Elastic, busy
+  /// store port on the owning host: another gzrun of the job there hosts it (several gzruns on one
+  /// machine), this one is a client.
   void start();
   /// @brief Whether this gzrun runs the store server (it must outlive the job's use of it).
   bool hosts_store() const { return hosts_; }
   /// @brief This gzrun's store client (connecting waits up to --rdzv-timeout; each operation is
   /// then bounded by the heartbeat timeout). Multi-node only.
   Store& client();
-  /// @brief The store's port: the actual port on node 0, --master-port elsewhere.
+  /// @brief The store's port: the actual port where this gzrun hosts it, options.store_port()
+  /// elsewhere.
   int port() const { return port_; }
+  /// @brief The program's MASTER_PORT: --master-port, or on one node without it a port that was
+  /// free when start() probed it (never the store's).
+  int program_port() const { return program_port_; }
   /// @brief Returns true when gzrun was asked to stop (checked while waiting for other nodes).
   using Cancelled = std::function<bool()>;
   /// @brief Multi-node only: wait (up to --rdzv-timeout) until every node's gzrun is ready for
@@ -73,12 +78,17 @@ class StoreHost {
   std::string token_;
   int port_ = 0;
   bool hosts_ = false;
+  int program_port_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 
+/// @brief A port free on `addr` right now (bind to port 0, read it, close).
+int probe_free_port(const std::string& addr);
+
 /// @brief Fail early with a clear message when `port` is already taken on `addr`
-/// (bind() probe; the real server binds right after). Throws gz::SystemError naming the port.
-void check_port_free(const std::string& addr, int port);
+/// (bind() probe; the real server binds right after). Throws gz::SystemError naming the port and
+/// `what` binds it.
+void check_port_free(const std::string& addr, int port, const std::string& what = "the rendezvous store");
 
 /// @brief Whether `addr` (an IPv4 address or a host name) is an address of this host (loopback
 /// included): the elastic job's store runs where --master-addr points.

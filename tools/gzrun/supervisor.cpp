@@ -208,6 +208,7 @@ void Supervisor::start_workers() {
   a.node_rank = round_.node_rank;
   a.nnodes = round_.nnodes;
   a.master_addr = c_.master_addr;
+  a.master_port = c_.master_port;
   a.store_port = c_.store_port;
   a.cores = c_.cores;
   std::vector<std::string> argv{o_.program};

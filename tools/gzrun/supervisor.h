@@ -23,7 +23,8 @@ struct SupervisorConfig {
   std::string program_path;  ///< resolved PROGRAM
   Env base_env;              ///< gzrun's environment; workers get it plus the launcher variables
   std::string master_addr;
-  int store_port = 0;
+  int master_port = 0;  ///< the program's MASTER_PORT
+  int store_port = 0;   ///< gzrun's store
   int cores = 1;
   /// @brief Polled while gzrun waits for other nodes: handles pending signals, true = stop.
   using Cancelled = std::function<bool()>;

@@ -22,9 +22,13 @@ std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptio
   env["ROLE_RANK"] = s(rank);  // one role ("default") covering all workers, as in torchrun
   env["ROLE_WORLD_SIZE"] = s(world);
   env["MASTER_ADDR"] = a.master_addr;
-  env["MASTER_PORT"] = s(a.store_port);
+  // MASTER_ADDR/MASTER_PORT belong to the program (torch's TCPStore binds MASTER_PORT on rank 0);
+  // our workers find gzrun's store through GZ_STORE_ADDR/GZ_STORE_PORT.
+  env["MASTER_PORT"] = s(a.master_port);
   env["GZ_LAUNCHER"] = "gzrun";
   env["GZ_STORE_HOSTED"] = "1";
+  env["GZ_STORE_ADDR"] = a.master_addr;
+  env["GZ_STORE_PORT"] = s(a.store_port);
   env["GZ_NNODES"] = s(nnodes);
   if (o.elastic) {
     env["GZ_MIN_NODES"] = s(o.min_nodes);

@@ -15,7 +15,8 @@ struct AttemptInfo {
   int attempt = 0;     ///< 0 for the first launch, k after k restarts
   std::string run_id;  ///< unique per launch attempt
   std::string master_addr;
-  int store_port = 0;  ///< the store's actual port
+  int master_port = 0;  ///< the program's MASTER_PORT (free for its rank 0 to bind)
+  int store_port = 0;   ///< gzrun's store's actual port (GZ_STORE_PORT)
   int cores = 1;       ///< usable cores on this node
   /// @brief This node's rank and the node count of the round; -1 = from the options (fixed-size
   /// jobs). Elastic jobs take both from the rendezvous.

@@ -77,6 +77,9 @@ struct DistributedOptimizerOptions {
 
 /// @brief Averages gradients across a group as backward produces them, then steps the optimizer.
 ///
+/// `optimizer` may be null: gradient averaging only (synchronize()); the Python binding steps a
+/// Python optimizer itself. step() and zero_grad() then throw.
+///
 /// Each parameter's gradient is submitted by name when ready (autograd hook). Negotiation cycles
 /// run on the group's progress thread: every rank publishes which tensors it has ready (allgather
 /// of a bitmap over name-sorted tensors), tensors ready everywhere are packed into the fusion buffer
@@ -95,6 +98,10 @@ class DistributedOptimizer {
 
   /// @brief Wait until every gradient of this step is averaged (rethrows failures and stalls).
   void synchronize();
+  /// @brief This rank has no batch for this step (Horovod's join): every gradient becomes zero and
+  /// is submitted now, as if backward_passes_per_step backward passes had produced it. Then call
+  /// synchronize() as usual.
+  void submit_zeros();
   /// @brief synchronize(), then the wrapped optimizer's step().
   void step();
   /// @brief Change how many backward passes make a step (between steps only), e.g. when a resumed
