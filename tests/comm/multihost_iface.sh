@@ -24,6 +24,8 @@ master=$("${C[@]}" ip 0)
 # Lower than the hosts' 10.77.0.x, so host 0 is the listening side of every Gloo pair with host 1.
 "${C[@]}" run 0 ip addr add 10.1.0.1/32 dev lo || { echo "FAIL: cannot add an address on host 0"; exit 1; }
 status=0
+# Several hosts: the store listens beyond loopback, so every node needs the job's token.
+export GZ_RDZV_TOKEN=${GZ_RDZV_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 
 # run_case NAME IFNAME0 IFNAME1: both hosts' gzrun; logs in $logs/NAME.<host>; statuses in rc0 rc1.
 run_case() {

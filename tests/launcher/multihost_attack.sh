@@ -108,7 +108,7 @@ run_job() {
 }
 
 start_attack() {
-  "${C[@]}" run 3 nice -n "${ATTACK_NICE:-19}" "$attacker" --target "$master:$port" --bind "$sources" --guess-bind "$guesser" --conns 1000 --seconds 40 \
+  "${C[@]}" run 3 nice -n "${ATTACK_NICE:-19}" "$attacker" --target "$master:$((port + 1))" --bind "$sources" --guess-bind "$guesser" --conns 1000 --seconds 40 \
     --max-connects 40000 --max-mbytes 64 --rate 5000 >"$dir/attack$round.log" 2>&1 &
   attack_pid=$!
 }

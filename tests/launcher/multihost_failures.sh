@@ -163,12 +163,12 @@ for i in "${watch[@]}"; do
       if [ "$i" = 0 ]; then
         grep -q "job failure in round 0: node 1 lost: no heartbeat" "$log" || fail "host 0: node 1 not named as lost"
       else
-        grep -q "job failure in round 0: lost the store host (node 0 at $master:$port)" "$log" ||
+        grep -q "job failure in round 0: lost the store host (node 0 at $master:$((port + 1)))" "$log" ||
           fail "host 1: the lost store host is not reported"
       fi
       ;;
     storehost)
-      grep -q "job failure in round 0: lost the store host (node 0 at $master:$port)" "$log" ||
+      grep -q "job failure in round 0: lost the store host (node 0 at $master:$((port + 1)))" "$log" ||
         fail "host $i: the lost store host is not reported"
       ;;
   esac

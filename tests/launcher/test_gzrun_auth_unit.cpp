@@ -60,7 +60,7 @@ TEST(GzrunAuthUnit, SeveralNodesBeyondLoopbackNeedATokenOrInsecure) {
   } catch (const InvalidArgument& e) {
     std::string m = e.what();
     EXPECT_NE(m.find("--nnodes 3"), std::string::npos) << m;
-    EXPECT_NE(m.find("10.0.0.1:29500"), std::string::npos) << m;
+    EXPECT_NE(m.find("10.0.0.1:29501"), std::string::npos) << m;  // the store: MASTER_PORT + 1
     EXPECT_NE(m.find("--rdzv-token-file"), std::string::npos) << m;
     EXPECT_NE(m.find("GZ_RDZV_TOKEN"), std::string::npos) << m;
     EXPECT_NE(m.find("--rdzv-insecure"), std::string::npos) << m;
