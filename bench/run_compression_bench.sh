@@ -105,7 +105,7 @@ bench_flags() {
   esac
 }
 nic_tx() {  # bytes host $1's NIC has sent so far
-  "${C[@]}" run "$1" cat /proc/net/dev | awk -F'[: ]+' 'NR > 2 && $2 != "lo" { s += $11 } END { print s + 0 }'
+  "${C[@]}" run "$1" cat /proc/net/dev | awk -F'[: ]+' 'NR > 2 && $2 != "lo" { s += $11 } END { printf "%.0f\n", s }'
 }
 set_rate() { for h in 0 1; do "${C[@]}" rate "$h" "$1" >/dev/null; done; }
 # on_both NAME CMD...: CMD on host 0 and host 1 at once ({RANK} becomes the host index); outputs in
@@ -191,7 +191,7 @@ else
       tx1=$(nic_tx 0)
       row=$("$py" - "$dir.0/history.jsonl" "$TARGET" "$tx0" "$tx1" <<'EOF'
 import json, sys
-path, target, tx0, tx1 = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+path, target, tx0, tx1 = sys.argv[1], float(sys.argv[2]), int(float(sys.argv[3])), int(float(sys.argv[4]))
 try:
     rows = [json.loads(l) for l in open(path) if l.strip()]
 except OSError:
