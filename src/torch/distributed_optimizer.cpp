@@ -137,7 +137,8 @@ DistributedOptimizer::~DistributedOptimizer() {
     closing_ = true;
   }
   cv_.notify_all();
-  if (loop) comm::finish_or_abort(*group_, *loop, "DistributedOptimizer destroyed while its step was still running");
+  if (loop)
+    comm::finish_or_abort(*group_, *loop, "DistributedOptimizer destroyed while its step was still running");
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
@@ -212,7 +213,7 @@ void DistributedOptimizer::run_cycles() {
   int cycles = 0;
   bool stall_flag = false;
   auto last_progress = Clock::now();
-  auto next_cycle = last_progress;  // the first cycle starts at once
+  auto next_cycle = last_progress;            // the first cycle starts at once
   std::vector<std::vector<size_t>> executed;  // the groups reduced this step, in order
   // Every rank holds the same plan (built from agreed groups after the same steps), so every rank
   // replays, or negotiates, alike. A rank waits at most `patience` for its next group before it
@@ -570,7 +571,8 @@ void DistributedOptimizer::step() {
 }
 
 void DistributedOptimizer::zero_grad() {
-  if (!optimizer_) GZ_THROW(InvalidArgument, "DistributedOptimizer::zero_grad: constructed without an optimizer");
+  if (!optimizer_)
+    GZ_THROW(InvalidArgument, "DistributedOptimizer::zero_grad: constructed without an optimizer");
   optimizer_->zero_grad();
 }
 

@@ -29,7 +29,8 @@ bool attack_keys_present(const gz::Env& env) {
   co.token = env.get("GZ_RDZV_TOKEN", "");
   co.timeout = std::chrono::seconds(10);
   // gzrun's store (GZ_STORE_*), not the program's MASTER_PORT.
-  gz::TcpStore s(env.get("GZ_STORE_ADDR", "127.0.0.1"), static_cast<int>(env.get_int("GZ_STORE_PORT", 0)), co);
+  gz::TcpStore s(env.get("GZ_STORE_ADDR", "127.0.0.1"), static_cast<int>(env.get_int("GZ_STORE_PORT", 0)),
+                 co);
   return s.check({"attack/owned"}) || s.check({"attack/appended"}) || s.check({"attack/counter"});
 }
 

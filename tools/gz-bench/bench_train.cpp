@@ -10,21 +10,21 @@
 #include <sstream>
 #include <string>
 
+#include "bench_memory.h"
 #include "gz/core/deadline.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/core/timeline.h"
-#include "gz/torch/data_parallel.h"
-#include "gz/torch/ddp.h"
 #include "gz/torch/async_model_averager.h"
 #include "gz/torch/compression.h"
+#include "gz/torch/data_parallel.h"
+#include "gz/torch/ddp.h"
 #include "gz/torch/distributed_optimizer.h"
 #include "gz/torch/fused_adamw.h"
 #include "gz/torch/local_sgd.h"
 #include "gz/torch/process_group.h"
 #include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/models/model.h"
-#include "bench_memory.h"
 
 namespace {
 
@@ -43,10 +43,10 @@ struct TrainBenchOptions {
   bool row_sparse = true;
   double bucket_mb = -1;  // -1: the library's defaults
   double first_bucket_mb = -1;
-  int zero = 0;           // ddp mode: ZeRO stage (0 = plain DDP)
-  bool memory = false;    // print what gradients, optimizer state and the process hold
+  int zero = 0;                        // ddp mode: ZeRO stage (0 = plain DDP)
+  bool memory = false;                 // print what gradients, optimizer state and the process hold
   gz::CompressionOptions compression;  // --powersgd-rank, --topk-ratio, --int8-chunk, --start-step
-  std::string averaging = "none";       // none, local_sgd, async
+  std::string averaging = "none";      // none, local_sgd, async
   int64_t period = 8;
   int64_t staleness = 4;
 };
@@ -170,19 +170,23 @@ TrainBenchOptions parse(int argc, char** argv) {
       GZ_THROW(gz::InvalidArgument, "gz-bench train: unknown option ", a);
   }
   if (o.model != "cnn" && o.model != "bert-small" && o.model != "bert-base")
-    GZ_THROW(gz::InvalidArgument, "gz-bench train: --model must be cnn, bert-small or bert-base, got ", o.model);
+    GZ_THROW(gz::InvalidArgument, "gz-bench train: --model must be cnn, bert-small or bert-base, got ",
+             o.model);
   if (o.mode != "single" && o.mode != "dp" && o.mode != "ddp" && o.mode != "horovod")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --mode must be single, dp, ddp or horovod, got ", o.mode);
   if (o.kernels != "fused" && o.kernels != "torch")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --kernels must be fused or torch, got ", o.kernels);
   if (o.hook != "none") o.compression.method = gz::parse_compression(o.hook == "allreduce" ? "none" : o.hook);
   if (o.averaging != "none" && o.averaging != "local_sgd" && o.averaging != "async")
-    GZ_THROW(gz::InvalidArgument, "gz-bench train: --averaging must be none, local_sgd or async, got ", o.averaging);
+    GZ_THROW(gz::InvalidArgument, "gz-bench train: --averaging must be none, local_sgd or async, got ",
+             o.averaging);
   if (o.averaging != "none" && (o.mode != "ddp" || o.hook != "allreduce"))
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --averaging needs --mode ddp and --hook allreduce");
-  GZ_CHECK_ARG(o.zero >= 0 && o.zero <= 2 && (o.zero == 0 || o.mode == "ddp"), "--zero 0|1|2 (ddp mode only)");
-  GZ_CHECK_ARG(o.zero == 0 || (o.hook == "allreduce" && o.averaging == "none"),
-               "--zero runs with --hook allreduce and --averaging none (ZeRO has its own reduce-scatter hook)");
+  GZ_CHECK_ARG(o.zero >= 0 && o.zero <= 2 && (o.zero == 0 || o.mode == "ddp"),
+               "--zero 0|1|2 (ddp mode only)");
+  GZ_CHECK_ARG(
+      o.zero == 0 || (o.hook == "allreduce" && o.averaging == "none"),
+      "--zero runs with --hook allreduce and --averaging none (ZeRO has its own reduce-scatter hook)");
   GZ_CHECK_ARG(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.threads > 0 && o.seq > 0,
                "batch/steps/threads");
   return o;
@@ -257,9 +261,12 @@ int bench_train(int argc, char** argv) {
   auto stats = std::make_shared<gz::CommStats>();  // bytes handed to collectives by hooks/averagers
   if (o.mode == "ddp") {
     gz::DDPOptions dopt;
-    if (o.hook == "none") dopt.comm_hook = [](gz::comm::Communicator&, gz::GradBucket&) {};
-    else if (o.averaging != "none") dopt.comm_hook = gz::post_local_sgd_hook(0);
-    else dopt.comm_hook = gz::make_comm_hook(o.compression, stats);
+    if (o.hook == "none")
+      dopt.comm_hook = [](gz::comm::Communicator&, gz::GradBucket&) {};
+    else if (o.averaging != "none")
+      dopt.comm_hook = gz::post_local_sgd_hook(0);
+    else
+      dopt.comm_hook = gz::make_comm_hook(o.compression, stats);
     dopt.row_sparse.enabled = o.row_sparse;
     if (o.bucket_mb > 0) dopt.bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
     if (o.first_bucket_mb > 0) dopt.first_bucket_bytes = static_cast<size_t>(o.first_bucket_mb * (1 << 20));
@@ -392,8 +399,8 @@ int bench_train(int argc, char** argv) {
     std::printf(
         "RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f hook=%s averaging=%s "
         "bytes_per_step=%.0f wire_bytes_per_step=%.0f\n",
-        o.model.c_str(), mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps, o.hook.c_str(),
-        o.averaging.c_str(), bytes_per_step, wire_per_step);
+        o.model.c_str(), mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps,
+        o.hook.c_str(), o.averaging.c_str(), bytes_per_step, wire_per_step);
     std::fflush(stdout);
   }
   async_avg.reset();

@@ -16,7 +16,8 @@ std::string store_bind_addr(const LaunchOptions& o) {
 
 LaunchAuth resolve_launch_auth(const LaunchOptions& o, const std::string& env_token) {
   LaunchAuth a;
-  const std::string where = o.master_addr + ":" + std::to_string(o.store_port() ? o.store_port() : o.master_port);
+  const std::string where =
+      o.master_addr + ":" + std::to_string(o.store_port() ? o.store_port() : o.master_port);
   if (!o.rdzv_token_file.empty()) {
     std::string warning;
     a.token = read_rdzv_token_file(o.rdzv_token_file, &warning);

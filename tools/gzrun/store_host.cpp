@@ -16,7 +16,7 @@
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
 #include "gz/store/store.h"
-#include "launch_auth.h"  // store_bind_addr()
+#include "launch_auth.h"   // store_bind_addr()
 #include "output_relay.h"  // say()
 
 #if GZ_HAVE_TCP_STORE
@@ -236,7 +236,8 @@ bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelle
 #if GZ_HAVE_TCP_STORE
   Store& s = client();
   Stopwatch sw;
-  Deadline deadline = Deadline::after(std::chrono::milliseconds(static_cast<long long>(o_.rdzv_timeout_s * 1000)));
+  Deadline deadline =
+      Deadline::after(std::chrono::milliseconds(static_cast<long long>(o_.rdzv_timeout_s * 1000)));
   const std::string released = name + "/released";
   int64_t arrived = s.add(name + "/arrived", 1);
   if (arrived == nnodes) s.set(released, to_bytes("1"));

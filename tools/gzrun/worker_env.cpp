@@ -4,8 +4,8 @@
 
 namespace gz::launcher {
 
-std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptions& o,
-                                              const AttemptInfo& a, int local_rank) {
+std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptions& o, const AttemptInfo& a,
+                                              int local_rank) {
   std::map<std::string, std::string> env = base.vars();
   auto s = [](long long v) { return std::to_string(v); };
   const int node = a.node_rank >= 0 ? a.node_rank : o.node_rank;

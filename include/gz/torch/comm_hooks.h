@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "gz/comm/communicator.h"
-#include "gz/torch/row_sparse.h"
 #include "gz/torch/comm_stats.h"
+#include "gz/torch/row_sparse.h"
 
 namespace gz {
 
