@@ -1,8 +1,10 @@
 #include "bucket_allocator.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
 
 #include <atomic>
+#include <cstring>
 
 namespace gz::python {
 
@@ -20,7 +22,20 @@ class BucketAllocator final : public c10::Allocator {
  public:
   explicit BucketAllocator(c10::Allocator* next) : next_(next) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  // LibTorch 2.x made allocate() non-const and added copy_data(); 1.13 has the const form only.
+#if TORCH_VERSION_MAJOR >= 2
+  c10::DataPtr allocate(size_t n) override { return allocate_impl(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    if (count) std::memcpy(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return allocate_impl(n); }
+#endif
+
+  c10::DeleterFnPtr raw_deleter() const override { return next_->raw_deleter(); }
+
+ private:
+  c10::DataPtr allocate_impl(size_t n) const {
     const Scope& s = tls_scope;
     if (!s.group || n < s.min_bytes) return next_->allocate(n);
     // Collective: every rank's Reducer makes the same requests in the same order.
@@ -30,9 +45,6 @@ class BucketAllocator final : public c10::Allocator {
     return {data, new std::shared_ptr<void>(std::move(mem)), &release, c10::Device(c10::DeviceType::CPU)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return next_->raw_deleter(); }
-
- private:
   static void release(void* ctx) { delete static_cast<std::shared_ptr<void>*>(ctx); }
   c10::Allocator* next_;
 };

@@ -1,5 +1,6 @@
 #include "gz/torch/row_sparse.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "gz/core/error.h"
@@ -98,14 +99,16 @@ bool allreduce_row_sparse(comm::Communicator& group, const torch::Tensor& grad, 
     return static_cast<size_t>(kr) * sizeof(int64_t) + round8(static_cast<size_t>(kr) * rb);
   };
   auto* base = static_cast<uint8_t*>(grad.data_ptr());
-  st.send.assign(block(k), 0);
-  std::memcpy(st.send.data(), mine.data(), mine.size() * sizeof(int64_t));
+  // Never empty: a rank without rows still hands the collective a valid pointer (to 0 bytes), and
+  // memcpy from an empty vector's null data() is undefined.
+  st.send.assign(std::max<size_t>(block(k), 8), 0);
+  if (k > 0) std::memcpy(st.send.data(), mine.data(), mine.size() * sizeof(int64_t));
   for (int64_t i = 0; i < k; ++i)
     std::memcpy(st.send.data() + k * sizeof(int64_t) + i * rb, base + static_cast<size_t>(mine[i]) * rb, rb);
   std::vector<size_t> bytes(static_cast<size_t>(n));
   size_t all = 0;
   for (int r = 0; r < n; ++r) all += bytes[r] = block(st.counts[r]);
-  st.recv.resize(all);
+  st.recv.resize(std::max<size_t>(all, 8));  // valid even when no rank has a row
   group.allgatherv(st.send.data(), st.recv.data(), bytes, DType::u8);
 
   // Every rank sums the same blocks in rank order from zero, so all end with the same bits: clear
