@@ -1,6 +1,7 @@
 #include "reduce_plan.h"
 
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 #include "gz/torch/tensor_adapter.h"  // to_dtype: the dtypes our kernels reduce
 
@@ -69,8 +70,15 @@ ReducePlan plan_reduction(const at::Tensor& t, const c10d::ReduceOp& rop, const 
     TORCH_CHECK(at::isFloatingType(st) || at::isComplexType(st), "gz backend: ", what,
                 ": PREMUL_SUM needs a floating-point tensor, got ", st);
     p.premul = true;
-    if (!s->tensor_factors.empty()) {
-      p.premul_tensor = s->tensor_factors[0].to(at::kCPU);
+#if TORCH_VERSION_MAJOR >= 2
+    const bool has_tensor = s->tensor_factor.defined();  // 2.x: one tensor
+    const at::Tensor factor = s->tensor_factor;
+#else
+    const bool has_tensor = !s->tensor_factors.empty();  // 1.13: a vector of them
+    const at::Tensor factor = has_tensor ? s->tensor_factors[0] : at::Tensor();
+#endif
+    if (has_tensor) {
+      p.premul_tensor = factor.to(at::kCPU);
       TORCH_CHECK(p.premul_tensor.numel() == 1, "gz backend: ", what,
                   ": PREMUL_SUM factor must have one element");
     } else {
