@@ -13,14 +13,7 @@
 #   env: REPEATS (2), BATCH (4 per rank), STEPS (3), WARMUP (1), SEQ (128), RUN_TIMEOUT (600 s),
 #        CSV (write the medians there too), AUTOGROUP_NICE (-20)
 set -euo pipefail
-AUTOGROUP_NICE=${AUTOGROUP_NICE:--20}
-if [ "$AUTOGROUP_NICE" != off ] && [ -z "${GZ_BENCH_SESSION:-}" ] && [ -w /proc/self/autogroup ]; then
-  GZ_BENCH_SESSION=1 exec setsid --wait "$0" "$@"
-fi
-if [ -n "${GZ_BENCH_SESSION:-}" ]; then
-  echo "$AUTOGROUP_NICE" >/proc/self/autogroup 2>/dev/null || echo "warning: cannot set the autogroup nice" >&2
-  echo "autogroup: $(cat /proc/self/autogroup)" >&2
-fi
+. "$(dirname "$0")/autogroup.sh"  # a session of its own at AUTOGROUP_NICE
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 build=$(cd "$build" && pwd)

@@ -19,18 +19,9 @@
 #      TOPK_RATIO (0.01), H (local SGD period, 8), S (async staleness bound, 4), AVG_WARMUP (200).
 # Hold the benchmark lock: flock /work/.bench.lock bench/run_compression_bench.sh ...
 set -euo pipefail
-# CPU share: with kernel.sched_autogroup_enabled=1 CPU is shared between sessions first, so another
-# session's build takes as much as this benchmark whatever its nice; run in a session of our own at
-# autogroup nice AUTOGROUP_NICE (default -20; "off" leaves it alone), as bench/run_multihost_train.sh.
-AUTOGROUP_NICE=${AUTOGROUP_NICE:--20}
-if [ "$AUTOGROUP_NICE" != off ] && [ -z "${GZ_BENCH_SESSION:-}" ] && [ -w /proc/self/autogroup ]; then
-  GZ_BENCH_SESSION=1 exec setsid --wait "$0" "$@"
-fi
-if [ "$AUTOGROUP_NICE" != off ] && [ -w /proc/self/autogroup ]; then
-  echo "$AUTOGROUP_NICE" >/proc/self/autogroup 2>/dev/null || echo "warning: cannot set the autogroup nice" >&2
-fi
+. "$(dirname "$0")/autogroup.sh"  # a session of its own at AUTOGROUP_NICE
 part=${1:-}
-[ "$part" = throughput ] || [ "$part" = accuracy ] || { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ "$part" = throughput ] || [ "$part" = accuracy ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${2:-${GZ_BUILD_DIR:-$root/build}}
 build=$(cd "$build" && pwd)
