@@ -1,0 +1,42 @@
+// Where this process's training loop is: phase (data, forward, ...) and step. Written by the
+// front ends (trainer, DDP, Horovod mode) at phase changes; read by the flight recorder's dumps
+// and the straggler report. Lives in core so the LibTorch-free comm layer can read it.
+#pragma once
+
+#include <cstdint>
+
+namespace gz {
+
+/// @brief A phase of the training loop. `idle` = outside any marked phase (set-up, tests).
+enum class Phase : uint8_t { idle, data, forward, backward, optimizer, comm, checkpoint, eval, recovery };
+
+/// @brief "idle", "data", "forward", ... (stable names: they appear in dumps and reports).
+const char* phase_name(Phase phase);
+
+/// @brief The phase, step and start time (steady clock, ns since its epoch) last marked.
+struct PhaseMark {
+  Phase phase = Phase::idle;
+  int64_t step = -1;
+  int64_t since_ns = 0;
+};
+
+/// @brief Mark the phase the calling process is in now; `step` < 0 keeps the current step.
+/// Lock-free and wait-free (a seqlock over three words): cheap enough for every phase change.
+void set_phase(Phase phase, int64_t step = -1);
+/// @brief The latest mark; consistent (never a phase from one mark with a step from another).
+/// Safe from any thread and from a signal handler.
+PhaseMark current_phase();
+
+/// @brief Marks `phase` for its lifetime, then restores the phase it found (the step is kept).
+class ScopedPhase {
+ public:
+  explicit ScopedPhase(Phase phase, int64_t step = -1);
+  ~ScopedPhase();
+  ScopedPhase(const ScopedPhase&) = delete;
+  ScopedPhase& operator=(const ScopedPhase&) = delete;
+
+ private:
+  Phase previous_;
+};
+
+}  // namespace gz
