@@ -63,8 +63,6 @@ class StoreHost {
   std::unique_ptr<Store> monitor_client() const;
   /// @brief "ADDR:PORT" of the store, for messages.
   std::string where() const;
-  /// @brief Whether this build can host a store (the TcpStore implementation is linked).
-  static bool available();
 
  private:
   struct Impl;
