@@ -1,9 +1,9 @@
 // TCP store server: one thread, epoll over the listening socket, a wake-up pipe and every
 // connection (a wake-up costs what is ready, not what is open). A connection is unauthenticated until its
-// hello (handshake.h) is accepted: until then it holds one of a bounded number of slots (admission.h), may
-// buffer one small hello and nothing else, and is closed when its auth_timeout passes. Authenticated
-// connections are never closed to make room, and the work done per loop iteration for unauthenticated ones is
-// bounded, so a flood of them cannot starve the ranks' requests.
+// handshake (handshake.h: hello, challenge, auth) succeeds: until then it holds one of a bounded number of
+// slots (admission.h), may buffer one small handshake message and nothing else, and is closed when its
+// auth_timeout passes. Authenticated connections are never closed to make room, and the work done per loop
+// iteration for unauthenticated ones is bounded, so a flood of them cannot starve the ranks' requests.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -48,7 +48,7 @@ constexpr int kAcceptBatch = 64;
 constexpr uint64_t kWakeId = 0, kListenId = 1, kFirstConnId = 2;
 
 using wire::AbuseLog;
-using wire::HelloVerdict;
+using wire::HandshakeVerdict;
 
 }  // namespace
 
@@ -62,6 +62,8 @@ struct TcpStoreServer::Impl {
     std::string out;
     size_t out_off = 0;
     bool authed = false;
+    bool challenged = false;  // the hello was answered; the auth is due
+    std::string client_nonce, server_nonce;
     bool tracked = false;  // holds an unauthenticated slot in `admission`
     Clock::time_point auth_deadline{};
     bool gated = false;  // a complete hello waits for its source's gate (after a refused token)
@@ -85,6 +87,8 @@ struct TcpStoreServer::Impl {
   };
 
   TcpStoreServerOptions opts;
+  std::string salt;  // of the key derived from the token (handshake_key)
+  std::string key;   // empty without a token
   wire::Limits limits;
   wire::StoreState state;
   wire::Admission admission;
@@ -127,10 +131,14 @@ struct TcpStoreServer::Impl {
                "(GZ_RDZV_INSECURE=1, gzrun --rdzv-insecure) opts out on a network you trust completely");
     GZ_CHECK_ARG(opts.auth_timeout.count() > 0, "TcpStoreServer auth_timeout must be positive");
     GZ_CHECK_ARG(opts.max_clients > 0, "TcpStoreServer max_clients must be positive");
+    GZ_CHECK_ARG(opts.name.size() <= wire::kMaxServerNameBytes, "TcpStoreServer name of ", opts.name.size(),
+                 " bytes (at most ", wire::kMaxServerNameBytes, ")");
   }
 
   void open() {
     validate();
+    salt = wire::random_bytes(wire::kSaltBytes);
+    if (!opts.token.empty()) key = wire::handshake_key(opts.token, salt);
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -252,55 +260,56 @@ struct TcpStoreServer::Impl {
     drop_input(c);
   }
 
-  // The first message of an unauthenticated connection.
-  void handshake(Conn& c, Clock::time_point now) {
-    c.gated = false;
-    if (c.closing || c.in.empty()) return;
-    auto h = wire::judge_hello(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size(), opts.token);
-    if (h.verdict == HelloVerdict::need_more) return;
-    if (h.verdict == HelloVerdict::accept || h.verdict == HelloVerdict::wrong_token) {
-      // After a refused token the source waits before its next hello is judged, whichever of
-      // its connections sends it: guessing is slow even over many connections.
-      Clock::time_point gate = admission.gate(c.source);
-      if (now < gate) {
-        c.gated = true;
-        c.gate_until = gate;
-        return;
-      }
+  void consume(Conn& c, size_t n) {
+    buffered -= n;
+    c.in.erase(0, n);
+  }
+
+  // Answer a hello: our nonce, the salt, our proof of the token (none without one) and our name.
+  void challenge(Conn& c, std::string client_nonce) {
+    c.client_nonce = std::move(client_nonce);
+    c.server_nonce = wire::random_bytes(wire::kNonceBytes);
+    const std::string proof = key.empty() ? std::string()
+                                          : wire::handshake_proof(key, wire::Prover::server, opts.name,
+                                                                  c.client_nonce, c.server_nonce);
+    queue(c, wire::make(static_cast<uint8_t>(wire::Reply::challenge), 0,
+                        {c.server_nonce, salt, proof, opts.name}));
+    c.challenged = true;
+  }
+
+  void admit_client(Conn& c, size_t consumed) {
+    if (authed_count >= opts.max_clients) {
+      GZ_LOG(warn, "store server: refusing ", c.peer, ": ", authed_count, " clients connected (max_clients)");
+      ++st.bad_hello;
+      refuse(c, "too many clients");
+      return;
     }
+    consume(c, consumed);
+    c.authed = true;
+    ++authed_count;
+    if (c.tracked) admission.release(c.id, c.source);
+    c.tracked = false;
+    ++st.authenticated;
+    queue(c, wire::make_reply(wire::Reply::ok));
+  }
+
+  void refuse_handshake(Conn& c, const wire::HandshakeResult& h, Clock::time_point now) {
     switch (h.verdict) {
-      case HelloVerdict::accept:
-        if (authed_count >= opts.max_clients) {
-          GZ_LOG(warn, "store server: refusing ", c.peer, ": ", authed_count,
-                 " clients connected (max_clients)");
-          ++st.bad_hello;
-          refuse(c, "too many clients");
-          return;
-        }
-        buffered -= h.consumed;
-        c.in.erase(0, h.consumed);
-        c.authed = true;
-        ++authed_count;
-        if (c.tracked) admission.release(c.id, c.source);
-        c.tracked = false;
-        ++st.authenticated;
-        queue(c, wire::make_reply(wire::Reply::ok));
-        return;
-      case HelloVerdict::wrong_token:
+      case HandshakeVerdict::wrong_token:
         admission.failed(c.source, now);
         ++st.wrong_token;
         log_abuse(AbuseLog::Kind::wrong_token, c, h.detail, now);
         refuse(c, "rendezvous token refused");
         return;
-      case HelloVerdict::oversized:
+      case HandshakeVerdict::oversized:
         ++st.oversized;
         log_abuse(AbuseLog::Kind::oversized, c, h.detail, now);
         refuse(c, h.detail);
         return;
-      case HelloVerdict::not_hello:
+      case HandshakeVerdict::unexpected:
         ++st.bad_hello;
         log_abuse(AbuseLog::Kind::bad_hello, c, h.detail, now);
-        refuse(c, "expected hello as the first message");
+        refuse(c, "expected the handshake (hello, then auth) before any request");
         return;
       default:
         ++st.bad_hello;
@@ -308,6 +317,35 @@ struct TcpStoreServer::Impl {
         refuse(c, h.detail);
         return;
     }
+  }
+
+  // The handshake of an unauthenticated connection: its hello, then its auth.
+  void handshake(Conn& c, Clock::time_point now) {
+    c.gated = false;
+    if (c.closing || c.in.empty()) return;
+    if (!c.challenged) {
+      auto h = wire::judge_hello(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size());
+      if (h.verdict == HandshakeVerdict::need_more) return;
+      if (h.verdict != HandshakeVerdict::accept) return refuse_handshake(c, h, now);
+      consume(c, h.consumed);
+      challenge(c, std::move(h.nonce));
+      if (c.in.empty()) return;
+    }
+    // After a refused token the source waits before its next proof is judged, whichever of
+    // its connections sends it: guessing is slow even over many connections.
+    Clock::time_point gate = admission.gate(c.source);
+    if (now < gate) {
+      c.gated = true;
+      c.gate_until = gate;
+      return;
+    }
+    const std::string expected = key.empty() ? std::string()
+                                             : wire::handshake_proof(key, wire::Prover::client, opts.name,
+                                                                     c.client_nonce, c.server_nonce);
+    auto a = wire::judge_auth(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size(), expected);
+    if (a.verdict == HandshakeVerdict::need_more) return;
+    if (a.verdict == HandshakeVerdict::accept) return admit_client(c, a.consumed);
+    refuse_handshake(c, a, now);
   }
 
   // Parse and run requests while the connection is free to answer.
@@ -438,8 +476,9 @@ struct TcpStoreServer::Impl {
     for (int round = 0; round < rounds; ++round) {
       size_t want = sizeof buf;
       if (!c.authed && !c.closing) {
-        want = std::min(want, wire::kMaxHelloFrameBytes - std::min(c.in.size(), wire::kMaxHelloFrameBytes));
-        if (want == 0) return true;  // a full hello's worth: judged before anything more is read
+        const size_t budget = wire::handshake_budget(c.challenged);
+        want = std::min(want, budget - std::min(c.in.size(), budget));
+        if (want == 0) return true;  // a full message's worth: judged before anything more is read
       }
       ssize_t n = ::recv(c.fd, buf, want, 0);
       if (n == 0) return false;
@@ -464,11 +503,11 @@ struct TcpStoreServer::Impl {
     return true;
   }
 
-  // Whether to watch for input: not while an unauthenticated connection's hello is
+  // Whether to watch for input: not while an unauthenticated connection's handshake message is
   // complete (or its budget full) and waiting to be judged.
   static bool wants_input(const Conn& c) {
     if (c.authed || c.closing) return true;
-    return !c.gated && c.in.size() < wire::kMaxHelloFrameBytes;
+    return !c.gated && c.in.size() < wire::handshake_budget(c.challenged);
   }
 
   int poll_timeout(Clock::time_point now) const {

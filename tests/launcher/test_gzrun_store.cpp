@@ -14,19 +14,6 @@ const std::string kStoreWorker = GZ_BUILD_DIR "/tests/launcher/gzrun_test_store_
 // Several gzruns share one store: they need one token, on loopback too.
 const std::map<std::string, std::string> kJobToken = {{"GZ_RDZV_TOKEN", "0123456789abcdef-gzrun-store-test"}};
 
-// A port free right now (multi-node needs a port known in advance; a rare race is tolerated by
-// the tests that use it).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return -1;
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
 }  // namespace
 
 class GzrunStore : public ::testing::TestWithParam<int> {};

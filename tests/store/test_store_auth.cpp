@@ -1,5 +1,5 @@
 // The TcpStore server against unauthenticated clients: nothing readable or writable without the
-// token, a deadline to authenticate, a hello-sized budget before it, bounded slots per source,
+// token, a deadline to authenticate, a small budget per handshake message, bounded slots per source,
 // a pause per wrong token, and authenticated ranks served unharmed through all of it.
 #include <gtest/gtest.h>
 
@@ -19,6 +19,7 @@ namespace gz {
 namespace {
 
 using namespace std::chrono_literals;
+using test::auth_frame;
 using test::first_reply;
 using test::hello_frame;
 using test::RawConn;
@@ -92,19 +93,24 @@ TEST(StoreAuth, UnauthenticatedClientsCanNeitherReadNorWrite) {
   rank.add("counter", 1);
   const int64_t keys = rank.num_keys();
 
-  std::vector<std::string> openings = {"", hello_frame("wrong-token"), hello_frame(""),
-                                       hello_frame(kToken, 99)};
+  // No handshake; a hello and no auth; a wrong proof; no proof; another protocol version.
+  std::vector<std::string> openings = {"", hello_frame(), hello_frame() + auth_frame(),
+                                       hello_frame() + auth_frame(""), hello_frame(std::string(32, 'n'), 99)};
   for (const auto& opening : openings)
     for (const auto& op : all_ops()) {
       RawConn raw(server.port());
       raw.send(opening + op);
       std::string got = raw.read_until_close(3s);
       EXPECT_TRUE(raw.closed()) << "connection kept open";
+      // At most the challenge (for a well-formed hello), then the refusal, then nothing: no
+      // further reply could carry a value.
       wire::Message rep = first_reply(got);
+      if (rep.code == static_cast<uint8_t>(wire::Reply::challenge)) {
+        got.erase(0, wire::encode(rep).size());
+        rep = first_reply(got);
+      }
       EXPECT_EQ(rep.code, static_cast<uint8_t>(wire::Reply::refused)) << "got " << wire::code_name(rep.code);
-      // Nothing after the refusal: no second reply could carry a value.
-      std::string one = wire::encode(rep);
-      EXPECT_EQ(got.size(), one.size()) << "more than one reply to an unauthenticated client";
+      EXPECT_EQ(got.size(), wire::encode(rep).size()) << "more than one reply to an unauthenticated client";
       EXPECT_EQ(got.find("original"), std::string::npos);
     }
   EXPECT_EQ(to_string(rank.get("victim", Deadline::after(1s))), "original");
@@ -124,7 +130,7 @@ TEST(StoreAuth, SilentClientsAreClosedAtTheAuthDeadline) {
   Stopwatch sw;
   RawConn silent(server.port());
   RawConn partial(server.port());
-  partial.send(hello_frame(kToken).substr(0, 10));  // a hello that never completes
+  partial.send(hello_frame().substr(0, 10));  // a hello that never completes
   silent.read_until_close(3s);
   const auto first = sw.elapsed();
   partial.read_until_close(3s);
@@ -209,8 +215,7 @@ TEST(StoreAuth, AFloodFromOneSourceDoesNotEvictAnotherSource) {
   while (server.stats().evicted < 23 && !d.expired()) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(server.stats().evicted, 23u);
   EXPECT_FALSE(other.closed_now()) << "the flood evicted the other source's connection";
-  other.send(hello_frame(kToken));
-  EXPECT_EQ(first_reply(other.read_until_close(300ms)).code, static_cast<uint8_t>(wire::Reply::ok));
+  EXPECT_EQ(other.handshake(kToken).code, static_cast<uint8_t>(wire::Reply::ok));
 }
 
 TEST(StoreAuth, WrongTokensArePacedPerSourceAndLoggedOnce) {
@@ -220,14 +225,20 @@ TEST(StoreAuth, WrongTokensArePacedPerSourceAndLoggedOnce) {
   testing::internal::CaptureStderr();
   Stopwatch sw;
   // Sequential guesses...
-  for (int i = 0; i < 3; ++i)
-    EXPECT_THROW(TcpStore("127.0.0.1", server.port(), client(2s, "guess-" + std::to_string(i))), Error);
+  for (int i = 0; i < 3; ++i) {
+    RawConn guess(server.port());
+    guess.send(hello_frame() + auth_frame("guess-" + std::to_string(i)));
+    EXPECT_EQ(guess.read_frame(3s).code, static_cast<uint8_t>(wire::Reply::challenge));
+    EXPECT_EQ(guess.read_frame(3s).code, static_cast<uint8_t>(wire::Reply::refused));
+  }
   // ...and parallel ones over separate connections are paced alike.
   std::vector<std::unique_ptr<RawConn>> parallel;
   for (int i = 0; i < 3; ++i) parallel.push_back(std::make_unique<RawConn>(server.port()));
-  for (auto& p : parallel) p->send(hello_frame("parallel-guess"));
-  for (auto& p : parallel)
-    EXPECT_EQ(first_reply(p->read_until_close(3s)).code, static_cast<uint8_t>(wire::Reply::refused));
+  for (auto& p : parallel) p->send(hello_frame() + auth_frame());
+  for (auto& p : parallel) {
+    EXPECT_EQ(p->read_frame(3s).code, static_cast<uint8_t>(wire::Reply::challenge));
+    EXPECT_EQ(p->read_frame(3s).code, static_cast<uint8_t>(wire::Reply::refused));
+  }
   const auto guesses = sw.elapsed();
   // The rightful token after failures waits at most one delay.
   sw.reset();
@@ -315,15 +326,34 @@ class SheddingServer {
   int accepted() const { return accepted_; }
 
  private:
-  static bool answer_one(int c) {
+  static bool read_one(int c, wire::Message& m) {
     char hdr[4];
     if (::recv(c, hdr, 4, MSG_WAITALL) != 4) return false;
-    std::string body(wire::read_u32(reinterpret_cast<const uint8_t*>(hdr)), '\0');
-    if (::recv(c, &body[0], body.size(), MSG_WAITALL) != static_cast<ssize_t>(body.size())) return false;
-    wire::Message ok;
-    ok.code = static_cast<uint8_t>(wire::Reply::ok);
-    std::string f = wire::encode(ok);
+    std::string frame(hdr, 4);
+    frame.resize(4 + wire::read_u32(reinterpret_cast<const uint8_t*>(hdr)));
+    if (::recv(c, &frame[4], frame.size() - 4, MSG_WAITALL) != static_cast<ssize_t>(frame.size() - 4))
+      return false;
+    return wire::decode(reinterpret_cast<const uint8_t*>(frame.data()), frame.size(),
+                        wire::Direction::request, wire::Limits{}, m)
+               .status == wire::DecodeStatus::ok;
+  }
+  static bool reply(int c, wire::Reply code, std::vector<std::string> parts = {}) {
+    wire::Message m;
+    m.code = static_cast<uint8_t>(code);
+    m.parts = std::move(parts);
+    std::string f = wire::encode(m);
     return ::send(c, f.data(), f.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(f.size());
+  }
+  // The server's side of the handshake with kToken, then ok to one request.
+  static void serve(int c) {
+    wire::Message hello, auth, req;
+    if (!read_one(c, hello)) return;
+    const std::string nonce = wire::random_bytes(wire::kNonceBytes),
+                      salt = wire::random_bytes(wire::kSaltBytes);
+    const std::string key = wire::handshake_key(kToken, salt);
+    reply(c, wire::Reply::challenge,
+          {nonce, salt, wire::handshake_proof(key, wire::Prover::server, "", hello.parts[0], nonce), ""});
+    if (read_one(c, auth) && reply(c, wire::Reply::ok) && read_one(c, req)) reply(c, wire::Reply::ok);
   }
   void run() {
     for (int i = 0; i < 2; ++i) {
@@ -336,7 +366,7 @@ class SheddingServer {
         ::close(c);  // shed
         continue;
       }
-      answer_one(c) && answer_one(c);  // hello, then the set
+      serve(c);
       ::close(c);
     }
   }

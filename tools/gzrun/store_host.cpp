@@ -22,6 +22,12 @@
 
 namespace gz::launcher {
 
+namespace {
+// The name gzrun's store proves in every handshake (TcpStoreServerOptions::name): a gzrun never
+// takes another store that happens to share the token (a program's own store, say) for its job's.
+const char* const kStoreName = "gzrun";
+}  // namespace
+
 struct StoreHost::Impl {
   std::unique_ptr<TcpStoreServer> server;
   std::unique_ptr<TcpStore> client;
@@ -120,6 +126,7 @@ void StoreHost::start() {
     } catch (const SystemError& e) {
       if (e.code() != EADDRINUSE) throw;
       say("store port " + std::to_string(want) + " is taken on this host: joining the store there");
+      joined_busy_port_ = true;
       return true;
     }
   };
@@ -132,6 +139,7 @@ void StoreHost::start() {
   so.port = want;
   so.token = token_;
   so.allow_insecure = o_.rdzv_insecure;
+  so.name = kStoreName;
   try {
     impl_->server = std::make_unique<TcpStoreServer>(so);
   } catch (const Error& e) {
@@ -156,6 +164,7 @@ std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, const std::stri
                                          const std::string& token) {
   TcpStoreOptions co;
   co.token = token;
+  co.server_name = kStoreName;
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_s * 1000));
   auto client = std::make_unique<TcpStore>(host, port, co);
   // Connecting may take the whole rendezvous timeout (nodes start at different times); each
@@ -172,13 +181,25 @@ std::string StoreHost::client_host() const {
 std::string StoreHost::where() const { return client_host() + ":" + std::to_string(port_); }
 
 Store& StoreHost::client() {
-  if (!impl_->client) impl_->client = connect_client(o_, client_host(), port_, token_);
+  if (impl_->client) return *impl_->client;
+  try {
+    impl_->client = connect_client(o_, client_host(), port_, token_);
+  } catch (const Error& e) {
+    if (!joined_busy_port_) throw;
+    // The port was busy, so this gzrun took it for another gzrun of the job hosting the store:
+    // what answers there did not prove it (another job's store or program holds the port).
+    GZ_THROW(Error, "store port ", port_,
+             " (MASTER_PORT+1) on this host is taken, but not by this job's store: ", e.what(),
+             ". Jobs that share a host need --master-port values at least 2 apart (each uses MASTER_PORT "
+             "and MASTER_PORT+1)");
+  }
   return *impl_->client;
 }
 
 std::unique_ptr<Store> StoreHost::monitor_client() const {
   TcpStoreOptions co;
   co.token = token_;
+  co.server_name = kStoreName;
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000));
   return std::make_unique<TcpStore>(client_host(), port_, co);
 }
