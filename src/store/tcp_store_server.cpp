@@ -27,6 +27,7 @@
 #include "gz/store/tcp_store.h"
 #include "store/admission.h"
 #include "store/handshake.h"
+#include "store/peer_identity.h"
 #include "store/store_state.h"
 #include "store/tcp_common.h"
 #include "store/wire.h"
@@ -66,8 +67,6 @@ struct TcpStoreServer::Impl {
     std::string client_nonce, server_nonce;
     bool tracked = false;  // holds an unauthenticated slot in `admission`
     Clock::time_point auth_deadline{};
-    bool gated = false;  // a complete hello waits for its source's gate (after a refused token)
-    Clock::time_point gate_until{};
     bool closing = false;  // close once `out` is flushed
     bool blocked = false;  // a get/wait is parked until keys appear or `deadline`
     wire::Message pending;
@@ -92,6 +91,8 @@ struct TcpStoreServer::Impl {
   wire::Limits limits;
   wire::StoreState state;
   wire::Admission admission;
+  wire::PeerIdentity identity;  // loopback peers' users (the admission key on loopback)
+  bool told_identity = false;   // that peers' users cannot be told apart here (logged once)
   AbuseLog abuse;
   Counters st;
   int listen_fd = -1;
@@ -113,7 +114,6 @@ struct TcpStoreServer::Impl {
     wire::AdmissionLimits l;
     l.max_pending = o.max_pending_auth;
     l.max_pending_per_source = o.max_pending_per_source;
-    l.failure_delay = o.auth_failure_delay;
     return l;
   }
 
@@ -253,11 +253,13 @@ struct TcpStoreServer::Impl {
     if (!line.empty()) GZ_LOG(warn, line);
   }
 
-  // Refuse an unauthenticated client with a reason it can print, then close.
+  // Refuse an unauthenticated client with a reason it can print, then close. Its slot becomes the
+  // first to be given up: it only lingers to deliver the reason.
   void refuse(Conn& c, const std::string& text) {
     queue(c, wire::closing_reply(wire::Reply::refused, text));
     c.closing = true;
     drop_input(c);
+    if (c.tracked) admission.refused(c.id, c.source);
   }
 
   void consume(Conn& c, size_t n) {
@@ -296,7 +298,6 @@ struct TcpStoreServer::Impl {
   void refuse_handshake(Conn& c, const wire::HandshakeResult& h, Clock::time_point now) {
     switch (h.verdict) {
       case HandshakeVerdict::wrong_token:
-        admission.failed(c.source, now);
         ++st.wrong_token;
         log_abuse(AbuseLog::Kind::wrong_token, c, h.detail, now);
         refuse(c, "rendezvous token refused");
@@ -319,9 +320,9 @@ struct TcpStoreServer::Impl {
     }
   }
 
-  // The handshake of an unauthenticated connection: its hello, then its auth.
+  // The handshake of an unauthenticated connection: its hello, then its auth, each judged as soon
+  // as it is complete (nobody waits behind anybody else's refusals).
   void handshake(Conn& c, Clock::time_point now) {
-    c.gated = false;
     if (c.closing || c.in.empty()) return;
     if (!c.challenged) {
       auto h = wire::judge_hello(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size());
@@ -330,14 +331,6 @@ struct TcpStoreServer::Impl {
       consume(c, h.consumed);
       challenge(c, std::move(h.nonce));
       if (c.in.empty()) return;
-    }
-    // After a refused token the source waits before its next proof is judged, whichever of
-    // its connections sends it: guessing is slow even over many connections.
-    Clock::time_point gate = admission.gate(c.source);
-    if (now < gate) {
-      c.gated = true;
-      c.gate_until = gate;
-      return;
     }
     const std::string expected = key.empty() ? std::string()
                                              : wire::handshake_proof(key, wire::Prover::client, opts.name,
@@ -399,6 +392,23 @@ struct TcpStoreServer::Impl {
     }
   }
 
+  // The admission key: the peer's address, or on loopback (where every local process connects
+  // from 127.0.0.1) the user owning the peer's socket.
+  std::string source_of(int fd, const sockaddr_storage& peer) {
+    if (!wire::is_loopback_peer(peer)) return wire::source_key(peer);
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len);
+    std::string key = identity.source(peer, local);
+    if (identity.unavailable() && !told_identity) {
+      told_identity = true;
+      GZ_LOG(warn,
+             "store server: cannot tell local users apart (no sock_diag for TCP here): "
+             "unauthenticated loopback clients share their slots");
+    }
+    return key;
+  }
+
   void accept_batch(Clock::time_point now) {
     for (int i = 0; i < kAcceptBatch; ++i) {
       sockaddr_storage ss{};
@@ -432,7 +442,7 @@ struct TcpStoreServer::Impl {
       c.fd = fd;
       c.id = next_id++;
       c.peer = std::string(host) + ":" + std::to_string(port);
-      c.source = wire::source_key(ss);
+      c.source = source_of(fd, ss);
       c.auth_deadline = now + opts.auth_timeout;
       c.tracked = true;
       int one = 1;
@@ -507,7 +517,7 @@ struct TcpStoreServer::Impl {
   // complete (or its budget full) and waiting to be judged.
   static bool wants_input(const Conn& c) {
     if (c.authed || c.closing) return true;
-    return !c.gated && c.in.size() < wire::handshake_budget(c.challenged);
+    return c.in.size() < wire::handshake_budget(c.challenged);
   }
 
   int poll_timeout(Clock::time_point now) const {
@@ -520,7 +530,6 @@ struct TcpStoreServer::Impl {
       if (c.blocked) consider(c.deadline);
       if (c.lingering) consider(c.linger_until);
       if (c.tracked && !c.closing) consider(c.auth_deadline);
-      if (c.gated) consider(c.gate_until);
       if (c.authed && !c.blocked && !c.closing && c.out.empty() && !c.in.empty()) best = 0;
     }
     return static_cast<int>(std::min<long long>(best, 1 << 30));
@@ -618,8 +627,6 @@ struct TcpStoreServer::Impl {
         }
         if (re & EPOLLOUT) flush(c);
       }
-      if (accept_ready) accept_batch(now);
-      apply_evictions(now);
       // Run requests, answer parked waiters, flush replies; a flushed reply frees its connection
       // for its next buffered request, and a change can unblock waiters: repeat until quiet
       // (bounded, so one busy client cannot starve the loop).
@@ -645,11 +652,15 @@ struct TcpStoreServer::Impl {
         }
         if (!progress && state.version() == version) break;
       }
+      // New connections after the handshakes already buffered were judged: a complete, correct
+      // proof is never evicted to make room for a newcomer.
       now = Clock::now();
+      if (accept_ready) accept_batch(now);
+      apply_evictions(now);
       expire(now);
       remove_dead();
       if (now - last_forget > std::chrono::seconds(1)) {
-        admission.forget_idle(now);
+        admission.forget_idle();
         last_forget = now;
       }
       std::string line = abuse.summary(now);

@@ -173,19 +173,34 @@ TEST(Admission, TotalLimitTakesFromTheBiggestSource) {
   EXPECT_EQ(b.admit(5, "s5"), std::vector<uint64_t>{1});
 }
 
-TEST(Admission, GateAfterAFailureAndForgetting) {
+TEST(Admission, RefusedConnectionsGoFirst) {
   wire::AdmissionLimits l;
-  l.failure_delay = 100ms;
+  l.max_pending = 4;
+  l.max_pending_per_source = 10;
   wire::Admission a(l);
-  auto t0 = Clock::now();
-  EXPECT_LE(a.gate("x"), t0);
-  a.failed("x", t0);
-  EXPECT_EQ(a.gate("x"), t0 + 100ms);
-  EXPECT_LE(a.gate("y"), t0);
-  a.forget_idle(t0 + 50ms);
-  EXPECT_EQ(a.sources(), 1u);  // gate still closed: remembered
-  a.forget_idle(t0 + 150ms);
-  EXPECT_EQ(a.sources(), 0u);
+  EXPECT_TRUE(a.admit(1, "honest").empty());
+  for (uint64_t id = 2; id <= 4; ++id) EXPECT_TRUE(a.admit(id, "flood").empty());
+  // The flood's connections are refused as they come: they linger only to deliver the reason,
+  // are no longer counted against their source, and are the first to go.
+  a.refused(2, "flood");
+  a.refused(3, "flood");
+  EXPECT_EQ(a.pending_from("flood"), 1u);
+  EXPECT_EQ(a.refused_count(), 2u);
+  EXPECT_EQ(a.admit(5, "flood"), std::vector<uint64_t>{2});
+  EXPECT_EQ(a.admit(6, "flood"), std::vector<uint64_t>{3});
+  // Nothing refused left: now the source waiting with the most gives up its oldest, and the
+  // honest client (the oldest of all) keeps its slot.
+  EXPECT_EQ(a.admit(7, "flood"), std::vector<uint64_t>{4});
+  EXPECT_EQ(a.pending_from("honest"), 1u);
+  // A refused connection that closes by itself frees its slot; unknown ids are ignored.
+  a.refused(5, "flood");
+  a.release(5, "flood");
+  a.release(99, "nobody");
+  EXPECT_EQ(a.refused_count(), 0u);
+  EXPECT_EQ(a.pending(), 3u);
+  a.release(1, "honest");
+  a.forget_idle();
+  EXPECT_EQ(a.sources(), 1u);
 }
 
 TEST(AbuseLog, FirstRefusalPerSourceThenSummaries) {

@@ -14,8 +14,10 @@ namespace gz {
 /// refuses to start without a token unless `allow_insecure` says so. Every connection starts with
 /// a mutual challenge-response on the token (the token itself never travels; details in
 /// docs/multi-node.md); until it succeeds a client may send its two small handshake messages and
-/// nothing else, within `auth_timeout`, and unauthenticated connections are bounded in all and
-/// per source (the oldest are closed first, authenticated ones never).
+/// nothing else, within `auth_timeout`. Unauthenticated connections are bounded in all and per
+/// source (an address; on loopback, the local user owning the peer's socket): refused ones are
+/// closed first, then the oldest of the source waiting with the most, authenticated ones never. A
+/// correct proof is accepted as soon as it arrives, whatever others sent before it.
 struct TcpStoreServerOptions {
   std::string bind_addr = "127.0.0.1";
   int port = 0;       ///< 0 = pick a free port; port() tells which.
@@ -27,17 +29,18 @@ struct TcpStoreServerOptions {
   size_t max_value_bytes = 64u << 20;  ///< larger messages are rejected
   size_t max_total_bytes = 1u << 30;   ///< total stored bytes cap
   size_t max_clients = 4096;           ///< authenticated connections
-  Duration auth_timeout{5000};         ///< time from accept to a valid hello
+  Duration auth_timeout{5000};         ///< time from accept to a valid auth
   size_t max_pending_auth = 256;       ///< unauthenticated connections, all sources together
-  size_t max_pending_per_source = 32;  ///< unauthenticated connections per source address (IPv6: /64)
-  Duration auth_failure_delay{100};    ///< after a refused token, that source's next hello waits this long
+  /// @brief Unauthenticated connections waiting per source: an address (IPv6: its /64), or on
+  /// loopback a local user.
+  size_t max_pending_per_source = 32;
 };
 
 /// @brief Counters of a running server (for tests, benchmarks and diagnostics).
 struct TcpStoreServerStats {
   uint64_t accepted = 0;          ///< connections accepted
-  uint64_t authenticated = 0;     ///< hellos accepted
-  uint64_t wrong_token = 0;       ///< hellos refused for their token
+  uint64_t authenticated = 0;     ///< handshakes accepted
+  uint64_t wrong_token = 0;       ///< auths refused for their proof (another token, or none)
   uint64_t bad_hello = 0;         ///< first messages refused otherwise (not a hello, malformed, version)
   uint64_t oversized = 0;         ///< first messages refused for their announced size, unread
   uint64_t auth_timeouts = 0;     ///< connections closed for sending no valid hello in time
