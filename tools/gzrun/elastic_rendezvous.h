@@ -29,10 +29,14 @@ namespace gz::launcher {
 ///
 /// Run ids (GZ_RUN_ID, the workers' key prefix) are "<pid of round 0's node 0>-<r>".
 ///
-/// A round r is complete when gzrun/round is r and either MAX nodes joined it, or at least MIN
-/// did and the join window passed since the observer first saw MIN. Nodes that joined after the
-/// members were written are not in them: they join r+1 and wait there, which the running round's
-/// monitors notice (JobMonitor, admit record) so that every node moves to r+1 together.
+///   gzrun/waiting/<seq>       counter each waiting gzrun adds 1 to on every poll (joiners.h)
+///
+/// A round r is complete when gzrun/round is r and either MAX live nodes joined it, or at least
+/// MIN did and the join window passed since the observer first saw MIN. Live: the joiner's beat
+/// was seen to move within the lease (joiners.h), so a node that gave up or was killed while
+/// waiting is never made a member, nor counted as waiting. Nodes that joined after the members
+/// were written are not in them: they join r+1 and wait there, which the running round's monitors
+/// notice (JobMonitor, admit record) so that every node moves to r+1 together.
 class ElasticRendezvous {
  public:
   using Cancelled = std::function<bool()>;
@@ -49,14 +53,12 @@ class ElasticRendezvous {
   /// record its restart count (f counts unless it is admit). Idempotent across nodes.
   void advance(const RoundInfo& r, const JobFailure& f);
   /// @brief Why the job cannot go on after `f` ended round `r` (a lost node leaves fewer than MIN,
-  /// counting nodes already waiting), or "" when it can.
+  /// counting live nodes already waiting: up to the lease is spent seeing them beat), or "" when it
+  /// can.
   std::string cannot_continue(const RoundInfo& r, const JobFailure& f);
   /// @brief Record that the job is over (first call wins), so waiting nodes leave: exit 0 when
   /// `success`, else with `reason`. Store errors are ignored (the job ends anyway).
   void end_job(const std::string& reason, bool success);
-
-  /// @brief "seq:host:pid" entries of a joined/members value (dropping repeats of a seq).
-  static std::vector<std::string> parse_entries(const std::string& text);
 
  private:
   /// @brief Value of key, "" when missing: one round trip.
