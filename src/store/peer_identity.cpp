@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -102,11 +103,18 @@ long long PeerIdentity::uid(const sockaddr_storage& peer, const sockaddr_storage
     const ssize_t got = ::recv(nl_, buf, sizeof buf, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) return -1;
-    int len = static_cast<int>(got);
-    for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, len); h = NLMSG_NEXT(h, len)) {
+    // The messages of the answer (NLMSG_OK/NLMSG_NEXT spelt out: their int arithmetic draws
+    // sign-compare warnings).
+    size_t len = static_cast<size_t>(got);
+    for (const char* p = buf; len >= sizeof(nlmsghdr);) {
+      const auto* h = reinterpret_cast<const nlmsghdr*>(p);
+      if (h->nlmsg_len < sizeof(nlmsghdr) || h->nlmsg_len > len) break;
+      const size_t step = std::min<size_t>(NLMSG_ALIGN(h->nlmsg_len), len);
+      p += step;
+      len -= step;
       if (h->nlmsg_seq != seq_) continue;  // a late answer to an earlier (timed-out) lookup
       if (h->nlmsg_type == NLMSG_ERROR) {
-        const int err = -reinterpret_cast<nlmsgerr*>(NLMSG_DATA(h))->error;
+        const int err = -reinterpret_cast<const nlmsgerr*>(NLMSG_DATA(h))->error;
         // ENOENT: the peer is gone already; anything else: no sock_diag for TCP here.
         if (err != ENOENT) unavailable_ = true;
         return -1;
