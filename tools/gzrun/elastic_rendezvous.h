@@ -2,11 +2,13 @@
 // node ranks are assigned there, and nodes that come later are admitted at the next round.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "job_monitor.h"
+#include "joiners.h"
 #include "options.h"
 #include "round_info.h"
 
@@ -67,6 +69,16 @@ class ElasticRendezvous {
   void append_me(int round);
   /// @brief Write round r's members (first writer wins) from its joined list.
   void close_round(int round, const std::vector<std::string>& joined);
+  /// @brief This node's place in round q, whose members (value and parsed) include it at `node_rank`.
+  RoundInfo placed(int q, const std::string& members, const std::vector<std::string>& list, int node_rank);
+  /// @brief When this gzrun first saw MIN live nodes in a round (the join window runs from there).
+  struct JoinWindow {
+    bool open = false;
+    std::chrono::steady_clock::time_point start{};
+  };
+  /// @brief Round q is being formed: count its live joiners (`joined`) and close it when complete
+  /// (MAX live, or MIN live for the join window). Returns true when it closed.
+  bool try_close(int q, JoinerBeats& beats, JoinWindow& window, int& joined);
 
   const LaunchOptions& o_;
   Store& s_;
