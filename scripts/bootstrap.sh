@@ -7,7 +7,7 @@
 set -euo pipefail
 pkgs=(g++ cmake make git ca-certificates pkg-config ccache
       libtorch-dev libopenblas0-openmp libgloo-dev libopenmpi-dev openmpi-bin
-      libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libpng-dev libjpeg-dev dataset-fashion-mnist procps)
+      libssl-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libpng-dev libjpeg-dev dataset-fashion-mnist procps)
 for profile in "$@"; do
   case "$profile" in
     test) pkgs+=(libgtest-dev clang libclang-rt-dev iproute2 python3

@@ -76,11 +76,34 @@ TEST(GzrunAuthUnit, SeveralNodesBeyondLoopbackNeedATokenOrInsecure) {
   auto both = resolve_launch_auth(insecure, kStrong);
   EXPECT_FALSE(both.insecure);
   EXPECT_TRUE(has_warning(both, "ignored"));
-  // Several gzruns on one machine, store on loopback: no token needed, none generated (each
-  // gzrun would make a different one).
-  auto local = resolve_launch_auth(parse({"--nnodes", "2", "--node-rank", "1", "prog"}), "");
-  EXPECT_EQ(local.token, "");
-  EXPECT_FALSE(local.insecure);
+}
+
+TEST(GzrunAuthUnit, SeveralNodesOnLoopbackNeedATokenOrInsecureToo) {
+  // Several gzruns on one machine, store on loopback: every local user reaches it, and no gzrun can
+  // make the token up for the others (each would make a different one).
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--nnodes", "2", "--node-rank", "1", "prog"},
+           {"--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "prog"},
+           {"--nnodes", "1:3", "--master-addr", "localhost", "prog"}}) {
+    try {
+      resolve_launch_auth(parse(args), "");
+      FAIL() << "several nodes on loopback started without a token";
+    } catch (const InvalidArgument& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("every local user"), std::string::npos) << m;
+      EXPECT_NE(m.find("--rdzv-token-file"), std::string::npos) << m;
+      EXPECT_NE(m.find("--rdzv-insecure"), std::string::npos) << m;
+    }
+    EXPECT_EQ(resolve_launch_auth(parse(args), kStrong).token, kStrong);
+  }
+  auto elastic = parse({"--nnodes", "1:3", "--rdzv-insecure", "prog"});
+  auto a = resolve_launch_auth(elastic, "");
+  EXPECT_TRUE(a.insecure);
+  EXPECT_TRUE(has_warning(a, "every local user"));
+  // One node still gets a generated token.
+  auto one = resolve_launch_auth(parse({"prog"}), "");
+  EXPECT_TRUE(one.generated);
+  EXPECT_EQ(one.token.size(), 64u);
 }
 
 TEST(GzrunAuthUnit, TokenFile) {

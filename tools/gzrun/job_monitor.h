@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "joiners.h"
 #include "options.h"
 
 namespace gz {
@@ -41,7 +42,8 @@ struct JobFailure {
 ///   gzrun/round<r>/failure      first failure of round r ("kind|node|text"), first writer wins
 ///   gzrun/round<r>/acked/<node> set when that node's gzrun saw round r's failure (the store host
 ///                               waits for the nodes that still heartbeat)
-///   gzrun/round<r+1>/joined     elastic: nodes waiting for the next round (read to admit them)
+///   gzrun/round<r+1>/joined     elastic: nodes waiting for the next round (admitted while their
+///                               beat, gzrun/waiting/<seq>, moves: joiners.h)
 ///   gzrun/round<r>/exit/arrived nodes whose workers all succeeded (no admission after the first)
 class JobMonitor {
  public:
@@ -109,6 +111,7 @@ class JobMonitor {
     std::chrono::steady_clock::time_point changed{};
   };
   std::map<int, Peer> peers_;
+  JoinerBeats waiting_;  ///< beats of the nodes waiting for the next round (admit only live ones)
   std::chrono::steady_clock::time_point last_ok_{};
   bool store_lost_ = false;
 };

@@ -41,6 +41,9 @@ LaunchAuth resolve_launch_auth(const LaunchOptions& o, const std::string& env_to
       a.warnings.push_back("--rdzv-insecure: the rendezvous store (" + where +
                            ") admits anyone who can reach it, without a token; use it only on a network "
                            "where everyone who can reach that port is trusted");
+    else if (o.nnodes > 1)
+      a.warnings.push_back("--rdzv-insecure: the rendezvous store (" + where +
+                           ") admits every local user of this machine, without a token");
     return a;
   }
   if (o.nnodes == 1) {
@@ -48,8 +51,17 @@ LaunchAuth resolve_launch_auth(const LaunchOptions& o, const std::string& env_to
     a.generated = true;
     return a;
   }
-  if (!store_beyond_loopback(o)) return a;  // every node on this machine: loopback only
-  GZ_THROW(InvalidArgument, "--nnodes ", o.nnodes, " with the store at ", where,
+  // Several nodes share the store, so none of them can make the token up. On loopback it is as
+  // open as beyond it to everyone with a login on this machine: the same rule applies.
+  const std::string nodes = o.elastic ? std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes)
+                                      : std::to_string(o.nnodes);
+  if (!store_beyond_loopback(o))
+    GZ_THROW(InvalidArgument, "--nnodes ", nodes, " with the store at ", where,
+             " (loopback: every local user can reach it) needs a rendezvous token shared by every "
+             "gzrun of the job: create one (`openssl rand -hex 32 > token; chmod 600 token`) and pass "
+             "--rdzv-token-file token to each, or export GZ_RDZV_TOKEN; --rdzv-insecure runs without "
+             "one, on a machine whose users you trust completely");
+  GZ_THROW(InvalidArgument, "--nnodes ", nodes, " with the store at ", where,
            " (reachable beyond loopback) needs a rendezvous token shared by every node: create one "
            "(`openssl rand -hex 32 > token; chmod 600 token`, copy it to every node) and pass "
            "--rdzv-token-file token, or export GZ_RDZV_TOKEN; --rdzv-insecure runs without one, "

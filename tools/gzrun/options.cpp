@@ -289,8 +289,8 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            (keep it mode 600). Same as GZ_RDZV_TOKEN in the environment
   --rdzv-token TOKEN       the token on the command line (shown by ps until gzrun hides it; in
                            shell history: prefer the file or the variable)
-  --rdzv-insecure          no token although the store is reachable beyond loopback (warns):
-                           only on a network where everyone who can reach the port is trusted
+  --rdzv-insecure          no token although several nodes share the store (warns): only on
+                           a network (and machine) where everyone who can reach the port is trusted
   -h, --help               this text
   --version                print the version
 
@@ -300,8 +300,8 @@ worker environment: RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK NODE_
   and GZ_RDZV_TOKEN (GZ_RDZV_INSECURE=1 with --rdzv-insecure). Workers read stdin from /dev/null.
 
 rendezvous token: on one node gzrun generates a random token for its workers unless one is
-given. With several nodes whose store is reachable beyond loopback (--master-addr not 127.x)
-every node needs the same token (--rdzv-token-file, GZ_RDZV_TOKEN or --rdzv-token), or
+given. With several nodes (also several gzruns on one machine: every local user reaches a
+loopback port) every node needs the same token (--rdzv-token-file, GZ_RDZV_TOKEN or --rdzv-token), or
 --rdzv-insecure; without either gzrun stops at once (exit 2). The token never appears on the
 workers' command lines.
 

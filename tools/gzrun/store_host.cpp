@@ -16,23 +16,21 @@
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
 #include "gz/store/store.h"
+#include "gz/store/tcp_store.h"
 #include "launch_auth.h"   // store_bind_addr()
 #include "output_relay.h"  // say()
 
-#if GZ_HAVE_TCP_STORE
-#include "gz/store/store.h"
-#include "gz/store/tcp_store.h"
-#endif
-
 namespace gz::launcher {
 
+namespace {
+// The name gzrun's store proves in every handshake (TcpStoreServerOptions::name): a gzrun never
+// takes another store that happens to share the token (a program's own store, say) for its job's.
+const char* const kStoreName = "gzrun";
+}  // namespace
+
 struct StoreHost::Impl {
-#if GZ_HAVE_TCP_STORE
   std::unique_ptr<TcpStoreServer> server;
   std::unique_ptr<TcpStore> client;
-#else
-  int placeholder_fd = -1;  // holds the port until the store implementation is linked
-#endif
 };
 
 StoreHost::StoreHost(const LaunchOptions& options, std::string token)
@@ -42,15 +40,9 @@ StoreHost::StoreHost(const LaunchOptions& options, std::string token)
 }
 
 StoreHost::~StoreHost() {
-#if GZ_HAVE_TCP_STORE
   impl_->client.reset();
   if (impl_->server) impl_->server->stop();
-#else
-  if (impl_->placeholder_fd >= 0) ::close(impl_->placeholder_fd);
-#endif
 }
-
-bool StoreHost::available() { return GZ_HAVE_TCP_STORE != 0; }
 
 void check_port_free(const std::string& addr, int port, const std::string& what) {
   if (port == 0) return;
@@ -134,6 +126,7 @@ void StoreHost::start() {
     } catch (const SystemError& e) {
       if (e.code() != EADDRINUSE) throw;
       say("store port " + std::to_string(want) + " is taken on this host: joining the store there");
+      joined_busy_port_ = true;
       return true;
     }
   };
@@ -141,12 +134,12 @@ void StoreHost::start() {
   // MASTER_PORT is the program's (torch's rank 0 binds it): gzrun only checks it is free.
   check_port_free(bind_addr, o_.master_port, "the program's MASTER_PORT (its rank 0 binds it)");
   hosts_ = true;
-#if GZ_HAVE_TCP_STORE
   TcpStoreServerOptions so;
   so.bind_addr = bind_addr;
   so.port = want;
   so.token = token_;
   so.allow_insecure = o_.rdzv_insecure;
+  so.name = kStoreName;
   try {
     impl_->server = std::make_unique<TcpStoreServer>(so);
   } catch (const Error& e) {
@@ -158,29 +151,6 @@ void StoreHost::start() {
                 (o_.nnodes > 1 ? " (MASTER_PORT+1)" : "") + ": " + e.what());
   }
   port_ = impl_->server->port();
-#else
-  // Store implementation not linked in this build: hold the port so the workers at least get
-  // a valid, reserved MASTER_PORT.
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw SystemError("socket()", errno);
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(want));
-  inet_pton(AF_INET, bind_addr.c_str(), &sa.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 128) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw SystemError("cannot listen on port " + std::to_string(want), err);
-  }
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  port_ = ntohs(sa.sin_port);
-  impl_->placeholder_fd = fd;
-  say("warning: this build has no TcpStore implementation; port " + std::to_string(port_) +
-      " is reserved but serves nothing");
-#endif
   if (program_port_ == 0) {
     // One node, no --master-port: a port free now for the program's rank 0 (torchrun
     // --standalone does the same); the store holds its own, so the two never coincide.
@@ -189,12 +159,12 @@ void StoreHost::start() {
   }
 }
 
-#if GZ_HAVE_TCP_STORE
 namespace {
 std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, const std::string& host, int port,
                                          const std::string& token) {
   TcpStoreOptions co;
   co.token = token;
+  co.server_name = kStoreName;
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_s * 1000));
   auto client = std::make_unique<TcpStore>(host, port, co);
   // Connecting may take the whole rendezvous timeout (nodes start at different times); each
@@ -203,7 +173,6 @@ std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, const std::stri
   return client;
 }
 }  // namespace
-#endif
 
 std::string StoreHost::client_host() const {
   return (hosts_ && !o_.master_addr_given) ? std::string("127.0.0.1") : o_.master_addr;
@@ -212,28 +181,31 @@ std::string StoreHost::client_host() const {
 std::string StoreHost::where() const { return client_host() + ":" + std::to_string(port_); }
 
 Store& StoreHost::client() {
-#if GZ_HAVE_TCP_STORE
-  if (!impl_->client) impl_->client = connect_client(o_, client_host(), port_, token_);
+  if (impl_->client) return *impl_->client;
+  try {
+    impl_->client = connect_client(o_, client_host(), port_, token_);
+  } catch (const Error& e) {
+    if (!joined_busy_port_) throw;
+    // The port was busy, so this gzrun took it for another gzrun of the job hosting the store:
+    // what answers there did not prove it (another job's store or program holds the port).
+    GZ_THROW(Error, "store port ", port_,
+             " (MASTER_PORT+1) on this host is taken, but not by this job's store: ", e.what(),
+             ". Jobs that share a host need --master-port values at least 2 apart (each uses MASTER_PORT "
+             "and MASTER_PORT+1)");
+  }
   return *impl_->client;
-#else
-  GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
-#endif
 }
 
 std::unique_ptr<Store> StoreHost::monitor_client() const {
-#if GZ_HAVE_TCP_STORE
   TcpStoreOptions co;
   co.token = token_;
+  co.server_name = kStoreName;
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000));
   return std::make_unique<TcpStore>(client_host(), port_, co);
-#else
-  GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
-#endif
 }
 
 bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelled& cancelled,
                              const std::function<bool()>& job_failed) {
-#if GZ_HAVE_TCP_STORE
   Store& s = client();
   Stopwatch sw;
   Deadline deadline =
@@ -254,24 +226,16 @@ bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelle
     ::usleep(20000);  // short: node starts are not latency-critical, signals must stay responsive
   }
   return true;
-#else
-  GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
-#endif
 }
 
 std::string StoreHost::meet(int attempt, const Cancelled& cancelled) {
   std::string local_id = std::to_string(::getpid()) + "-" + std::to_string(attempt);
   if (o_.nnodes == 1) return local_id;
-#if GZ_HAVE_TCP_STORE
   const std::string name = "gzrun/attempt" + std::to_string(attempt);
   Store& s = client();
   if (o_.node_rank == 0) s.set(name + "/run_id", to_bytes(local_id));
   node_barrier(name + "/nodes", o_.nnodes, cancelled);
   return to_string(impl_->client->get(name + "/run_id", Deadline::after(std::chrono::seconds(30))));
-#else
-  node_barrier("", o_.nnodes, cancelled);
-  return local_id;
-#endif
 }
 
 StoreHost::Finish StoreHost::finish(const RoundInfo& round, const Cancelled& cancelled,
@@ -287,7 +251,6 @@ StoreHost::Finish StoreHost::finish(const RoundInfo& round, const Cancelled& can
     say(std::string("error: this node's workers succeeded, but: ") + e.what());
     return Finish::others_did_not_finish;
   }
-#if GZ_HAVE_TCP_STORE
   // Everyone finished. The host must not stop the server while another node still polls for
   // the release: each node checks out, and the store host waits (briefly) for all check-outs.
   try {
@@ -297,7 +260,6 @@ StoreHost::Finish StoreHost::finish(const RoundInfo& round, const Cancelled& can
     // The job is done; a store hiccup while leaving is not worth failing it.
     say(std::string("warning: while leaving the store: ") + e.what());
   }
-#endif
   return Finish::done;
 }
 

@@ -28,7 +28,8 @@ class StoreHost {
   /// the server holds the listening socket, so there is no window for another process to take it).
   /// Throws gz::Error naming the port when one is busy. Other nodes: nothing to do. Elastic, busy
   /// store port on the owning host: another gzrun of the job there hosts it (several gzruns on one
-  /// machine), this one is a client.
+  /// machine), this one is a client; client() then fails clearly when what holds the port does
+  /// not prove it is the job's store (the handshake: token and name).
   void start();
   /// @brief Whether this gzrun runs the store server (it must outlive the job's use of it).
   bool hosts_store() const { return hosts_; }
@@ -63,8 +64,6 @@ class StoreHost {
   std::unique_ptr<Store> monitor_client() const;
   /// @brief "ADDR:PORT" of the store, for messages.
   std::string where() const;
-  /// @brief Whether this build can host a store (the TcpStore implementation is linked).
-  static bool available();
 
  private:
   struct Impl;
@@ -79,6 +78,7 @@ class StoreHost {
   int port_ = 0;
   bool hosts_ = false;
   int program_port_ = 0;
+  bool joined_busy_port_ = false;  ///< elastic: the store port was busy here, taken for the job's store
   std::unique_ptr<Impl> impl_;
 };
 
