@@ -60,6 +60,11 @@ std::vector<std::string> ElasticRendezvous::parse_entries(const std::string& tex
   return out;
 }
 
+std::string ElasticRendezvous::host_of(const std::string& entry) {
+  const size_t a = entry.find(':'), b = entry.rfind(':');
+  return a == std::string::npos || b <= a ? std::string() : entry.substr(a + 1, b - a - 1);
+}
+
 std::string ElasticRendezvous::peek(const std::string& key) {
   Bytes v = s_.compare_set(key, kAbsent, kAbsent);
   return v == kAbsent ? std::string() : to_string(v);
@@ -131,6 +136,7 @@ RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
           job_ = first.empty() ? std::string("0") : first.front().substr(first.front().rfind(':') + 1);
         }
         r.run_id = job_ + "-" + std::to_string(q);
+        r.master_addr = host_of(list.front());  // used where no store host is the obvious one (etcd)
         say("elastic round " + std::to_string(q) + ": node " + std::to_string(r.node_rank) + " of " +
             std::to_string(r.nnodes) + " (" + names_of(list) + ")");
         return r;

@@ -57,6 +57,8 @@ class ElasticRendezvous {
 
   /// @brief "seq:host:pid" entries of a joined/members value (dropping repeats of a seq).
   static std::vector<std::string> parse_entries(const std::string& text);
+  /// @brief The host of an entry ("seq:host:pid" -> host).
+  static std::string host_of(const std::string& entry);
 
  private:
   /// @brief Value of key, "" when missing: one round trip.
