@@ -1,7 +1,17 @@
-// The Store operations as etcd requests (store/etcd/etcd_client.* does the talking). Keys live
-// under "<prefix>/k/"; "<prefix>/op/<client>" holds this client's last add/append and its result,
-// written in the same transaction, so a retry after an ambiguous failure (the member died after
-// receiving the request) finds out whether the first try was applied instead of applying twice.
+// The Store operations as etcd requests (store/etcd/etcd_client.* does the talking).
+//
+// Layout under the prefix P:
+//   P/k/<key>             the key's value (its existence is the key's existence)
+//   P/c/<hex key>/<id>    a change add/append could not apply to P/k/<key> in place because
+//                         another client changed it first: "c<delta>" or "a<bytes>". The value is
+//                         P/k/<key> with its changes applied in revision order. This makes add and
+//                         append one transaction each whatever the contention (a compare-and-swap
+//                         loop costs N rounds for the last of N concurrent clients); set, delete
+//                         and compare_set remove them, and they are folded in once 32 pile up.
+//   P/op/<client>/<seq>   one record per add/append, written in its transaction (under a lease,
+//                         so they expire): a retry after an ambiguous failure (the member died
+//                         after receiving the request) finds it and reads the result at that
+//                         revision instead of applying the change twice.
 #include "gz/store/etcd_store.h"
 
 #include <sys/random.h>
@@ -157,21 +167,121 @@ std::vector<std::string> check_etcd_options(const EtcdStoreOptions& o) {
   return warnings;
 }
 
+namespace {
+
+/// A key's value: P/k/<key> with its pending changes applied in revision order.
+struct Folded {
+  bool exists = false;
+  std::string value;
+  int64_t base_mod = 0;       // mod_revision of P/k/<key>
+  size_t changes = 0;         // P/c/... records seen
+  bool mine_refused = false;  // the change `mine` was an add to a value that is no integer
+};
+
+Folded fold(const json& base_range, const json& change_range, const std::string& mine = {}) {
+  Folded f;
+  if (const json* kv = first_kv(base_range)) {
+    f.exists = true;
+    f.value = b64_decode(kv->value("value", std::string()));
+    f.base_mod = field_i64(*kv, "mod_revision");
+  }
+  std::vector<std::pair<int64_t, const json*>> changes;
+  if (change_range.contains("kvs"))
+    for (const json& kv : change_range["kvs"]) changes.emplace_back(field_i64(kv, "create_revision"), &kv);
+  std::sort(changes.begin(), changes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  f.changes = changes.size();
+  for (const auto& [rev, kv] : changes) {
+    const std::string c = b64_decode(kv->value("value", std::string()));
+    if (c.empty()) continue;
+    if (c[0] == 'a') {
+      f.value.append(c, 1, std::string::npos);
+      continue;
+    }
+    // An add: refused (no effect) when the value is no integer or the sum would overflow, as the
+    // other stores refuse it.
+    int64_t cur = 0, delta = 0, sum = 0;
+    if (!wire::parse_counter(f.value, cur) || !wire::parse_counter(c.substr(1), delta) ||
+        __builtin_add_overflow(cur, delta, &sum)) {
+      if (!mine.empty() && b64_decode(kv->value("key", std::string())) == mine) f.mine_refused = true;
+      continue;
+    }
+    f.value = std::to_string(sum);
+  }
+  return f;
+}
+
+json cmp_create0(const std::string& key, const std::string& end = {}) {
+  json c = {{"target", "CREATE"}, {"key", b64_encode(key)}, {"create_revision", "0"}};
+  if (!end.empty()) c["range_end"] = b64_encode(end);
+  return c;
+}
+
+json range_of(const std::string& key, const std::string& end, int64_t revision = 0) {
+  json r = {{"key", b64_encode(key)}, {"range_end", b64_encode(end)}};
+  if (revision) r["revision"] = std::to_string(revision);
+  return {{"request_range", r}};
+}
+
+std::string hex_of(const std::string& raw) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
+}
+
+}  // namespace
+
 struct EtcdStore::Impl {
   EtcdStoreOptions o;
   std::unique_ptr<etcd::Client> client;
-  std::string data;    // "<prefix>/k/"
-  std::string op_key;  // "<prefix>/op/<client id>"
+  std::string data;     // "P/k/"
+  std::string changes;  // "P/c/"
+  std::string client_id;
+  std::string ops;  // "P/op/<client>/"
   std::mutex mu;
   uint64_t op_seq = 0;
+  int64_t lease = 0;  // of this client's op records
+  Clock::time_point lease_at{};
   struct Counter {
     int64_t mod_revision;
     int64_t value;
   };
-  std::unordered_map<std::string, Counter> counters;  // add()'s guess of the current value
+  std::unordered_map<std::string, Counter> counters;  // add()'s guess of a key it changes in place
 
   std::string full(const std::string& key) const { return data + key; }
+  std::string change_prefix(const std::string& key) const { return changes + hex_of(key) + "/"; }
   Deadline op_deadline(const Store& s) const { return Deadline::after(s.timeout()); }
+
+  /// The lease of the op records: granted on first use, renewed (a new one) at half its TTL so a
+  /// record outlives any retry of its operation; the old lease expires with its records.
+  int64_t op_lease(Deadline deadline) {
+    constexpr int kTtl = 600;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (lease && Clock::now() - lease_at < std::chrono::seconds(kTtl / 2)) return lease;
+    }
+    json r = client->call("/v3/lease/grant", {{"TTL", kTtl}}, deadline, "lease grant");
+    std::lock_guard<std::mutex> lock(mu);
+    lease = field_i64(r, "ID");
+    lease_at = Clock::now();
+    return lease;
+  }
+
+  /// The key's value now (one read-only transaction), or at `revision`.
+  Folded read(const std::string& key, Deadline deadline, const std::string& what, int64_t revision = 0,
+              const std::string& mine = {}, size_t* member = nullptr, int64_t* at = nullptr) {
+    const std::string cp = change_prefix(key);
+    json base = range_of(full(key), "", revision);
+    base["request_range"].erase("range_end");
+    json r =
+        client->call("/v3/kv/txn", {{"success", json::array({base, range_of(cp, prefix_end(cp), revision)})}},
+                     deadline, what, member);
+    if (at) *at = field_i64(r["header"], "revision");
+    return fold(txn_response(r, 0, "response_range"), txn_response(r, 1, "response_range"), mine);
+  }
 
   /// Whether each key exists (one transaction per kMaxTxnOps keys); `revision` gets the first
   /// answer's revision (watch from after it).
@@ -190,70 +300,114 @@ struct EtcdStore::Impl {
     return out;
   }
 
-  /// A transaction that changes `key` from what this client believes it holds (`rev`: its
-  /// mod_revision, 0 = missing) to `value`, recording "seq|result" under op_key. Returns the
-  /// transaction's answer.
-  json cas(const std::string& key, int64_t rev, const std::string& value, const std::string& record,
-           Deadline deadline, const std::string& what) {
-    json cmp = rev == 0
-                   ? json{{"target", "CREATE"}, {"key", b64_encode(key)}, {"create_revision", "0"}}
-                   : json{{"target", "MOD"}, {"key", b64_encode(key)}, {"mod_revision", std::to_string(rev)}};
-    json body = {{"compare", json::array({cmp})},
-                 {"success", json::array({put_op(key, value), put_op(op_key, record)})},
-                 {"failure", json::array({range_op(key), range_op(op_key)})}};
-    return client->call("/v3/kv/txn", body, deadline, what);
-  }
-
-  /// add/append: read-modify-write with cas(), `next` computing the new value from the current
-  /// one (nullptr = missing) and the result to return. The result is recorded with the change, so
-  /// if an answer is lost and a retry finds the record, the change was applied once already.
-  int64_t update(const std::string& key,
-                 const std::function<std::pair<std::string, int64_t>(const std::string*)>& next,
-                 Deadline deadline, const std::string& what, bool counter) {
-    const std::string k = full(key);
+  /// add ('c', `delta`) or append ('a', `bytes`), once, in one transaction: in place when this
+  /// client's guess of the value holds (a counter only it changes), else as a change record.
+  /// Returns the folded value after this change.
+  Folded update(const std::string& key, char kind, int64_t delta, const std::string& bytes, Deadline deadline,
+                const std::string& what) {
+    const std::string b = full(key), cp = change_prefix(key);
     uint64_t seq;
-    int64_t rev = 0;
-    std::string cur;
     bool have = false;
+    Counter guess{0, 0};
     {
       std::lock_guard<std::mutex> lock(mu);
       seq = ++op_seq;
-      if (counter) {
-        auto it = counters.find(k);
-        if (it != counters.end()) {
-          rev = it->second.mod_revision;
-          cur = std::to_string(it->second.value);
-          have = true;
-        }
+      auto it = counters.find(b);
+      if (kind == 'c' && it != counters.end()) {
+        guess = it->second;
+        have = true;
       }
     }
-    const std::string tag = std::to_string(seq) + "|";
-    for (;;) {
-      auto [value, result] = next(have ? &cur : nullptr);
-      json r = cas(k, have ? rev : 0, value, tag + std::to_string(result), deadline, what);
-      if (r.value("succeeded", false)) {
-        if (counter) remember(k, field_i64(r["header"], "revision"), result);
-        return result;
+    const std::string mine = cp + client_id + "-" + std::to_string(seq);
+    const std::string op = ops + std::to_string(seq);
+    const std::string init = kind == 'c' ? std::to_string(delta) : bytes;
+    const std::string change = std::string(1, kind) + (kind == 'c' ? std::to_string(delta) : bytes);
+    std::string in_place = init;
+    if (have && __builtin_add_overflow(guess.value, delta, &guess.value))
+      GZ_THROW(InvalidArgument, "store add: counter '", wire::printable(key), "' would overflow");
+    if (have) in_place = std::to_string(guess.value);
+    for (int tries = 0;; ++tries) {
+      const int64_t l = op_lease(deadline);
+      json put_op_record = {{"request_put", {{"key", b64_encode(op)}, {"lease", std::to_string(l)}}}};
+      json here = have ? json{{"target", "MOD"},
+                              {"key", b64_encode(b)},
+                              {"mod_revision", std::to_string(guess.mod_revision)}}
+                       : cmp_create0(b);
+      // In place when the guess holds and no change records wait; else create the key, or record
+      // the change.
+      json apply = {{"compare", json::array({here, cmp_create0(cp, prefix_end(cp))})},
+                    {"success", json::array({put_op(b, in_place)})},
+                    {"failure", json::array({{{"request_txn",
+                                               {{"compare", json::array({cmp_create0(b)})},
+                                                {"success", json::array({put_op(b, init)})},
+                                                {"failure", json::array({put_op(mine, change)})}}}}})}};
+      json body = {
+          {"compare", json::array({cmp_create0(op)})},
+          {"success",
+           json::array({{{"request_txn", apply}}, put_op_record, range_op(b), range_of(cp, prefix_end(cp))})},
+          {"failure", json::array({range_op(op)})}};
+      json r;
+      try {
+        r = client->call("/v3/kv/txn", body, deadline, what);
+      } catch (const Error& e) {
+        // The lease expired (an idle client): a new one, and again.
+        if (tries < 2 && std::string(e.what()).find("lease not found") != std::string::npos) {
+          std::lock_guard<std::mutex> lock(mu);
+          lease = 0;
+          continue;
+        }
+        throw;
       }
-      const json* rec = first_kv(txn_response(r, 1, "response_range"));
-      if (rec) {
-        const std::string text = b64_decode(rec->value("value", std::string()));
-        if (text.rfind(tag, 0) == 0) return std::stoll(text.substr(tag.size()));  // applied by a lost answer
+      if (!r.value("succeeded", false)) {
+        // An earlier try was applied and its answer lost: the value right after it.
+        const json* rec = first_kv(txn_response(r, 0, "response_range"));
+        const int64_t at = rec ? field_i64(*rec, "mod_revision") : 0;
+        if (!at) throw etcd::ServerError("etcd " + what + ": its record vanished", 0, false);
+        return read(key, deadline, what, at, mine);
       }
-      const json* kv = first_kv(txn_response(r, 0, "response_range"));
-      have = kv != nullptr;
-      rev = kv ? field_i64(*kv, "mod_revision") : 0;
-      cur = kv ? b64_decode(kv->value("value", std::string())) : std::string();
-      if (deadline.expired())
-        GZ_THROW(TimeoutError, "etcd ", what,
-                 ": could not apply it within the deadline (other clients kept changing it)");
+      Folded f = fold(txn_response(r, 2, "response_range"), txn_response(r, 3, "response_range"), mine);
+      if (kind == 'c') remember(b, f);
+      if (f.changes >= 32) compact(key, f, field_i64(r["header"], "revision"), deadline);
+      return f;
     }
   }
 
-  void remember(const std::string& k, int64_t rev, int64_t value) {
+  void remember(const std::string& b, const Folded& f) {
+    int64_t v = 0;
     std::lock_guard<std::mutex> lock(mu);
     if (counters.size() >= kMaxCachedCounters) counters.clear();
-    counters[k] = Counter{rev, value};
+    if (f.exists && f.changes == 0 && wire::parse_counter(f.value, v))
+      counters[b] = Counter{f.base_mod, v};
+    else
+      counters.erase(b);
+  }
+
+  /// Fold the change records into the value (best effort: whoever is first; nothing happens when
+  /// the key changed since revision `at`).
+  void compact(const std::string& key, const Folded& f, int64_t at, Deadline deadline) {
+    const std::string cp = change_prefix(key);
+    json unchanged = {{"target", "MOD"},
+                      {"key", b64_encode(cp)},
+                      {"range_end", b64_encode(prefix_end(cp))},
+                      {"result", "LESS"},
+                      {"mod_revision", std::to_string(at + 1)}};
+    json same_base = {
+        {"target", "MOD"}, {"key", b64_encode(full(key))}, {"mod_revision", std::to_string(f.base_mod)}};
+    json del = {
+        {"request_delete_range", {{"key", b64_encode(cp)}, {"range_end", b64_encode(prefix_end(cp))}}}};
+    try {
+      client->call("/v3/kv/txn",
+                   {{"compare", json::array({same_base, unchanged})},
+                    {"success", json::array({put_op(full(key), f.value), del})}},
+                   deadline, "fold of '" + wire::printable(key) + "'");
+    } catch (const Error&) {
+      // Another time.
+    }
+  }
+
+  json delete_changes(const std::string& key) const {
+    const std::string cp = change_prefix(key);
+    return {{"request_delete_range", {{"key", b64_encode(cp)}, {"range_end", b64_encode(prefix_end(cp))}}}};
   }
 };
 
@@ -262,17 +416,19 @@ EtcdStore::EtcdStore(const EtcdStoreOptions& options) : impl_(std::make_unique<I
   impl_->o = options;
   impl_->client = std::make_unique<etcd::Client>(options);
   impl_->data = options.prefix + "/k/";
-  impl_->op_key = options.prefix + "/op/" + random_id();
+  impl_->changes = options.prefix + "/c/";
+  impl_->client_id = random_id();
+  impl_->ops = options.prefix + "/op/" + impl_->client_id + "/";
   timeout_ = options.timeout;
   impl_->client->connect(Deadline::after(options.timeout));
 }
 
 EtcdStore::~EtcdStore() {
-  // Best effort: this client's add/append record is of no use to anyone any more.
+  // Best effort: this client's op records are of no use to anyone any more.
   try {
-    if (impl_->op_seq > 0)
-      impl_->client->call("/v3/kv/deleterange", {{"key", b64_encode(impl_->op_key)}},
-                          Deadline::after(Duration(500)), "delete of the client's record");
+    if (impl_->lease)
+      impl_->client->call("/v3/lease/revoke", {{"ID", std::to_string(impl_->lease)}},
+                          Deadline::after(Duration(500)), "revoke of the client's lease");
   } catch (const std::exception&) {
   }
 }
@@ -282,9 +438,12 @@ uint64_t EtcdStore::requests_sent() { return etcd::Client::requests.load(); }
 std::string EtcdStore::endpoint() const { return impl_->client->endpoint_now(); }
 
 void EtcdStore::set(const std::string& key, const Bytes& value) {
-  impl_->client->call("/v3/kv/put",
-                      {{"key", b64_encode(impl_->full(key))}, {"value", b64_encode(to_string(value))}},
+  const std::string k = impl_->full(key);
+  impl_->client->call("/v3/kv/txn",
+                      {{"success", json::array({put_op(k, to_string(value)), impl_->delete_changes(key)})}},
                       impl_->op_deadline(*this), "set '" + wire::printable(key) + "'");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->counters.erase(k);
 }
 
 Bytes EtcdStore::get(const std::string& key, Deadline deadline) {
@@ -295,26 +454,29 @@ Bytes EtcdStore::get(const std::string& key, Deadline deadline) {
   for (;;) {
     // Read (which also checks that the member answers and has a leader), then watch from there.
     size_t member = 0;
-    json r;
+    int64_t at = 0;
+    Folded f;
     try {
-      r = impl_->client->call("/v3/kv/range", {{"key", b64_encode(k)}}, deadline, what, &member);
+      f = impl_->read(key, deadline, what, 0, {}, &member, &at);
     } catch (const TimeoutError& e) {
       GZ_THROW(TimeoutError, "store get: key '", wire::printable(key), "' not set within ",
                format_duration(sw.elapsed()), " (", e.what(), ")");
     }
-    if (const json* kv = first_kv(r)) return to_bytes(b64_decode(kv->value("value", std::string())));
+    if (f.exists) return to_bytes(f.value);
     const Deadline slice = std::min(deadline, Deadline::after(impl_->o.watch_check_interval),
                                     [](const Deadline& a, const Deadline& b) { return a.at() < b.at(); });
     try {
-      if (!w || w->member() != member)
-        w = impl_->client->watch({k}, field_i64(r["header"], "revision") + 1, slice, what);
+      if (!w || w->member() != member) w = impl_->client->watch({k}, at + 1, slice, what);
       etcd::WatchEvent ev;
-      while (w->next(ev, slice))
-        if (!ev.deleted && ev.key == k) return to_bytes(ev.value);
+      while (w->next(ev, slice)) {
+        // Just created: that is its whole value. Otherwise read it (change records may apply).
+        if (ev.key == k && ev.created) return to_bytes(ev.value);
+        if (ev.key == k && !ev.deleted) break;
+      }
     } catch (const etcd::TransportError&) {
       w.reset();  // the next read moves to another member
     } catch (const etcd::ServerError& e) {
-      if (!e.retry()) throw Error(e.what());  // e.g. permission denied on the watched keys
+      if (!e.retry()) throw Error(e.what());  // e.g. permission denied on the watched key
       w.reset();
     } catch (const TimeoutError&) {
       w.reset();
@@ -328,62 +490,78 @@ Bytes EtcdStore::get(const std::string& key, Deadline deadline) {
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
   const std::string what = "add to '" + wire::printable(key) + "'";
   const Deadline deadline = impl_->op_deadline(*this);
-  auto parse = [&](const std::string& text) {
+  auto integer = [&](const Folded& f) {
     int64_t v = 0;
-    if (!wire::parse_counter(text, v))
-      GZ_THROW(InvalidArgument, "store add: value of key '", wire::printable(key), "' is not an integer");
+    if (f.mine_refused || !wire::parse_counter(f.value, v))
+      GZ_THROW(InvalidArgument, "store add: value of key '", wire::printable(key), "' is not an integer",
+               f.mine_refused ? " (or the sum would overflow)" : "");
     return v;
   };
   if (delta == 0) {
     // A read: no write, no consensus round (a missing key is created as "0", as everywhere).
-    json r = impl_->client->call("/v3/kv/range", {{"key", b64_encode(impl_->full(key))}}, deadline, what);
-    if (const json* kv = first_kv(r)) return parse(b64_decode(kv->value("value", std::string())));
+    Folded f = impl_->read(key, deadline, what);
+    if (f.exists) return integer(f);
   }
-  return impl_->update(
-      key,
-      [&](const std::string* cur) {
-        const int64_t v = cur ? parse(*cur) : 0;
-        int64_t sum = 0;
-        if (__builtin_add_overflow(v, delta, &sum))
-          GZ_THROW(InvalidArgument, "store add: counter '", wire::printable(key), "' would overflow");
-        return std::make_pair(std::to_string(sum), sum);
-      },
-      deadline, what, true);
+  return integer(impl_->update(key, 'c', delta, {}, deadline, what));
 }
 
 int64_t EtcdStore::append(const std::string& key, const Bytes& value) {
-  const std::string add = to_string(value);
-  return impl_->update(
-      key,
-      [&](const std::string* cur) {
-        std::string next = cur ? *cur + add : add;
-        const int64_t len = static_cast<int64_t>(next.size());
-        return std::make_pair(std::move(next), len);
-      },
-      impl_->op_deadline(*this), "append to '" + wire::printable(key) + "'", false);
+  Folded f = impl_->update(key, 'a', 0, to_string(value), impl_->op_deadline(*this),
+                           "append to '" + wire::printable(key) + "'");
+  return static_cast<int64_t>(f.value.size());
 }
 
 Bytes EtcdStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
-  const std::string k = impl_->full(key);
+  const std::string k = impl_->full(key), cp = impl_->change_prefix(key), end = prefix_end(cp);
   const std::string what = "compare_set of '" + wire::printable(key) + "'";
   const Deadline deadline = impl_->op_deadline(*this);
-  // An empty expectation matches a missing key (and an empty value, checked second).
-  json cmp =
-      expected.empty()
-          ? json{{"target", "CREATE"}, {"key", b64_encode(k)}, {"create_revision", "0"}}
-          : json{{"target", "VALUE"}, {"key", b64_encode(k)}, {"value", b64_encode(to_string(expected))}};
-  for (int pass = 0;; ++pass) {
-    json body = {{"compare", json::array({cmp})},
-                 {"success", json::array({put_op(k, to_string(desired))})},
-                 {"failure", json::array({range_op(k)})}};
-    json r = impl_->client->call("/v3/kv/txn", body, deadline, what);
+  const std::string want = to_string(expected);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->counters.erase(k);
+  }
+  if (want == to_string(desired) && !want.empty()) {
+    // A read in disguise (the elastic rendezvous peeks this way): no write, no consensus round.
+    Folded f = impl_->read(key, deadline, what);
+    return f.exists ? to_bytes(f.value) : expected;
+  }
+  const json current = json::array({range_op(k), range_of(cp, end)});
+  for (;;) {
+    // One transaction on the plain value (no change records); an empty expectation also matches
+    // a missing key.
+    json cmp = want.empty() ? cmp_create0(k)
+                            : json{{"target", "VALUE"}, {"key", b64_encode(k)}, {"value", b64_encode(want)}};
+    json r = impl_->client->call("/v3/kv/txn",
+                                 {{"compare", json::array({cmp, cmp_create0(cp, end)})},
+                                  {"success", json::array({put_op(k, to_string(desired))})},
+                                  {"failure", current}},
+                                 deadline, what);
     if (r.value("succeeded", false)) return desired;
-    const json* kv = first_kv(txn_response(r, 0, "response_range"));
-    if (!kv) return expected;  // missing and a non-empty expectation: as MemStore and TcpStore answer
-    Bytes now = to_bytes(b64_decode(kv->value("value", std::string())));
-    if (!now.empty() || !expected.empty() || pass > 0) return now;
-    cmp = {
-        {"target", "VALUE"}, {"key", b64_encode(k)}, {"value", ""}};  // present and empty: compare the value
+    Folded f = fold(txn_response(r, 0, "response_range"), txn_response(r, 1, "response_range"));
+    if (!f.exists) {
+      if (want.empty()) continue;  // deleted in between: try again
+      return expected;             // missing, a non-empty expectation: as MemStore and TcpStore answer
+    }
+    if (f.value != want) return to_bytes(f.value);
+    // It matches once its change records are applied (or it is present and empty): swap if
+    // nothing changed since that read.
+    const int64_t at = field_i64(r["header"], "revision");
+    json same_base = {
+        {"target", "MOD"}, {"key", b64_encode(k)}, {"mod_revision", std::to_string(f.base_mod)}};
+    json same_changes = {{"target", "MOD"},
+                         {"key", b64_encode(cp)},
+                         {"range_end", b64_encode(end)},
+                         {"result", "LESS"},
+                         {"mod_revision", std::to_string(at + 1)}};
+    r = impl_->client->call(
+        "/v3/kv/txn",
+        {{"compare", json::array({same_base, same_changes})},
+         {"success", json::array({put_op(k, to_string(desired)), impl_->delete_changes(key)})}},
+        deadline, what);
+    if (r.value("succeeded", false)) return desired;
+    if (deadline.expired())
+      GZ_THROW(TimeoutError, "etcd ", what,
+               ": could not apply it within the deadline (other clients kept changing it)");
   }
 }
 
@@ -447,13 +625,16 @@ bool EtcdStore::check(const std::vector<std::string>& keys) {
 }
 
 bool EtcdStore::delete_key(const std::string& key) {
-  json r = impl_->client->call("/v3/kv/deleterange", {{"key", b64_encode(impl_->full(key))}},
+  const std::string k = impl_->full(key);
+  json r = impl_->client->call("/v3/kv/txn",
+                               {{"success", json::array({{{"request_delete_range", {{"key", b64_encode(k)}}}},
+                                                         impl_->delete_changes(key)})}},
                                impl_->op_deadline(*this), "delete of '" + wire::printable(key) + "'");
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->counters.erase(impl_->full(key));
+    impl_->counters.erase(k);
   }
-  return field_i64(r, "deleted") > 0;
+  return field_i64(txn_response(r, 0, "response_delete_range"), "deleted") > 0;
 }
 
 int64_t EtcdStore::num_keys() {

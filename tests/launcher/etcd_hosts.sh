@@ -6,6 +6,7 @@
 #                              on the host's own /dev/shm); sets ETCD_ENDPOINTS (comma list)
 #   etcd_wait SECONDS          until every member answers (fails the caller with etcd_fail)
 #   etcdctl_on HOST ARGS...    etcdctl on a host against every member (TLS/auth from ETCDCTL_EXTRA)
+#   etcd_enable_auth TOKEN     etcd auth on; user gz with password TOKEN may use /gz/
 #   etcd_kill I                SIGKILL member I
 # Members run with etcd's default timing (heartbeat 100 ms, election 1 s). Their pids are in
 # $dir/etcdpid_I, their logs in $dir/etcd_I.log.
@@ -79,6 +80,19 @@ etcd_wait() {
   for f in "$dir"/etcd_*.log; do echo "---- $f"; tail -n 20 "$f"; done
   echo "FAIL: the etcd members did not all answer within $1 s"
   exit 1
+}
+
+# etcd's authentication on: user root (password root-TOKEN) and user gz (password TOKEN, the
+# rendezvous token) with read-write on /gz/; later etcdctl_on calls log in as root.
+etcd_enable_auth() {
+  local token=$1 c
+  for c in "user add root --new-user-password=root-$token" "role add root" "user grant-role root root" \
+    "user add gz --new-user-password=$token" "role add gzjob" \
+    "role grant-permission gzjob --prefix=true readwrite /gz/" "user grant-role gz gzjob" "auth enable"; do
+    # shellcheck disable=SC2086
+    etcdctl_on 0 $c >/dev/null || { echo "FAIL: etcdctl $c"; exit 1; }
+  done
+  ETCDCTL_EXTRA+=(--user "root:root-$token")
 }
 
 etcd_kill() { [ -f "$dir/etcdpid_$1" ] && kill -9 "$(cat "$dir/etcdpid_$1")" 2>/dev/null; }

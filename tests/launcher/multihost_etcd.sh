@@ -74,13 +74,7 @@ if [ "$scenario" = host0 ]; then
   etcd_certs
   etcd_up 3 tls
   etcd_wait 30
-  for c in "user add root --new-user-password=root-$token" "role add root" "user grant-role root root" \
-    "user add gz --new-user-password=$token" "role add gzjob" \
-    "role grant-permission gzjob --prefix=true readwrite /gz/" "user grant-role gz gzjob" "auth enable"; do
-    # shellcheck disable=SC2086
-    etcdctl_on 0 $c >/dev/null || fail "etcdctl $c"
-  done
-  ETCDCTL_EXTRA+=(--user "root:root-$token")
+  etcd_enable_auth "$token"
   auth=(--rdzv-conf "user=gz,cacert=$dir/tls/ca.pem")
 else
   etcd_up 3

@@ -8,6 +8,7 @@
 #include <ifaddrs.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 
 #include "gz/core/error.h"
 #include "gz/store/etcd_store.h"
+#include "store/etcd/etcd_client.h"
 #include "store/etcd_cluster.h"
 #include "store/store_fixtures.h"
 
@@ -23,6 +25,7 @@ namespace gz {
 namespace {
 
 using namespace std::chrono_literals;
+using etcd::json;
 using test::EtcdCluster;
 using test::EtcdClusterOptions;
 
@@ -182,6 +185,50 @@ TEST(EtcdStore, AddAndAppendAreAppliedOnceWhenTheAnswerIsLost) {
   EXPECT_EQ(s.append("log", to_bytes("abc")), 3);
   EXPECT_EQ(proxy.dropped.load(), 4);
   EXPECT_EQ(text_of(direct.get("log", Deadline::after(2s))), "abc") << "append applied twice";
+}
+
+TEST(EtcdStore, ConcurrentAddsAndAppendsTakeOneTransactionEach) {
+  // N clients at once on one counter and one record list (a barrier, an all-gather): a
+  // compare-and-swap loop would cost the last of them N rounds (N^2/2 requests in all).
+  EtcdCluster& etcd = test::shared_etcd();
+  auto o = etcd.client_options();
+  const int n = 16;
+  std::vector<std::unique_ptr<EtcdStore>> clients;
+  for (int i = 0; i < n; ++i) clients.push_back(std::make_unique<EtcdStore>(o));
+  const uint64_t before = EtcdStore::requests_sent();
+  std::vector<std::thread> ts;
+  std::vector<int64_t> counts(n);
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      clients[i]->append("records", to_bytes(std::string(1, static_cast<char>('a' + i))));
+      counts[i] = clients[i]->add("arrived", 1);
+    });
+  for (auto& t : ts) t.join();
+  const uint64_t requests = EtcdStore::requests_sent() - before;
+  // Per client: its op records' lease, one append, one add.
+  EXPECT_LE(requests, 3u * n) << requests << " requests for " << n << " appends and adds";
+  std::sort(counts.begin(), counts.end());
+  for (int i = 0; i < n; ++i) EXPECT_EQ(counts[i], i + 1) << "add results must be 1..n, each once";
+  std::string all = text_of(clients[0]->get("records", Deadline::after(2s)));
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all, "abcdefghijklmnop");
+  // More changes than the fold threshold: they are folded into the value, which stays the same.
+  for (int round = 0; round < 3; ++round) {
+    ts.clear();
+    for (int i = 0; i < n; ++i) ts.emplace_back([&, i] { clients[i]->add("arrived", 1); });
+    for (auto& t : ts) t.join();
+  }
+  EXPECT_EQ(clients[0]->add("arrived", 0), 4 * n);
+  etcd::Client raw(o);
+  const std::string changes = o.prefix + "/c/";
+  json r = raw.call("/v3/kv/range",
+                    {{"key", etcd::b64_encode(changes)},
+                     {"range_end", etcd::b64_encode(o.prefix + "/c0")},
+                     {"count_only", true}},
+                    Deadline::after(5s), "count");
+  EXPECT_LT(etcd::field_i64(r, "count"), 32 + n) << "change records are never folded";
+  clients[0]->set("arrived", to_bytes("7"));  // a set drops them
+  EXPECT_EQ(clients[1]->add("arrived", 1), 8);
 }
 
 // ---- member failure -------------------------------------------------------------------------------

@@ -265,17 +265,25 @@ bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelle
   const std::string released = name + "/released";
   int64_t arrived = s.add(name + "/arrived", 1);
   if (arrived == nnodes) s.set(released, to_bytes("1"));
-  while (!s.check({released})) {
+  // Waits in the store (woken by the release) in slices, so signals and failures are seen.
+  auto released_within = [&](Duration slice) {
+    try {
+      s.wait({released}, Deadline::after(std::min(slice, std::max(deadline.remaining(), Duration(1)))));
+      return true;
+    } catch (const TimeoutError&) {
+      return s.check({released});  // throws when the store itself does not answer (its own timeout)
+    }
+  };
+  while (!released_within(Duration(250))) {
     if (job_failed && job_failed()) return false;
     if (cancelled && cancelled())
       GZ_THROW(Aborted, "node ", o_.node_rank, ": cancelled while waiting for the other nodes (", name, ")");
     if (deadline.expired()) {
       int64_t now = s.add(name + "/arrived", 0);
       GZ_THROW(TimeoutError, "node ", o_.node_rank, ": only ", now, " of ", nnodes, " nodes reached ", name,
-               " within --rdzv-timeout (", format_duration(sw.elapsed()), ", store at ", o_.master_addr, ":",
-               port_, ")");
+               " within --rdzv-timeout (", format_duration(sw.elapsed()), ", store at ",
+               o_.etcd() ? where() : o_.master_addr + ":" + std::to_string(port_), ")");
     }
-    ::usleep(20000);  // short: node starts are not latency-critical, signals must stay responsive
   }
   return true;
 #else

@@ -159,6 +159,7 @@ bool Watch::next(WatchEvent& ev, Deadline deadline) {
       w.key = b64_decode(kv.value("key", std::string()));
       w.value = b64_decode(kv.value("value", std::string()));
       w.deleted = e.value("type", std::string("PUT")) == "DELETE";
+      w.created = !w.deleted && field_i64(kv, "create_revision") == field_i64(kv, "mod_revision");
       ready_.push_back(std::move(w));
     }
   }

@@ -41,6 +41,7 @@ struct WatchEvent {
   std::string key;  ///< full etcd key
   std::string value;
   bool deleted = false;
+  bool created = false;  ///< the key was created by this change (no earlier version)
 };
 
 /// @brief One watch stream (one HTTP connection to one member) on a set of keys.
