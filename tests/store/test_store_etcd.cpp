@@ -305,6 +305,7 @@ TEST_F(EtcdThreeMembers, SilentMemberIsLeftAndWaitersMoveOn) {
   wo.attempt_timeout = 700ms;
   wo.endpoints = {etcd_->endpoint(victim), etcd_->endpoint((victim + 1) % 3),
                   etcd_->endpoint((victim + 2) % 3)};
+  wo.spread = false;  // it starts on the victim
   EtcdStore waiter(wo);
   std::atomic<long long> waited_ms{-1};
   std::string error;

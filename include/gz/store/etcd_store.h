@@ -34,6 +34,9 @@ struct EtcdStoreOptions {
   /// @brief Allow what the rule above forbids (plaintext credentials or no client
   /// authentication beyond loopback): only on a network where everyone who can reach it is trusted.
   bool allow_insecure = false;
+  /// @brief Start with a member picked at random (the job's clients spread over the members, and
+  /// losing one member moves only its share of them); false: the first endpoint.
+  bool spread = true;
   /// @brief The first contact (authentication, reaching a member) may take this long; also the
   /// default timeout of the overloads without a deadline.
   Duration timeout = default_timeout();

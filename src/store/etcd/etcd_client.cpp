@@ -1,6 +1,7 @@
 #include "store/etcd/etcd_client.h"
 
 #include <algorithm>
+#include <random>
 #include <thread>
 
 #include "gz/store/rdzv_auth.h"  // is_loopback_host
@@ -171,6 +172,7 @@ Client::Client(const EtcdStoreOptions& options) : o_(options) {
   bool any_tls = std::any_of(eps_.begin(), eps_.end(), [](const Endpoint& e) { return e.tls; });
   if (any_tls) tls_ = std::make_unique<TlsContext>(o_.ca_file, o_.cert_file, o_.key_file);
   idle_.resize(eps_.size());
+  if (o_.spread) cur_ = std::random_device{}() % eps_.size();
 }
 
 Client::~Client() = default;
