@@ -236,7 +236,7 @@ TEST(EtcdStore, ConcurrentAddsAndAppendsTakeOneTransactionEach) {
 class EtcdThreeMembers : public ::testing::Test {
  protected:
   void SetUp() override {
-    etcd_ = std::make_unique<EtcdCluster>(EtcdClusterOptions{3});
+    etcd_ = std::make_unique<EtcdCluster>(EtcdClusterOptions{3, "", "", "", {}});
     auto o = etcd_->client_options();
     store_ = std::make_unique<EtcdStore>(o);
     opts_ = o;
