@@ -8,10 +8,12 @@
 //                         append one transaction each whatever the contention (a compare-and-swap
 //                         loop costs N rounds for the last of N concurrent clients); set, delete
 //                         and compare_set remove them, and they are folded in once 32 pile up.
-//   P/op/<client>/<seq>   one record per add/append, written in its transaction (under a lease,
-//                         so they expire): a retry after an ambiguous failure (the member died
-//                         after receiving the request) finds it and reads the result at that
-//                         revision instead of applying the change twice.
+//   P/op/<client>/<seq>   one record per add/append, written in its transaction: a retry after an
+//                         ambiguous failure (the member died after receiving the request) finds
+//                         it and reads the result at that revision instead of applying the change
+//                         twice. Every 1024th operation removes the client's records older than
+//                         1024 operations (retries are over long before); the client removes the
+//                         rest when it goes, the job's end removes all.
 #include "gz/store/etcd_store.h"
 
 #include <sys/random.h>
@@ -40,6 +42,7 @@ namespace {
 
 constexpr size_t kMaxTxnOps = 64;  // etcd's --max-txn-ops defaults to 128
 constexpr size_t kMaxCachedCounters = 4096;
+constexpr uint64_t kOpWindow = 1024;  // op records kept per client (see the layout above)
 
 std::string key_list(const std::vector<std::string>& keys) {
   std::string out;
@@ -243,8 +246,6 @@ struct EtcdStore::Impl {
   std::string ops;  // "P/op/<client>/"
   std::mutex mu;
   uint64_t op_seq = 0;
-  int64_t lease = 0;  // of this client's op records
-  Clock::time_point lease_at{};
   struct Counter {
     int64_t mod_revision;
     int64_t value;
@@ -252,23 +253,14 @@ struct EtcdStore::Impl {
   std::unordered_map<std::string, Counter> counters;  // add()'s guess of a key it changes in place
 
   std::string full(const std::string& key) const { return data + key; }
+  /// The record of operation `seq`: fixed width, so that a range covers the older ones.
+  std::string op_key(uint64_t seq) const {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(seq));
+    return ops + buf;
+  }
   std::string change_prefix(const std::string& key) const { return changes + hex_of(key) + "/"; }
   Deadline op_deadline(const Store& s) const { return Deadline::after(s.timeout()); }
-
-  /// The lease of the op records: granted on first use, renewed (a new one) at half its TTL so a
-  /// record outlives any retry of its operation; the old lease expires with its records.
-  int64_t op_lease(Deadline deadline) {
-    constexpr int kTtl = 600;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (lease && Clock::now() - lease_at < std::chrono::seconds(kTtl / 2)) return lease;
-    }
-    json r = client->call("/v3/lease/grant", {{"TTL", kTtl}}, deadline, "lease grant");
-    std::lock_guard<std::mutex> lock(mu);
-    lease = field_i64(r, "ID");
-    lease_at = Clock::now();
-    return lease;
-  }
 
   /// The key's value now (one read-only transaction), or at `revision`.
   Folded read(const std::string& key, Deadline deadline, const std::string& what, int64_t revision = 0,
@@ -319,57 +311,47 @@ struct EtcdStore::Impl {
       }
     }
     const std::string mine = cp + client_id + "-" + std::to_string(seq);
-    const std::string op = ops + std::to_string(seq);
+    const std::string op = op_key(seq);
     const std::string init = kind == 'c' ? std::to_string(delta) : bytes;
     const std::string change = std::string(1, kind) + (kind == 'c' ? std::to_string(delta) : bytes);
     std::string in_place = init;
     if (have && __builtin_add_overflow(guess.value, delta, &guess.value))
       GZ_THROW(InvalidArgument, "store add: counter '", wire::printable(key), "' would overflow");
     if (have) in_place = std::to_string(guess.value);
-    for (int tries = 0;; ++tries) {
-      const int64_t l = op_lease(deadline);
-      json put_op_record = {{"request_put", {{"key", b64_encode(op)}, {"lease", std::to_string(l)}}}};
-      json here = have ? json{{"target", "MOD"},
-                              {"key", b64_encode(b)},
-                              {"mod_revision", std::to_string(guess.mod_revision)}}
-                       : cmp_create0(b);
-      // In place when the guess holds and no change records wait; else create the key, or record
-      // the change.
-      json apply = {{"compare", json::array({here, cmp_create0(cp, prefix_end(cp))})},
-                    {"success", json::array({put_op(b, in_place)})},
-                    {"failure", json::array({{{"request_txn",
-                                               {{"compare", json::array({cmp_create0(b)})},
-                                                {"success", json::array({put_op(b, init)})},
-                                                {"failure", json::array({put_op(mine, change)})}}}}})}};
-      json body = {
-          {"compare", json::array({cmp_create0(op)})},
-          {"success",
-           json::array({{{"request_txn", apply}}, put_op_record, range_op(b), range_of(cp, prefix_end(cp))})},
-          {"failure", json::array({range_op(op)})}};
-      json r;
-      try {
-        r = client->call("/v3/kv/txn", body, deadline, what);
-      } catch (const Error& e) {
-        // The lease expired (an idle client): a new one, and again.
-        if (tries < 2 && std::string(e.what()).find("lease not found") != std::string::npos) {
-          std::lock_guard<std::mutex> lock(mu);
-          lease = 0;
-          continue;
-        }
-        throw;
-      }
-      if (!r.value("succeeded", false)) {
-        // An earlier try was applied and its answer lost: the value right after it.
-        const json* rec = first_kv(txn_response(r, 0, "response_range"));
-        const int64_t at = rec ? field_i64(*rec, "mod_revision") : 0;
-        if (!at) throw etcd::ServerError("etcd " + what + ": its record vanished", 0, false);
-        return read(key, deadline, what, at, mine);
-      }
-      Folded f = fold(txn_response(r, 2, "response_range"), txn_response(r, 3, "response_range"), mine);
-      if (kind == 'c') remember(b, f);
-      if (f.changes >= 32) compact(key, f, field_i64(r["header"], "revision"), deadline);
-      return f;
+    json records = json::array({{{"request_put", {{"key", b64_encode(op)}}}}});
+    if (seq % kOpWindow == 0 && seq > kOpWindow)
+      records.push_back(
+          {{"request_delete_range",
+            {{"key", b64_encode(op_key(0))}, {"range_end", b64_encode(op_key(seq - kOpWindow))}}}});
+    json here = have ? json{{"target", "MOD"},
+                            {"key", b64_encode(b)},
+                            {"mod_revision", std::to_string(guess.mod_revision)}}
+                     : cmp_create0(b);
+    // In place when the guess holds and no change records wait; else create the key, or record
+    // the change.
+    json apply = {{"compare", json::array({here, cmp_create0(cp, prefix_end(cp))})},
+                  {"success", json::array({put_op(b, in_place)})},
+                  {"failure", json::array({{{"request_txn",
+                                             {{"compare", json::array({cmp_create0(b)})},
+                                              {"success", json::array({put_op(b, init)})},
+                                              {"failure", json::array({put_op(mine, change)})}}}}})}};
+    json success = json::array({{{"request_txn", apply}}, range_op(b), range_of(cp, prefix_end(cp))});
+    for (auto& r : records) success.push_back(r);
+    json body = {{"compare", json::array({cmp_create0(op)})},
+                 {"success", success},
+                 {"failure", json::array({range_op(op)})}};
+    json r = client->call("/v3/kv/txn", body, deadline, what);
+    if (!r.value("succeeded", false)) {
+      // An earlier try was applied and its answer lost: the value right after it.
+      const json* rec = first_kv(txn_response(r, 0, "response_range"));
+      const int64_t at = rec ? field_i64(*rec, "mod_revision") : 0;
+      if (!at) throw etcd::ServerError("etcd " + what + ": its record vanished", 0, false);
+      return read(key, deadline, what, at, mine);
     }
+    Folded f = fold(txn_response(r, 1, "response_range"), txn_response(r, 2, "response_range"), mine);
+    if (kind == 'c') remember(b, f);
+    if (f.changes >= 32) compact(key, f, field_i64(r["header"], "revision"), deadline);
+    return f;
   }
 
   void remember(const std::string& b, const Folded& f) {
@@ -426,9 +408,11 @@ EtcdStore::EtcdStore(const EtcdStoreOptions& options) : impl_(std::make_unique<I
 EtcdStore::~EtcdStore() {
   // Best effort: this client's op records are of no use to anyone any more.
   try {
-    if (impl_->lease)
-      impl_->client->call("/v3/lease/revoke", {{"ID", std::to_string(impl_->lease)}},
-                          Deadline::after(Duration(500)), "revoke of the client's lease");
+    if (impl_->op_seq > 0)
+      impl_->client->call(
+          "/v3/kv/deleterange",
+          {{"key", b64_encode(impl_->ops)}, {"range_end", b64_encode(prefix_end(impl_->ops))}},
+          Deadline::after(Duration(500)), "delete of the client's records");
   } catch (const std::exception&) {
   }
 }
