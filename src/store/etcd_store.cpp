@@ -7,7 +7,7 @@
 //                         P/k/<key> with its changes applied in revision order. This makes add and
 //                         append one transaction each whatever the contention (a compare-and-swap
 //                         loop costs N rounds for the last of N concurrent clients); set, delete
-//                         and compare_set remove them, and they are folded in once 32 pile up.
+//                         and compare_set remove them, and they are folded in from 32 on
 //   P/op/<client>/<seq>   one record per add/append, written in its transaction: a retry after an
 //                         ambiguous failure (the member died after receiving the request) finds
 //                         it and reads the result at that revision instead of applying the change
@@ -42,6 +42,7 @@ namespace {
 
 constexpr size_t kMaxTxnOps = 64;  // etcd's --max-txn-ops defaults to 128
 constexpr size_t kMaxCachedCounters = 4096;
+constexpr size_t kFoldAt = 32;        // change records folded into the value from this many on
 constexpr uint64_t kOpWindow = 1024;  // op records kept per client (see the layout above)
 
 std::string key_list(const std::vector<std::string>& keys) {
@@ -272,7 +273,9 @@ struct EtcdStore::Impl {
         client->call("/v3/kv/txn", {{"success", json::array({base, range_of(cp, prefix_end(cp), revision)})}},
                      deadline, what, member);
     if (at) *at = field_i64(r["header"], "revision");
-    return fold(txn_response(r, 0, "response_range"), txn_response(r, 1, "response_range"), mine);
+    Folded f = fold(txn_response(r, 0, "response_range"), txn_response(r, 1, "response_range"), mine);
+    if (!revision && f.changes >= kFoldAt) compact(key, f, field_i64(r["header"], "revision"), deadline);
+    return f;
   }
 
   /// Whether each key exists (one transaction per kMaxTxnOps keys); `revision` gets the first
@@ -350,7 +353,10 @@ struct EtcdStore::Impl {
     }
     Folded f = fold(txn_response(r, 1, "response_range"), txn_response(r, 2, "response_range"), mine);
     if (kind == 'c') remember(b, f);
-    if (f.changes >= 32) compact(key, f, field_i64(r["header"], "revision"), deadline);
+    // One change in 8 tries (under steady contention most tries find new records and fail); a
+    // read tries every time (by then the contention is usually over).
+    if (f.changes >= kFoldAt && f.changes % 8 == 0)
+      compact(key, f, field_i64(r["header"], "revision"), deadline);
     return f;
   }
 

@@ -69,19 +69,26 @@ class EtcdCluster {
   explicit EtcdCluster(EtcdClusterOptions o = {}) : o_(std::move(o)) {
     static int seq = 0;
     dir_ = "/dev/shm/gz-etcd-test-" + std::to_string(::getpid()) + "-" + std::to_string(seq++);
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    std::string initial;
-    for (int i = 0; i < o_.members; ++i) {
-      Member m;
-      m.name = "m" + std::to_string(i);
-      m.client_port = free_loopback_port();
-      m.peer_port = free_loopback_port();
-      initial += (i ? "," : "") + m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
-      members_.push_back(m);
+    // The ports are free when picked, not when etcd binds them: another process (a parallel
+    // test's etcd) may take one in between. A member that dies at start is tried again on new ports.
+    for (int attempt = 0;; ++attempt) {
+      std::filesystem::remove_all(dir_);
+      std::filesystem::create_directories(dir_);
+      members_.clear();
+      std::string initial;
+      for (int i = 0; i < o_.members; ++i) {
+        Member m;
+        m.name = "m" + std::to_string(i);
+        m.client_port = free_loopback_port();
+        m.peer_port = free_loopback_port();
+        initial += (i ? "," : "") + m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
+        members_.push_back(m);
+      }
+      initial_ = initial;
+      for (int i = 0; i < o_.members; ++i) start(i);
+      if (listening() || attempt == 2) break;
+      for (int i = 0; i < o_.members; ++i) kill(i);
     }
-    initial_ = initial;
-    for (int i = 0; i < o_.members; ++i) start(i);
   }
   ~EtcdCluster() {
     for (size_t i = 0; i < members_.size(); ++i) kill(static_cast<int>(i));
@@ -119,8 +126,8 @@ class EtcdCluster {
         "--advertise-client-urls", curl, "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
         "--initial-cluster", initial_, "--initial-cluster-state", "new", "--initial-cluster-token",
         "gz-test-" + std::to_string(::getpid()),
-        // Fast elections: tests kill members on purpose.
-        "--heartbeat-interval", "50", "--election-timeout", "500", "--max-request-bytes", "8388608"};
+        // etcd's default timing: faster elections flap on a loaded machine.
+        "--heartbeat-interval", "100", "--election-timeout", "1000", "--max-request-bytes", "8388608"};
     if (!o_.cert_file.empty()) {
       args.insert(args.end(), {"--cert-file", o_.cert_file, "--key-file", o_.key_file});
       if (!o_.client_ca.empty())
@@ -144,6 +151,30 @@ class EtcdCluster {
       ::_exit(127);
     }
     m.pid = pid;
+  }
+  /// @brief Whether every member listens on its client port (within 20 s); false as soon as one
+  /// has exited.
+  bool listening() {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (Member& m : members_) {
+      for (;;) {
+        if (::waitpid(m.pid, nullptr, WNOHANG) == m.pid) {
+          m.pid = -1;
+          return false;
+        }
+        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        sa.sin_port = htons(static_cast<uint16_t>(m.client_port));
+        const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+        ::close(fd);
+        if (ok) break;
+        if (std::chrono::steady_clock::now() > end) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    return true;
   }
   /// @brief SIGKILL member i and reap it.
   void kill(int i) {

