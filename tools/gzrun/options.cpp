@@ -357,9 +357,10 @@ int detect_auto_nproc() {
 std::string usage_text() {
   return R"(usage: gzrun [options] [--] PROGRAM [ARGS...]
 
-Starts PROGRAM once per local worker, hosts the rendezvous store (on node rank 0) and supervises
-the workers: their output is relayed line by line prefixed with "[rank] ", the first failure stops
-the whole group (SIGTERM, then SIGKILL after the grace period).
+Starts PROGRAM once per local worker, hosts the rendezvous store (on node rank 0; with
+--rdzv-backend etcd an etcd cluster is the store) and supervises the workers: their output is
+relayed line by line prefixed with "[rank] ", the first failure stops the whole group (SIGTERM,
+then SIGKILL after the grace period).
 
 options (underscores work too: --nproc_per_node; so does --opt=value):
   --nproc-per-node N|auto  workers on this node (auto: GPUs if /dev/nvidiaN exist, else cores); default 1

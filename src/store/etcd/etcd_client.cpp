@@ -358,8 +358,10 @@ std::unique_ptr<Watch> Client::watch(const std::vector<std::string>& keys, int64
 }
 
 void Client::connect(Deadline deadline) {
-  // With a user, the first call authenticates; without, a read of nothing checks the way in.
-  call("/v3/kv/range", json{{"key", b64_encode(o_.prefix + "/")}, {"count_only", true}}, deadline,
+  // With a user, the first call authenticates; without, a read of nothing checks the way in
+  // (serializable: the member answers from its own copy, no consensus round for a probe).
+  call("/v3/kv/range",
+       json{{"key", b64_encode(o_.prefix + "/")}, {"count_only", true}, {"serializable", true}}, deadline,
        "first contact");
 }
 

@@ -17,7 +17,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 
 #include "gz/core/env.h"  // parse_int
 
