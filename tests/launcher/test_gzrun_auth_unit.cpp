@@ -150,3 +150,51 @@ TEST(GzrunAuthUnit, TokenValueIsHiddenFromPs) {
   EXPECT_STREQ(argv[5], "2");
   EXPECT_STREQ(argv[8], "mine");  // the program's own arguments are its business
 }
+
+TEST(GzrunAuthUnit, EtcdPasswordOnlyOverVerifiedTlsOrLoopback) {
+  auto etcd = [](std::vector<std::string> extra) {
+    std::vector<std::string> a{"--rdzv-backend", "etcd", "--rdzv-id",   "j",
+                               "--nnodes",       "2",    "--node-rank", "0"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back("prog");
+    return parse(a);
+  };
+  // Plain http beyond loopback with a password: refused, saying what to do instead.
+  auto clear = etcd({"--rdzv-endpoints", "10.0.0.1:2379,10.0.0.2:2379", "--rdzv-conf", "user=gz"});
+  try {
+    resolve_launch_auth(clear, kStrong);
+    FAIL() << "the password would go in clear text beyond loopback";
+  } catch (const InvalidArgument& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("clear text"), std::string::npos) << m;
+    EXPECT_NE(m.find("http://10.0.0.1:2379"), std::string::npos) << m;
+    EXPECT_NE(m.find("cacert"), std::string::npos) << m;
+    EXPECT_NE(m.find("--rdzv-insecure"), std::string::npos) << m;
+  }
+  // ... unless --rdzv-insecure, which warns.
+  auto forced = etcd({"--rdzv-endpoints", "10.0.0.1:2379", "--rdzv-conf", "user=gz", "--rdzv-insecure"});
+  auto f = resolve_launch_auth(forced, kStrong);
+  EXPECT_EQ(f.token, kStrong);
+  EXPECT_TRUE(has_warning(f, "clear text"));
+  // https (the certificate verified against the CA) and loopback are fine.
+  EXPECT_TRUE(resolve_launch_auth(etcd({"--rdzv-endpoints", "https://10.0.0.1:2379", "--rdzv-conf",
+                                        "user=gz,cacert=/ca.pem"}),
+                                  kStrong)
+                  .warnings.empty());
+  EXPECT_EQ(
+      resolve_launch_auth(etcd({"--rdzv-endpoints", "127.0.0.1:2379", "--rdzv-conf", "user=gz"}), kStrong)
+          .token,
+      kStrong);
+  // Beyond loopback nobody authenticates: refused; a user without the token: refused.
+  EXPECT_THROW(resolve_launch_auth(etcd({"--rdzv-endpoints", "10.0.0.1:2379"}), ""), InvalidArgument);
+  EXPECT_THROW(
+      resolve_launch_auth(etcd({"--rdzv-endpoints", "https://10.0.0.1:2379", "--rdzv-conf", "user=gz"}), ""),
+      InvalidArgument);
+  // No token is generated for etcd (etcd would not know it); a token without a user is unused.
+  auto local = resolve_launch_auth(etcd({"--rdzv-endpoints", "127.0.0.1:2379"}), "");
+  EXPECT_EQ(local.token, "");
+  EXPECT_FALSE(local.generated);
+  auto unused = resolve_launch_auth(etcd({"--rdzv-endpoints", "127.0.0.1:2379"}), kStrong);
+  EXPECT_EQ(unused.token, "");
+  EXPECT_TRUE(has_warning(unused, "not used"));
+}

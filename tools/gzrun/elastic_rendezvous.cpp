@@ -80,6 +80,7 @@ RoundInfo ElasticRendezvous::placed(int q, const std::string& members, const std
     job_ = first.empty() ? std::string("0") : first.front().substr(first.front().rfind(':') + 1);
   }
   r.run_id = job_ + "-" + std::to_string(q);
+  r.master_addr = host_of(list.front());  // used where no store host is the obvious one (etcd)
   say("elastic round " + std::to_string(q) + ": node " + std::to_string(r.node_rank) + " of " +
       std::to_string(r.nnodes) + " (" + names_of(list) + ")");
   return r;

@@ -49,10 +49,11 @@ JobFailure JobFailure::decode(const std::string& record) {
 }
 
 JobMonitor::JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where,
-                       bool hosts_store)
+                       bool hosts_store, std::string store_kind)
     : o_(options),
       connect_(std::move(connect)),
       where_(std::move(store_where)),
+      kind_(std::move(store_kind)),
       hosts_store_(hosts_store),
       waiting_(joiner_lease(options)) {
   if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw SystemError("pipe2 for the job monitor", errno);
@@ -193,7 +194,7 @@ void JobMonitor::tick() {
     JobFailure f;
     f.kind = JobFailure::Kind::store_lost;
     f.node = 0;
-    f.text = "lost the store host (" + where_ + "): no answer for " + format_duration(silent) +
+    f.text = "lost the " + kind_ + " (" + where_ + "): no answer for " + format_duration(silent) +
              " (last error: " + e.what() + ")";
     learn(f);
   }

@@ -50,8 +50,10 @@ class JobMonitor {
   /// @brief `connect` makes a fresh store client whose every operation is bounded by the
   /// heartbeat timeout (the monitor owns it; only the monitor's thread uses it).
   using Connect = std::function<std::unique_ptr<Store>()>;
-  /// @brief `store_where` names the store host in messages; `hosts_store`: this gzrun runs it.
-  JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where, bool hosts_store);
+  /// @brief `store_where` names the store host in messages; `hosts_store`: this gzrun runs it;
+  /// `store_kind` says what is lost when it stops answering ("store host", "etcd cluster").
+  JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where, bool hosts_store,
+             std::string store_kind = "store host");
   ~JobMonitor();
   JobMonitor(const JobMonitor&) = delete;
   JobMonitor& operator=(const JobMonitor&) = delete;
@@ -91,6 +93,7 @@ class JobMonitor {
   const LaunchOptions& o_;
   Connect connect_;
   std::string where_;
+  std::string kind_;
   bool hosts_store_ = false;
   std::unique_ptr<Store> store_;
   int pipe_[2] = {-1, -1};

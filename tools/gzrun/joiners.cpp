@@ -11,6 +11,11 @@ namespace gz::launcher {
 
 long long seq_of(const std::string& entry) { return std::atoll(entry.substr(0, entry.find(':')).c_str()); }
 
+std::string host_of(const std::string& entry) {
+  const size_t a = entry.find(':'), b = entry.rfind(':');
+  return a == std::string::npos || b <= a ? std::string() : entry.substr(a + 1, b - a - 1);
+}
+
 std::vector<std::string> parse_entries(const std::string& text) {
   std::vector<std::string> out;
   std::vector<long long> seen;

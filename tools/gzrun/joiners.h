@@ -23,6 +23,8 @@ namespace gz::launcher {
 long long seq_of(const std::string& entry);
 /// @brief The "seq:host:pid" entries of a joined/members value, in order, repeats of a seq dropped.
 std::vector<std::string> parse_entries(const std::string& text);
+/// @brief The host of an entry ("seq:host:pid" -> host; empty when malformed).
+std::string host_of(const std::string& entry);
 /// @brief The beat key of the joiner with this seq.
 std::string joiner_beat_key(long long seq);
 /// @brief How long a joiner's beat may stand still before it no longer counts: at least 1 s,

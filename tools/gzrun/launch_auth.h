@@ -29,7 +29,9 @@ std::string store_bind_addr(const LaunchOptions& o);
 /// @brief The token, in this order: --rdzv-token-file, --rdzv-token, GZ_RDZV_TOKEN (`env_token`);
 /// else one generated for a single node; else, for several nodes (on loopback too: every local
 /// user reaches it), --rdzv-insecure or a gz::InvalidArgument that says what to do (gzrun exits 2
-/// with it).
+/// with it). With --rdzv-backend etcd the token is the --rdzv-conf user's password, and
+/// check_etcd_options() decides (a password only over verified https or to loopback; beyond
+/// loopback some client authentication; else --rdzv-insecure, which warns).
 LaunchAuth resolve_launch_auth(const LaunchOptions& o, const std::string& env_token);
 
 /// @brief Overwrite the value of --rdzv-token in gzrun's own argv (what ps and /proc/PID/cmdline

@@ -136,7 +136,10 @@ int run(int argc, char** argv) {
     auto me = cfg.hostname + ":" + std::to_string(getpid());
     cfg.begin_round = [&store, &elastic, &o, me](int, const SupervisorConfig::Cancelled& c) {
       if (!elastic) elastic = std::make_unique<ElasticRendezvous>(o, store.client(), me);
-      return elastic->join(c);
+      RoundInfo r = elastic->join(c);
+      // TcpStore: MASTER_ADDR stays --master-addr (the store host). etcd: node 0's host.
+      if (!o.etcd()) r.master_addr.clear();
+      return r;
     };
     cfg.next_round = [&elastic](const RoundInfo& r, const JobFailure& f) {
       elastic->advance(r, f);
@@ -157,14 +160,25 @@ int run(int argc, char** argv) {
       r.run_id = store.meet(round, c);
       return r;
     };
+    if (o.etcd())
+      // The end marker in etcd (where a store outlives the job): a new job with this --rdzv-id is refused.
+      cfg.end_job = [&store](const std::string& reason, bool success) {
+        try {
+          store.client().compare_set("gzrun/ended", gz::Bytes{},
+                                     gz::to_bytes((success ? "done|" : "failed|") + reason));
+        } catch (const std::exception&) {
+          // the job ends anyway
+        }
+      };
   }
   cfg.after_success = [&store](const RoundInfo& r, const SupervisorConfig::Cancelled& c,
                                const std::function<bool()>& failed) { return store.finish(r, c, failed); };
   // Several nodes: failures, lost nodes and restarts are decided job-wide through the store.
   if (o.nnodes > 1) {
-    const std::string where = o.elastic ? store.where() : "node 0 at " + store.where();
+    const std::string where = o.elastic || o.etcd() ? store.where() : "node 0 at " + store.where();
     monitor = std::make_unique<JobMonitor>(
-        o, [&store] { return store.monitor_client(); }, where, store.hosts_store());
+        o, [&store] { return store.monitor_client(); }, where, store.hosts_store(),
+        o.etcd() ? "etcd cluster" : "store host");
     cfg.monitor = monitor.get();
     if (!o.elastic)
       cfg.next_round = [m = monitor.get()](const RoundInfo& r, const JobFailure&) {

@@ -11,6 +11,7 @@
 
 #include "gz/core/env.h"    // parse_int, parse_double
 #include "gz/core/error.h"  // InvalidArgument
+#include "gz/store/etcd_store.h"  // parse_etcd_endpoints
 #include "gz/store/rdzv_auth.h"  // check_rdzv_token
 
 namespace gz::launcher {
@@ -24,14 +25,31 @@ struct Spec {
 };
 
 constexpr Spec kSpecs[] = {
-    {"nproc-per-node", Kind::value}, {"nnodes", Kind::value},       {"node-rank", Kind::value},
-    {"master-addr", Kind::value},    {"master-port", Kind::value},  {"log-dir", Kind::value},
-    {"rdzv-timeout", Kind::value},   {"max-restarts", Kind::value}, {"grace-period", Kind::value},
-    {"rdzv-endpoint", Kind::value},  {"standalone", Kind::flag},    {"help", Kind::flag},
-    {"version", Kind::flag},         {"heartbeat-timeout", Kind::value}, {"heartbeat-interval", Kind::value},
+    {"nproc-per-node", Kind::value},
+    {"nnodes", Kind::value},
+    {"node-rank", Kind::value},
+    {"master-addr", Kind::value},
+    {"master-port", Kind::value},
+    {"log-dir", Kind::value},
+    {"rdzv-timeout", Kind::value},
+    {"max-restarts", Kind::value},
+    {"grace-period", Kind::value},
+    {"rdzv-endpoint", Kind::value},
+    {"standalone", Kind::flag},
+    {"help", Kind::flag},
+    {"version", Kind::flag},
+    {"heartbeat-timeout", Kind::value},
+    {"heartbeat-interval", Kind::value},
     // Rendezvous authentication (launch_auth.h).
-    {"rdzv-token", Kind::value},     {"rdzv-token-file", Kind::value}, {"rdzv-insecure", Kind::flag},
+    {"rdzv-token", Kind::value},
+    {"rdzv-token-file", Kind::value},
+    {"rdzv-insecure", Kind::flag},
     {"rdzv-join-window", Kind::value},
+    // The store backend (etcd): apply_backend_option().
+    {"rdzv-backend", Kind::value},
+    {"rdzv-endpoints", Kind::value},
+    {"rdzv-id", Kind::value},
+    {"rdzv-conf", Kind::value},
 };
 
 const Spec* find_spec(const std::string& name) {
@@ -58,6 +76,88 @@ double parse_seconds(const std::string& v, const std::string& opt, bool allow_ze
 void set_port(LaunchOptions& o, const std::string& v, const std::string& opt) {
   o.master_port = parse_bounded(v, opt, 0, 65535);
   o.master_port_given = true;
+}
+
+// ---- The store backend (etcd) -------------------------------------------------------------------
+
+void apply_backend_option(LaunchOptions& o, const std::string& name, const std::string& v) {
+  if (name == "rdzv-backend") {
+    if (v == "tcp" || v == "c10d" || v == "static") {
+      o.rdzv_backend = "tcp";
+    } else if (v == "etcd" || v == "etcd-v3") {
+      o.rdzv_backend = "etcd";
+    } else {
+      GZ_THROW(InvalidArgument, "--rdzv-backend '", v,
+               "': expected tcp (gzrun's own store; also c10d, static) or etcd");
+    }
+  } else if (name == "rdzv-endpoints") {
+    o.rdzv_endpoints = parse_etcd_endpoints(v);
+  } else if (name == "rdzv-id") {
+    const bool ok = !v.empty() && v.size() <= 128 && std::all_of(v.begin(), v.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+    });
+    if (!ok) GZ_THROW(InvalidArgument, "--rdzv-id '", v, "': 1-128 letters, digits, '-', '_' or '.'");
+    o.rdzv_id = v;
+  } else if (name == "rdzv-conf") {
+    // KEY=VALUE,KEY=VALUE (torchrun's form).
+    size_t b = 0;
+    while (b < v.size()) {
+      size_t e = v.find(',', b);
+      if (e == std::string::npos) e = v.size();
+      const std::string item = v.substr(b, e - b);
+      b = e + 1;
+      if (item.empty()) continue;
+      const size_t eq = item.find('=');
+      const std::string key = item.substr(0, eq), val = eq == std::string::npos ? "" : item.substr(eq + 1);
+      if (eq == std::string::npos || val.empty())
+        GZ_THROW(InvalidArgument, "--rdzv-conf '", item, "': expected KEY=VALUE");
+      if (key == "user") {
+        o.etcd_user = val;
+      } else if (key == "cacert") {
+        o.etcd_cacert = val;
+      } else if (key == "cert") {
+        o.etcd_cert = val;
+      } else if (key == "key") {
+        o.etcd_key = val;
+      } else if (key == "root") {
+        if (val[0] != '/' || val.back() == '/' || val.size() < 2)
+          GZ_THROW(InvalidArgument, "--rdzv-conf root='", val, "': must start with '/' and not end with one");
+        o.etcd_root = val;
+      } else {
+        GZ_THROW(InvalidArgument, "--rdzv-conf: unknown key '", key,
+                 "' (known: user, cacert, cert, key, root)");
+      }
+    }
+  }
+}
+
+void validate_backend(LaunchOptions& o) {
+  if (!o.etcd()) {
+    if (!o.rdzv_endpoints.empty() || !o.rdzv_id.empty() || !o.etcd_user.empty() || !o.etcd_cacert.empty() ||
+        !o.etcd_cert.empty() || !o.etcd_key.empty())
+      GZ_THROW(InvalidArgument, "--rdzv-endpoints, --rdzv-id and --rdzv-conf are for --rdzv-backend etcd");
+    return;
+  }
+  if (o.rdzv_endpoints.empty() && !o.rdzv_endpoint_text.empty()) {
+    // torchrun's spelling: --rdzv-backend etcd --rdzv-endpoint HOST:PORT names etcd, not node 0.
+    o.rdzv_endpoints = parse_etcd_endpoints(o.rdzv_endpoint_text);
+    o.master_addr_given = false;
+    o.master_addr = "127.0.0.1";
+    if (o.master_port_from_endpoint) {
+      o.master_port_given = false;
+      o.master_port = 0;
+    }
+  }
+  if (o.rdzv_endpoints.empty())
+    GZ_THROW(InvalidArgument,
+             "--rdzv-backend etcd needs --rdzv-endpoints HOST:2379,HOST:2379,... (the etcd members)");
+  if (o.rdzv_id.empty())
+    GZ_THROW(InvalidArgument,
+             "--rdzv-backend etcd needs --rdzv-id JOB: the same on every node, new for every job "
+             "(the job's keys live under ",
+             o.etcd_root, "/JOB in etcd)");
+  if (o.standalone)
+    GZ_THROW(InvalidArgument, "--standalone hosts its own store: it cannot use --rdzv-backend etcd");
 }
 
 void apply(LaunchOptions& o, const std::string& name, const std::string& v, int auto_nproc) {
@@ -93,12 +193,14 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
   } else if (name == "master-port") {
     set_port(o, v, name);
   } else if (name == "rdzv-endpoint") {
+    o.rdzv_endpoint_text = v;  // with --rdzv-backend etcd: the etcd endpoint(s) (validate())
     auto colon = v.rfind(':');
     if (colon == std::string::npos || colon == 0)
       GZ_THROW(InvalidArgument, "--rdzv-endpoint must be HOST:PORT, got '", v, "'");
     o.master_addr = v.substr(0, colon);
     o.master_addr_given = true;
     set_port(o, v.substr(colon + 1), name);
+    o.master_port_from_endpoint = true;
   } else if (name == "log-dir") {
     if (v.empty()) GZ_THROW(InvalidArgument, "--log-dir must not be empty");
     o.log_dir = v;
@@ -122,11 +224,14 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
     o.rdzv_token_file = v;
   } else if (name == "rdzv-join-window") {
     o.join_window_s = parse_seconds(v, name, true);
+  } else {
+    apply_backend_option(o, name, v);
   }
 }
 
 void validate(LaunchOptions& o) {
   if (o.help || o.version) return;
+  validate_backend(o);
   if (o.program.empty()) GZ_THROW(InvalidArgument, "no program given (usage: gzrun [options] [--] PROGRAM [ARGS...])");
   if (o.standalone) {
     // torchrun's --standalone: one node, a free local port, no endpoint to agree on.
@@ -252,9 +357,10 @@ int detect_auto_nproc() {
 std::string usage_text() {
   return R"(usage: gzrun [options] [--] PROGRAM [ARGS...]
 
-Starts PROGRAM once per local worker, hosts the rendezvous store (on node rank 0) and supervises
-the workers: their output is relayed line by line prefixed with "[rank] ", the first failure stops
-the whole group (SIGTERM, then SIGKILL after the grace period).
+Starts PROGRAM once per local worker, hosts the rendezvous store (on node rank 0; with
+--rdzv-backend etcd an etcd cluster is the store) and supervises the workers: their output is
+relayed line by line prefixed with "[rank] ", the first failure stops the whole group (SIGTERM,
+then SIGKILL after the grace period).
 
 options (underscores work too: --nproc_per_node; so does --opt=value):
   --nproc-per-node N|auto  workers on this node (auto: GPUs if /dev/nvidiaN exist, else cores); default 1
@@ -291,13 +397,28 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            shell history: prefer the file or the variable)
   --rdzv-insecure          no token although several nodes share the store (warns): only on
                            a network (and machine) where everyone who can reach the port is trusted
+  --rdzv-backend tcp|etcd  the job's store: tcp (default; also c10d, static) = gzrun's own store
+                           on node 0, which the job cannot lose; etcd = an etcd cluster (v3 API),
+                           nobody hosts it and losing any one host does not end the job
+  --rdzv-endpoints LIST    etcd: the members, h1:2379,h2:2379,https://h3:2379 (--rdzv-endpoint
+                           A:P works too, as in torchrun)
+  --rdzv-id JOB            etcd: the job's name, the same on every node and new for every job
+                           (its keys live under /gz/JOB; removed when the job succeeded)
+  --rdzv-conf K=V,...      etcd: user=NAME (the etcd user; its password is the rendezvous token),
+                           cacert=FILE (CA of the members' https certificates), cert=FILE and
+                           key=FILE (client certificate), root=/gz (key root). The password only
+                           goes over https with a verified certificate or to loopback, unless
+                           --rdzv-insecure; beyond loopback the job must authenticate (user or
+                           client certificate) unless --rdzv-insecure
   -h, --help               this text
   --version                print the version
 
 worker environment: RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK ROLE_RANK
   MASTER_ADDR MASTER_PORT GZ_LAUNCHER=gzrun GZ_STORE_HOSTED=1 GZ_STORE_ADDR GZ_STORE_PORT GZ_NNODES GZ_RUN_ID
   GZ_RESTART_COUNT TORCHELASTIC_RESTART_COUNT GZ_RDZV_TIMEOUT_S, OMP_NUM_THREADS (unless set)
-  and GZ_RDZV_TOKEN (GZ_RDZV_INSECURE=1 with --rdzv-insecure). Workers read stdin from /dev/null.
+  and GZ_RDZV_TOKEN (GZ_RDZV_INSECURE=1 with --rdzv-insecure). With etcd GZ_STORE_BACKEND=etcd
+  GZ_STORE_ENDPOINTS GZ_STORE_PREFIX [GZ_STORE_USER GZ_STORE_CACERT GZ_STORE_CERT GZ_STORE_KEY]
+  replace GZ_STORE_ADDR/PORT. Workers read stdin from /dev/null.
 
 rendezvous token: on one node gzrun generates a random token for its workers unless one is
 given. With several nodes (also several gzruns on one machine: every local user reaches a

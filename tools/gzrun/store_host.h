@@ -1,5 +1,5 @@
-// The rendezvous store as gzrun sees it: hosted on node rank 0, and the place where the nodes'
-// gzruns meet before every attempt.
+// The rendezvous store as gzrun sees it: hosted on node rank 0 (or, with --rdzv-backend etcd, an
+// etcd cluster nobody hosts), and the place where the nodes' gzruns meet before every attempt.
 #pragma once
 
 #include <functional>
@@ -73,6 +73,8 @@ class StoreHost {
                     const std::function<bool()>& job_failed = nullptr);
   /// @brief The address clients use: loopback for node 0 when no address was named.
   std::string client_host() const;
+  /// @brief etcd: the job is over on every node; remove its keys but the end marker.
+  void remove_job_keys();
   const LaunchOptions& o_;
   std::string token_;
   int port_ = 0;
