@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 
+#include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/core/log.h"
 #include "gz/core/phase.h"
@@ -27,6 +28,7 @@
 #include "gz/train/data/factory.h"
 #include "gz/train/elastic_batch.h"
 #include "gz/train/scheduler.h"
+#include "gz/train/straggler.h"
 #include "comm_algorithms.h"
 
 namespace gz::train {
@@ -231,7 +233,9 @@ void Trainer::setup() {
   if (default_callbacks_) {
     if (c.prune_sparsity > 0) callbacks_.push_back(std::make_shared<PruningCallback>(c.prune_sparsity));
     callbacks_.push_back(std::make_shared<ProgressBar>(c.progress));
-    callbacks_.push_back(std::make_shared<HistoryLogger>(c.tensorboard));
+    auto history = std::make_shared<HistoryLogger>(c.tensorboard);
+    callbacks_.push_back(history);
+    callbacks_.push_back(std::make_shared<StragglerReport>(straggler_options(c, Env::from_process()), history));
     callbacks_.push_back(std::make_shared<ModelCheckpoint>());
     if (c.early_stopping_patience > 0)
       callbacks_.push_back(std::make_shared<EarlyStopping>(c.early_stopping_patience, c.early_stopping_threshold));

@@ -1,0 +1,190 @@
+// The straggler report as a training Callback: phase totals per window, one all-gather, the
+// analysis (straggler_analysis.cpp), warnings, per-rank figures and the end summary on rank 0.
+#include <unistd.h>
+
+#include <cstring>
+#include <iostream>
+
+#include "gz/comm/communicator.h"
+#include "gz/core/env.h"
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/core/phase.h"
+#include "gz/train/callback.h"
+#include "gz/train/config.h"
+#include "gz/train/straggler.h"
+#include "gz/train/trainer.h"
+
+namespace gz::train {
+namespace {
+
+constexpr size_t kFields = 6;  // RankWindow's fields, in pack() order
+constexpr size_t kHostBytes = 64;
+
+std::vector<double> pack(const RankWindow& w) {
+  return {w.step_ms, w.data_ms, w.compute_ms, w.comm_ms, w.optimizer_ms, w.other_ms};
+}
+
+RankWindow unpack(const double* v) {
+  RankWindow w;
+  w.step_ms = v[0];
+  w.data_ms = v[1];
+  w.compute_ms = v[2];
+  w.comm_ms = v[3];
+  w.optimizer_ms = v[4];
+  w.other_ms = v[5];
+  return w;
+}
+
+// This rank's window from two phase-total reads `steps` steps apart. Evaluation and checkpoints
+// are left out of the step time: they are not part of the steady step, and their own waits are
+// not arrival skew at the gradient all-reduces.
+RankWindow window_of(const PhaseTotals& from, const PhaseTotals& to, int64_t steps) {
+  const double per = 1e6 * static_cast<double>(steps);
+  const auto d = [&](Phase p) { return static_cast<double>(to.of(p) - from.of(p)) / per; };
+  RankWindow w;
+  w.data_ms = d(Phase::data);
+  w.compute_ms = d(Phase::forward) + d(Phase::backward);
+  w.comm_ms = d(Phase::comm);
+  w.optimizer_ms = d(Phase::optimizer);
+  w.other_ms = d(Phase::idle) + d(Phase::recovery);
+  w.step_ms = w.data_ms + w.compute_ms + w.comm_ms + w.optimizer_ms + w.other_ms;
+  return w;
+}
+
+std::vector<std::string> exchange_hostnames(comm::Communicator& g) {
+  char mine[kHostBytes] = {0};
+  if (gethostname(mine, kHostBytes - 1) != 0) std::strcpy(mine, "?");
+  std::vector<char> all(kHostBytes * static_cast<size_t>(g.size()));
+  g.allgather(mine, all.data(), kHostBytes, DType::u8);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < g.size(); ++r) {
+    const char* h = all.data() + kHostBytes * static_cast<size_t>(r);
+    hosts.emplace_back(h, strnlen(h, kHostBytes - 1));
+  }
+  return hosts;
+}
+
+}  // namespace
+
+StragglerOptions straggler_options(const TrainConfig& c, const Env& env) {
+  StragglerOptions o;
+  o.every = c.straggler.every;
+  o.windows = c.straggler.windows;
+  o.threshold_ms = c.straggler.threshold_ms;
+  o.threshold_fraction = c.straggler.threshold_fraction;
+  o.link_probe = c.straggler.link_probe;
+  if (auto every = env.get_int("GZ_STRAGGLER_EVERY")) {
+    if (*every < 0) GZ_THROW(InvalidArgument, "GZ_STRAGGLER_EVERY must be >= 0 (0 = off), got ", *every);
+    o.every = *every;
+  }
+  return o;
+}
+
+struct StragglerReport::Impl {
+  StragglerOptions o;
+  std::shared_ptr<HistoryLogger> history;
+  comm::CommPtr group;
+  std::unique_ptr<StragglerTracker> tracker;
+  PhaseTotals base;
+  int64_t base_step = -1;
+
+  std::vector<RankWindow> gather(const RankWindow& mine) {
+    const auto send = pack(mine);
+    std::vector<double> all(kFields * static_cast<size_t>(group->size()));
+    group->allgather(send.data(), all.data(), kFields, DType::f64);
+    std::vector<RankWindow> ranks;
+    for (int r = 0; r < group->size(); ++r)
+      ranks.push_back(unpack(all.data() + kFields * static_cast<size_t>(r)));
+    return ranks;
+  }
+
+  // Every rank probes the host ring's pairs it belongs to; one all-reduce hands every rank every
+  // pair's result, so all trackers stay in step.
+  std::vector<comm::LinkMeasure> probe() {
+    const auto pairs = tracker->probe_pairs();
+    comm::LinkProbeOptions po;
+    po.bytes = o.probe_bytes;
+    const auto mine = comm::probe_links(*group, pairs, po);
+    std::vector<double> flat(2 * pairs.size(), 0.0);
+    for (const auto& m : mine)
+      for (size_t i = 0; i < pairs.size(); ++i)
+        if (pairs[i] == std::make_pair(m.a, m.b)) {
+          flat[2 * i] = m.rtt_us;
+          flat[2 * i + 1] = m.bytes_per_s;
+        }
+    group->allreduce(flat.data(), flat.size(), DType::f64, comm::ReduceOp::sum);
+    std::vector<comm::LinkMeasure> all;
+    for (size_t i = 0; i < pairs.size(); ++i)
+      all.push_back({pairs[i].first, pairs[i].second, flat[2 * i], flat[2 * i + 1]});
+    return all;
+  }
+
+  void log(Trainer& t, const std::vector<RankWindow>& ranks, const WindowAnalysis& a) {
+    if (!history) return;
+    std::map<std::string, double> v{{"step_ms", a.step_ms},
+                                    {"comm_ms", a.comm_ms},
+                                    {"late_rank", static_cast<double>(a.late_rank)},
+                                    {"threshold_ms", a.threshold_ms}};
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const std::string p = "rank" + std::to_string(r) + "/";
+      v[p + "data_ms"] = ranks[r].data_ms;
+      v[p + "compute_ms"] = ranks[r].compute_ms;
+      v[p + "comm_ms"] = ranks[r].comm_ms;
+      v[p + "optimizer_ms"] = ranks[r].optimizer_ms;
+      v[p + "other_ms"] = ranks[r].other_ms;
+      v[p + "late_ms"] = a.ranks[r].late_ms;
+    }
+    history->log(t, "straggler", v);
+  }
+};
+
+StragglerReport::StragglerReport(StragglerOptions options, std::shared_ptr<HistoryLogger> history)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->o = options;
+  impl_->history = std::move(history);
+}
+
+StragglerReport::~StragglerReport() = default;
+
+void StragglerReport::on_train_begin(Trainer& t) {
+  auto& m = *impl_;
+  m.tracker.reset();
+  m.base_step = -1;
+  m.group = t.group();
+  if (!m.group || m.group->size() < 2 || m.o.every <= 0) return;
+  m.tracker = std::make_unique<StragglerTracker>(m.o, exchange_hostnames(*m.group));
+}
+
+void StragglerReport::on_step_end(Trainer& t) {
+  auto& m = *impl_;
+  if (!m.tracker) return;
+  const int64_t step = t.state().step;
+  if (m.base_step < 0) {  // the first step carries set-up costs: windows start after it
+    m.base = phase_totals();
+    m.base_step = step;
+    return;
+  }
+  if (step - m.base_step < m.o.every) return;
+  const RankWindow mine = window_of(m.base, phase_totals(), step - m.base_step);
+  const auto ranks = m.gather(mine);
+  const WindowAnalysis a = analyze_window(ranks, m.o);
+  const std::string warning = m.tracker->add_window(a, step);
+  if (t.is_main()) {
+    if (!warning.empty()) GZ_LOG(warn, warning);
+    m.log(t, ranks, a);
+  }
+  if (m.tracker->probe_due(a)) {
+    const std::string link = m.tracker->add_probe(m.probe(), a, step);
+    if (t.is_main() && !link.empty()) GZ_LOG(warn, link);
+  }
+  // The exchange and the probe are not part of the next window.
+  m.base = phase_totals();
+  m.base_step = step;
+}
+
+void StragglerReport::on_train_end(Trainer& t) {
+  if (impl_->tracker && t.is_main()) std::cout << impl_->tracker->summary() << std::endl;
+}
+
+}  // namespace gz::train
