@@ -33,7 +33,7 @@ for n in 0 1; do
   [ $rc = 0 ] || fail "node $n: exit $rc"
 done
 ms=$((($(date +%s%N) - start) / 1000000))
-grep -q 'preflight: 2 node(s); links: 1 pair(s), 1024 KiB each way' "$dir/node0.log" || fail "two nodes: no header"
+grep -q 'preflight: 2 node(s); links: 1 pair(s), 2 x 1024 KiB each way' "$dir/node0.log" || fail "two nodes: no header"
 grep -q 'in turns (the nodes share one machine)' "$dir/node0.log" || fail "two nodes: compute not in turns"
 grep -Eq '^ +1  .*[0-9.]+ [MG]B/s' "$dir/node0.log" || fail "two nodes: no link rate for node 1"
 grep -q 'preflight: all 2 node(s) ok' "$dir/node1.log" || fail "node 1: no verdict line"

@@ -311,7 +311,7 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            nodes, GFLOP/s per local rank, free /dev/shm and memory; node 0 prints
                            a table flagging outliers (below half the median). =strict: do not
                            start the job when a node is flagged (exit 4). About 0.3 s of compute
-                           per node and 2 MiB per probed pair (docs/debugging-slow.md)
+                           per node and 4 MiB per probed pair (docs/debugging-slow.md)
   -h, --help               this text
   --version                print the version
 

@@ -76,7 +76,7 @@ NodeFacts local_facts(const LaunchOptions& o, const Env& env) {
 }
 
 std::string how_text(const PreflightOptions& p, size_t pairs, bool in_turns, int nproc) {
-  return detail::concat("links: ", pairs, " pair(s), ", p.link_bytes >> 10, " KiB each way + ", p.pings,
+  return detail::concat("links: ", pairs, " pair(s), 2 x ", p.link_bytes >> 10, " KiB each way + ", p.pings,
                         " pings; compute: ", nproc, " thread(s) x ", p.compute_s, " s per node",
                         in_turns ? ", in turns (the nodes share one machine)" : "");
 }

@@ -20,6 +20,9 @@ struct LinkProbeOptions {
   size_t bytes = 1 << 20;
   /// @brief Round trips of an 8-byte message; the fastest is the pair's rtt (1 .. 1000).
   int pings = 5;
+  /// @brief Bandwidth exchanges; the fastest counts (1 .. 100): one exchange may meet a
+  /// scheduling hiccup or a socket buffer still draining, the best of two rarely does.
+  int repeats = 2;
   /// @brief Deadline of every send/recv of the probe.
   Duration timeout = std::chrono::seconds(30);
   /// @brief Point-to-point tag of the probe's messages (kept apart from the program's).
@@ -32,7 +35,7 @@ struct LinkMeasure {
   int a = -1;
   int b = -1;
   double rtt_us = 0;       ///< fastest round trip of an 8-byte message (robust to scheduling noise)
-  double bytes_per_s = 0;  ///< 2 x bytes / (time to send bytes a -> b and back)
+  double bytes_per_s = 0;  ///< 2 x bytes / (time to send bytes a -> b and back), best of repeats
 };
 
 /// @brief The pairs split into rounds in which no rank appears twice, in a deterministic order
@@ -44,8 +47,8 @@ std::vector<std::vector<std::pair<int, int>>> link_probe_rounds(std::vector<std:
 /// wait for the next. Collective only in the sense that each pair's two ranks must both call it
 /// with the same list; returns the measures of the pairs this rank initiated (the smaller rank of
 /// each pair), in round order. Each pair first exchanges one message untimed (so both ends start
-/// together and a lazily connected transport connects), then `pings` round trips, then the
-/// bandwidth exchange. Traffic per pair: 2 x bytes + (2 x pings + 2) x 8 bytes. Errors (a peer
+/// together and a lazily connected transport connects), then `pings` round trips, then `repeats`
+/// bandwidth exchanges. Traffic per pair: 2 x repeats x bytes + (2 x pings + 2) x 8 bytes. Errors (a peer
 /// gone, a deadline) propagate as the communicator's exceptions, naming the peer.
 std::vector<LinkMeasure> probe_links(Communicator& comm, const std::vector<std::pair<int, int>>& pairs,
                                      const LinkProbeOptions& options = {});

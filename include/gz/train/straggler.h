@@ -44,7 +44,7 @@ struct StragglerOptions {
   bool link_probe = true;
   double probe_comm_share = 0.3;
   /// @brief Bytes each way per host pair and probe.
-  size_t probe_bytes = size_t{256} << 10;
+  size_t probe_bytes = size_t{1} << 20;
 };
 
 /// @brief The config's straggler block; the environment variable GZ_STRAGGLER_EVERY, when set,
