@@ -2,7 +2,7 @@
 # The straggler report's fault matrix: REPEATS runs (default 5) per row, each with a random
 # victim, on the simulated cluster (4 hosts x 2 ranks, DDP over hier(shm+gloo), links at 1 Gbit/s):
 #   data     one rank's data phase 200 ms slower per step (test-only GZ_TEST_SLOW_DATA_MS)
-#   compute  one rank's process under a cgroup v1 CPU quota (5% of a core)
+#   compute  one rank's process under a cgroup v1 CPU quota (2% of a core)
 #   link     one host's link shaped to 100 Mbit/s (1/10)
 #   none     healthy: nobody may be named (false alarms)
 # A run counts as correct when rank 0's first straggler warning names the victim and the cause by

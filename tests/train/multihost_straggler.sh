@@ -6,7 +6,7 @@
 #     data     rank VICTIM spends 200 ms more in the data phase of every step (GZ_TEST_SLOW_DATA_MS,
 #              the test-only injection of gz-train)
 #     compute  rank VICTIM's process runs under a cgroup v1 CPU quota (QUOTA_PCT % of one core,
-#              default 5) from its start
+#              default 2) from its start
 #     link     host VICTIM's link is shaped to 100 Mbit/s, 1/10 of the others
 #     none     no fault: nobody may be named
 #
@@ -14,7 +14,7 @@
 # ranks for the link) and the cause (data loading / compute / slow network link) by step 50, and
 # no other rank or host is named. VICTIM defaults to a random rank (host for link). Prints one
 # "RESULT row=... victim=... named=... step=... ok=0|1" line (bench/run_straggler_matrix.sh counts
-# them). Env: STEPS (60), KEEP_LOGS=DIR. Exit 77 (skip) without root/namespaces/cgroup v1 cpu.
+# them). Env: STEPS (45), QUOTA_PCT (2), KEEP_LOGS=DIR. Exit 77 (skip) without root/namespaces/cgroup v1 cpu.
 set -uo pipefail
 [ $# -ge 4 ] || { echo "usage: multihost_straggler.sh CLUSTER_SH GZRUN GZ_TRAIN data|compute|link|none [VICTIM]" >&2; exit 2; }
 cluster=$1 gzrun=$2 gztrain=$3 row=$4
@@ -22,7 +22,7 @@ for f in "$cluster" "$gzrun" "$gztrain"; do [ -x "$f" ] || { echo "FAIL: $f is n
 "$cluster" check || exit $?
 hosts=4 per=2
 world=$((hosts * per))
-steps=${STEPS:-60}
+steps=${STEPS:-45}
 case $row in
   data | compute | none) victim=${5:-$((RANDOM % world))}; vhost=$((victim / per)) ;;
   link) vhost=${5:-$((RANDOM % hosts))}; victim=$((vhost * per)) ;;
@@ -47,7 +47,7 @@ cleanup() {
     for p in $(cat "$cgroup/cgroup.procs" 2>/dev/null); do echo "$p" >"$cg/cgroup.procs" 2>/dev/null; done
     rmdir "$cgroup" 2>/dev/null
   fi
-  [ -n "${KEEP_LOGS:-}" ] && mkdir -p "$KEEP_LOGS" && cp "$dir"/host*.log "$KEEP_LOGS"/ 2>/dev/null
+  [ -n "${KEEP_LOGS:-}" ] && mkdir -p "$KEEP_LOGS" && cp "$dir"/host*.log "$dir"/work/history.jsonl "$KEEP_LOGS"/ 2>/dev/null
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -87,7 +87,7 @@ done
 if [ "$row" = compute ]; then
   # Throttle the victim's process as soon as it exists (all its threads move with it).
   mkdir -p "$cgroup" && echo 100000 >"$cgroup/cpu.cfs_period_us" &&
-    echo $((1000 * ${QUOTA_PCT:-5})) >"$cgroup/cpu.cfs_quota_us" || fail "cannot set up cgroup $cgroup"
+    echo $((1000 * ${QUOTA_PCT:-2})) >"$cgroup/cpu.cfs_quota_us" || fail "cannot set up cgroup $cgroup"
   pid=""
   for ((t = 0; t < 600; ++t)); do
     [ -z "$pid" ] || break

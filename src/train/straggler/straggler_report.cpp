@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <iostream>
+#include <sstream>
 
 #include "gz/comm/communicator.h"
 #include "gz/core/env.h"
@@ -88,6 +89,9 @@ struct StragglerReport::Impl {
   std::unique_ptr<StragglerTracker> tracker;
   PhaseTotals base;
   int64_t base_step = -1;
+  // What the report itself costs: its exchanges (and analysis, logging) and its link probes,
+  // against the training time since the first window began.
+  int64_t exchange_ns = 0, probe_ns = 0, exchanges = 0, probes = 0, start_ns = 0;
 
   std::vector<RankWindow> gather(const RankWindow& mine) {
     const auto send = pack(mine);
@@ -125,7 +129,8 @@ struct StragglerReport::Impl {
     std::map<std::string, double> v{{"step_ms", a.step_ms},
                                     {"comm_ms", a.comm_ms},
                                     {"late_rank", static_cast<double>(a.late_rank)},
-                                    {"threshold_ms", a.threshold_ms}};
+                                    {"threshold_ms", a.threshold_ms},
+                                    {"report_ms", 1e-6 * static_cast<double>(exchange_ns + probe_ns)}};
     for (size_t r = 0; r < ranks.size(); ++r) {
       const std::string p = "rank" + std::to_string(r) + "/";
       v[p + "data_ms"] = ranks[r].data_ms;
@@ -163,10 +168,12 @@ void StragglerReport::on_step_end(Trainer& t) {
   if (m.base_step < 0) {  // the first step carries set-up costs: windows start after it
     m.base = phase_totals();
     m.base_step = step;
+    m.start_ns = m.base.at_ns;
     return;
   }
   if (step - m.base_step < m.o.every) return;
-  const RankWindow mine = window_of(m.base, phase_totals(), step - m.base_step);
+  const PhaseTotals now = phase_totals();
+  const RankWindow mine = window_of(m.base, now, step - m.base_step);
   const auto ranks = m.gather(mine);
   const WindowAnalysis a = analyze_window(ranks, m.o);
   const std::string warning = m.tracker->add_window(a, step);
@@ -174,17 +181,37 @@ void StragglerReport::on_step_end(Trainer& t) {
     if (!warning.empty()) GZ_LOG(warn, warning);
     m.log(t, ranks, a);
   }
+  const PhaseTotals exchanged = phase_totals();
+  m.exchange_ns += exchanged.at_ns - now.at_ns;
+  ++m.exchanges;
+  m.base = exchanged;
   if (m.tracker->probe_due(a)) {
     const std::string link = m.tracker->add_probe(m.probe(), a, step);
     if (t.is_main() && !link.empty()) GZ_LOG(warn, link);
+    m.base = phase_totals();
+    m.probe_ns += m.base.at_ns - exchanged.at_ns;
+    ++m.probes;
   }
   // The exchange and the probe are not part of the next window.
-  m.base = phase_totals();
   m.base_step = step;
 }
 
 void StragglerReport::on_train_end(Trainer& t) {
-  if (impl_->tracker && t.is_main()) std::cout << impl_->tracker->summary() << std::endl;
+  auto& m = *impl_;
+  if (!m.tracker || !t.is_main()) return;
+  const double total_s = m.start_ns > 0 ? 1e-9 * static_cast<double>(phase_totals().at_ns - m.start_ns) : 0;
+  std::ostringstream cost;
+  cost.setf(std::ios::fixed);
+  cost.precision(1);
+  cost << "  the report itself: " << 1e-6 * static_cast<double>(m.exchange_ns) << " ms in " << m.exchanges
+       << " exchange(s)";
+  if (m.probes > 0)
+    cost << ", " << 1e-6 * static_cast<double>(m.probe_ns) << " ms in " << m.probes << " link probe(s)";
+  cost.precision(3);
+  if (total_s > 0)
+    cost << " (" << 100 * 1e-9 * static_cast<double>(m.exchange_ns + m.probe_ns) / total_s << "% of "
+         << total_s << " s of training on rank 0)";
+  std::cout << m.tracker->summary() << "\n" << cost.str() << std::endl;
 }
 
 }  // namespace gz::train
