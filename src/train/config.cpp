@@ -155,6 +155,8 @@ std::vector<Field> fields(TrainConfig& c) {
        in_range(&c.straggler.threshold_ms, 0, 1e9)},
       {"straggler.threshold_fraction", Kind::Double, &c.straggler.threshold_fraction,
        in_range(&c.straggler.threshold_fraction, 0, 1)},
+      {"straggler.min_window_ms", Kind::Double, &c.straggler.min_window_ms,
+       in_range(&c.straggler.min_window_ms, 0, 1e9)},
       {"straggler.link_probe", Kind::Bool, &c.straggler.link_probe, none},
       {"finetune", Kind::String, &c.finetune, none},
       {"resume_from_checkpoint", Kind::String, &c.resume_from_checkpoint, none},

@@ -153,6 +153,31 @@ TEST(Straggler, ProbesLinksWhenCommunicationDominatesAndNamesTheSlowHost) {
   EXPECT_FALSE(t.probe_due(a));
 }
 
+// Short steps make longer windows (the exchange's share of the time stays small); a straggler
+// that slows the steps brings them back to `every`. Mutation check: a fixed window fails it.
+TEST(Straggler, WindowsSpanAtLeastMinWindowMs) {
+  StragglerOptions o;  // every 10, min 1000 ms
+  StragglerTracker t(o, hosts_4x2());
+  WindowAnalysis a;
+  a.step_ms = 16;
+  EXPECT_EQ(t.next_window_steps(a), 63);
+  a.step_ms = 250;
+  EXPECT_EQ(t.next_window_steps(a), 10);
+  a.step_ms = 0.001;
+  EXPECT_EQ(t.next_window_steps(a), 1000);  // at most 100 x every
+  a.step_ms = 0;
+  EXPECT_EQ(t.next_window_steps(a), 10);
+  o.min_window_ms = 0;
+  a.step_ms = 16;
+  EXPECT_EQ(StragglerTracker(o, hosts_4x2()).next_window_steps(a), 10);
+  // The window length is used for the steps a warning names.
+  const auto late = analyze_window(ddp_window(8, 5, 190, StragglerCause::data), StragglerOptions{});
+  StragglerTracker u(StragglerOptions{}, hosts_4x2());
+  u.add_window(late, 64, 63);
+  u.add_window(late, 74, 10);
+  EXPECT_NE(u.add_window(late, 84, 10).find("steps 2-84"), std::string::npos);
+}
+
 TEST(Straggler, NoProbeOnOneHostOrWhenComputeDominates) {
   StragglerOptions o;
   StragglerTracker one(o, {"h0", "h0", "h0"});

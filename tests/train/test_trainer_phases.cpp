@@ -114,7 +114,8 @@ TEST(TrainerPhases, StragglerRowsInTheHistory) {
     fs::remove_all(dir);
     test::run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
       auto f = flags("ddp", dir / std::to_string(rank));
-      f.insert(f.end(), {"--straggler.every", every, "--tensorboard", "true"});
+      f.insert(f.end(),
+               {"--straggler.every", every, "--straggler.min_window_ms", "0", "--tensorboard", "true"});
       Trainer t(parse_config("", f), comm::create_shm_communicator(rank, 2, store));
       t.train();
     });

@@ -33,6 +33,10 @@ struct TrainConfig;
 struct StragglerOptions {
   /// @brief Steps per window (one all-gather of a few numbers per rank per window); 0 = off.
   int64_t every = 10;
+  /// @brief ... but a window spans at least this long: with 16 ms steps, windows of 63 steps, so
+  /// the exchange costs the same share of any job. Decided from the last window's median step
+  /// time, the same number on every rank.
+  double min_window_ms = 1000;
   /// @brief Windows in a row a rank must be the late one before it is named.
   int64_t windows = 3;
   /// @brief A rank counts as late only when it is at least this many ms/step behind ...
@@ -97,10 +101,13 @@ class StragglerTracker {
   /// @brief `hosts[r]`: rank r's host name (ranks of one host share it).
   StragglerTracker(StragglerOptions options, std::vector<std::string> hosts);
 
-  /// @brief Account for a window that ended at `last_step`. Returns a warning line when a rank
-  /// has been late for `windows` windows in a row (and again every 10 x windows while it stays
-  /// late), else "".
-  std::string add_window(const WindowAnalysis& analysis, int64_t last_step);
+  /// @brief Account for a window of `steps` steps (0 = every) that ended at `last_step`. Returns a
+  /// warning line when a rank has been late for `windows` windows in a row (and again every 10 x
+  /// windows while it stays late), else "".
+  std::string add_window(const WindowAnalysis& analysis, int64_t last_step, int64_t steps = 0);
+  /// @brief Steps of the next window: `every`, or more so that it spans min_window_ms at this
+  /// window's median step time (at most 100 x every).
+  int64_t next_window_steps(const WindowAnalysis& analysis) const;
   /// @brief Whether the link probe should run now (after add_window of the same analysis).
   bool probe_due(const WindowAnalysis& analysis) const;
   /// @brief The host ring's pairs to probe: the first rank of each host with the next host's.
@@ -154,7 +161,8 @@ class StragglerTracker {
 
 class HistoryLogger;
 
-/// @brief The built-in Callback: windows of `every` steps from the second step on (the first
+/// @brief The built-in Callback: windows of `every` steps (or more, min_window_ms) from the second
+/// step on (the first
 /// carries set-up costs), one all-gather per window, warnings and per-rank figures (history.jsonl
 /// kind "straggler", TensorBoard tags straggler/rank<r>/...) on rank 0, a summary at the end.
 /// Off in single and dp modes and on one rank.

@@ -151,12 +151,18 @@ std::string StragglerTracker::host_ranks(int host) const {
   return (n == 1 ? "rank " : "ranks ") + s;
 }
 
-std::string StragglerTracker::add_window(const WindowAnalysis& a, int64_t last_step) {
+int64_t StragglerTracker::next_window_steps(const WindowAnalysis& a) const {
+  if (!(a.step_ms > 0)) return o_.every;
+  const double wanted = std::ceil(o_.min_window_ms / a.step_ms);
+  return std::clamp<int64_t>(static_cast<int64_t>(std::min(wanted, 1e9)), o_.every, 100 * o_.every);
+}
+
+std::string StragglerTracker::add_window(const WindowAnalysis& a, int64_t last_step, int64_t steps) {
   GZ_CHECK_ARG(a.ranks.size() == hosts_.size(), "straggler report: ", a.ranks.size(),
                " ranks in a window of a ", hosts_.size(), "-rank job");
   ++windows_seen_;
   ++windows_since_probe_;
-  const int64_t first = last_step - o_.every + 1;
+  const int64_t first = last_step - (steps > 0 ? steps : o_.every) + 1;
   if (first_step_ < 0) first_step_ = first;
   last_step_ = last_step;
   for (const auto& v : a.ranks) {
@@ -267,7 +273,7 @@ std::string StragglerTracker::add_probe(const std::vector<comm::LinkMeasure>& me
 
 std::string StragglerTracker::summary() const {
   std::ostringstream os;
-  os << "straggler report: " << windows_seen_ << " window(s) of " << o_.every << " steps";
+  os << "straggler report: " << windows_seen_ << " window(s) of " << o_.every << "+ steps";
   if (windows_seen_ > 0) os << " (steps " << first_step_ << "-" << last_step_ << ")";
   bool any = false;
   std::vector<size_t> order(stats_.size());

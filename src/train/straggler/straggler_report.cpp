@@ -75,6 +75,7 @@ StragglerOptions straggler_options(const TrainConfig& c, const Env& env) {
   o.threshold_ms = c.straggler.threshold_ms;
   o.threshold_fraction = c.straggler.threshold_fraction;
   o.link_probe = c.straggler.link_probe;
+  o.min_window_ms = c.straggler.min_window_ms;
   if (auto every = env.get_int("GZ_STRAGGLER_EVERY")) {
     if (*every < 0) GZ_THROW(InvalidArgument, "GZ_STRAGGLER_EVERY must be >= 0 (0 = off), got ", *every);
     o.every = *every;
@@ -89,6 +90,7 @@ struct StragglerReport::Impl {
   std::unique_ptr<StragglerTracker> tracker;
   PhaseTotals base;
   int64_t base_step = -1;
+  int64_t window_steps = 0;  // of the window now running (next_window_steps of the last one)
   // What the report itself costs: its exchanges (and analysis, logging) and its link probes,
   // against the training time since the first window began.
   int64_t exchange_ns = 0, probe_ns = 0, exchanges = 0, probes = 0, start_ns = 0;
@@ -156,6 +158,7 @@ void StragglerReport::on_train_begin(Trainer& t) {
   auto& m = *impl_;
   m.tracker.reset();
   m.base_step = -1;
+  m.window_steps = m.o.every;
   m.group = t.group();
   if (!m.group || m.group->size() < 2 || m.o.every <= 0) return;
   m.tracker = std::make_unique<StragglerTracker>(m.o, exchange_hostnames(*m.group));
@@ -171,12 +174,13 @@ void StragglerReport::on_step_end(Trainer& t) {
     m.start_ns = m.base.at_ns;
     return;
   }
-  if (step - m.base_step < m.o.every) return;
+  if (step - m.base_step < m.window_steps) return;
   const PhaseTotals now = phase_totals();
   const RankWindow mine = window_of(m.base, now, step - m.base_step);
   const auto ranks = m.gather(mine);
   const WindowAnalysis a = analyze_window(ranks, m.o);
-  const std::string warning = m.tracker->add_window(a, step);
+  const std::string warning = m.tracker->add_window(a, step, step - m.base_step);
+  m.window_steps = m.tracker->next_window_steps(a);
   if (t.is_main()) {
     if (!warning.empty()) GZ_LOG(warn, warning);
     m.log(t, ranks, a);
