@@ -16,10 +16,10 @@ GZ_TEST_SLOW_DATA_MS=150 GZ_TEST_SLOW_RANK=$victim timeout 240 "$gzrun" --nproc-
 rc=$?
 fail() { grep -v '^\[.\] \[train\]' "$dir/out.log" | tail -n 30; echo "FAIL: $* (victim rank $victim)"; exit 1; }
 [ $rc = 0 ] || fail "gzrun exited $rc"
-first=$(grep -m1 'gz warn r0\] straggler: ' "$dir/out.log")
-echo "$first" | grep -q "straggler: rank $victim ([^)]*) is [0-9.]* ms/step behind the median, in data loading" ||
+first=$(grep -m1 'gz warn r0\] straggler (step [0-9]*): ' "$dir/out.log")
+echo "$first" | grep -q "straggler (step [0-9]*): rank $victim ([^)]*) is [0-9.]* ms/step behind the median, in data loading" ||
   fail "wrong or no warning: '$first'"
-step=$(echo "$first" | sed -n 's/.*steps [0-9]*-\([0-9]*\).*/\1/p')
+step=$(echo "$first" | sed -n 's/.*straggler (step \([0-9]*\)).*/\1/p')
 [ -n "$step" ] && [ "$step" -le 50 ] || fail "named at step ${step:-?}"
 grep -q "rank $victim ([^)]*): late in [0-9]* of [0-9]* windows" "$dir/out.log" || fail "no summary naming rank $victim"
 grep -q '"kind":"straggler"' "$dir/work/history.jsonl" || fail "no straggler rows in history.jsonl"

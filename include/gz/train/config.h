@@ -44,7 +44,7 @@ struct StragglerConfig {
   int64_t every = 10;               ///< steps per window, 0 = off (env GZ_STRAGGLER_EVERY overrides)
   int64_t windows = 3;              ///< windows in a row a rank must be late before it is named
   double threshold_ms = 5;          ///< late means at least this many ms/step behind ...
-  double threshold_fraction = 0.1;  ///< ... and at least this fraction of the step
+  double threshold_fraction = 0.2;  ///< ... and at least this fraction of the step
   double min_window_ms = 1000;      ///< windows span at least this long (more steps when steps are short)
   bool link_probe = true;           ///< probe host links when communication dominates the step
 };

@@ -42,7 +42,7 @@ struct StragglerOptions {
   /// @brief A rank counts as late only when it is at least this many ms/step behind ...
   double threshold_ms = 5;
   /// @brief ... and at least this fraction of the step time.
-  double threshold_fraction = 0.1;
+  double threshold_fraction = 0.2;
   /// @brief Probe the links between hosts when no rank is late but communication is at least
   /// probe_comm_share of the step.
   bool link_probe = true;
@@ -162,10 +162,12 @@ class StragglerTracker {
 class HistoryLogger;
 
 /// @brief The built-in Callback: windows of `every` steps (or more, min_window_ms) from the second
-/// step on (the first
-/// carries set-up costs), one all-gather per window, warnings and per-rank figures (history.jsonl
-/// kind "straggler", TensorBoard tags straggler/rank<r>/...) on rank 0, a summary at the end.
-/// Off in single and dp modes and on one rank.
+/// step on (the first carries set-up costs), one asynchronous all-gather per window (it runs on
+/// the communicator's progress thread during the next window and is analysed at its end: a
+/// warning comes one window after the data that proves it), warnings ("straggler (step N): ...")
+/// and per-rank figures (history.jsonl kind "straggler", TensorBoard tags
+/// straggler/rank<r>/...) on rank 0, a summary at the end. Off in single and dp modes and on one
+/// rank.
 class StragglerReport : public Callback {
  public:
   StragglerReport(StragglerOptions options, std::shared_ptr<HistoryLogger> history);

@@ -199,8 +199,8 @@ std::string StragglerTracker::add_window(const WindowAnalysis& a, int64_t last_s
   const auto cause = static_cast<StragglerCause>(
       std::max_element(streak_causes_.begin(), streak_causes_.end()) - streak_causes_.begin());
   const double k = static_cast<double>(streak_);
-  return "straggler: " + rank_label(a.late_rank) + " is " + ms(streak_late_ / k) +
-         "/step behind the median, in " + straggler_cause_text(cause) + " (+" + ms(streak_excess_ / k) +
+  return rank_label(a.late_rank) + " is " + ms(streak_late_ / k) + "/step behind the median, in " +
+         straggler_cause_text(cause) + " (+" + ms(streak_excess_ / k) +
          "/step over the other ranks' median); the job loses ~" + percent(streak_loss_ / k) +
          " throughput to it (steps " + std::to_string(streak_first_step_) + "-" + std::to_string(last_step) +
          ", " + std::to_string(streak_) + " windows)";
@@ -265,7 +265,7 @@ std::string StragglerTracker::add_probe(const std::vector<comm::LinkMeasure>& me
   probe_gap_ = std::min<int64_t>(probe_gap_ * 2, 32);
   if (link_named_ && suspect_confirmations_ % 5 != 2) return "";
   link_named_ = true;
-  return "straggler: " + who + " has a slow network link: " + comm::format_rate(slowest) + " against " +
+  return who + " has a slow network link: " + comm::format_rate(slowest) + " against " +
          comm::format_rate(j.median_best_bps) + " on the other hosts' links; communication is " +
          percent(share) + " of the step, the job loses ~" + percent(loss) +
          " throughput to it (link probes at steps up to " + std::to_string(last_step) + ")";

@@ -95,14 +95,53 @@ struct StragglerReport::Impl {
   // against the training time since the first window began.
   int64_t exchange_ns = 0, probe_ns = 0, exchanges = 0, probes = 0, start_ns = 0;
 
-  std::vector<RankWindow> gather(const RankWindow& mine) {
-    const auto send = pack(mine);
-    std::vector<double> all(kFields * static_cast<size_t>(group->size()));
-    group->allgather(send.data(), all.data(), kFields, DType::f64);
+  // The exchange runs on the communicator's progress thread while the next steps load data and
+  // compute (an all-gather across hosts takes tens of ms on a loaded machine); its result is read
+  // at the end of the next window. The buffers live here until then.
+  std::vector<double> send, recv;
+  comm::WorkPtr pending;
+  int64_t pending_step = 0, pending_steps = 0;
+
+  ~Impl() {
+    if (pending)
+      comm::finish_or_abort(*group, *pending, "straggler report: exchange still running at the end");
+  }
+
+  void post(const RankWindow& mine, int64_t step, int64_t steps) {
+    send = pack(mine);
+    recv.assign(kFields * static_cast<size_t>(group->size()), 0.0);
+    pending = group->allgather_async(send.data(), recv.data(), kFields, DType::f64);
+    pending_step = step;
+    pending_steps = steps;
+  }
+
+  std::vector<RankWindow> collect() {
+    pending->wait();
+    pending.reset();
     std::vector<RankWindow> ranks;
     for (int r = 0; r < group->size(); ++r)
-      ranks.push_back(unpack(all.data() + kFields * static_cast<size_t>(r)));
+      ranks.push_back(unpack(recv.data() + kFields * static_cast<size_t>(r)));
     return ranks;
+  }
+
+  // Analyse the exchanged window: warnings and the history row on rank 0, and the link probe
+  // (collective) when the analysis, the same on every rank, says it is due.
+  void analyse(Trainer& t, int64_t step) {
+    const auto ranks = collect();
+    const WindowAnalysis a = analyze_window(ranks, o);
+    const std::string warning = tracker->add_window(a, pending_step, pending_steps);
+    window_steps = tracker->next_window_steps(a);
+    const auto prefix = [step] { return "straggler (step " + std::to_string(step) + "): "; };
+    if (t.is_main()) {
+      if (!warning.empty()) GZ_LOG(warn, prefix(), warning);
+      log(t, ranks, a);
+    }
+    if (!tracker->probe_due(a)) return;
+    const int64_t t0 = phase_totals().at_ns;
+    const std::string link = tracker->add_probe(probe(), a, step);
+    if (t.is_main() && !link.empty()) GZ_LOG(warn, prefix(), link);
+    probe_ns += phase_totals().at_ns - t0;
+    ++probes;
   }
 
   // Every rank probes the host ring's pairs it belongs to; one all-reduce hands every rank every
@@ -177,32 +216,21 @@ void StragglerReport::on_step_end(Trainer& t) {
   if (step - m.base_step < m.window_steps) return;
   const PhaseTotals now = phase_totals();
   const RankWindow mine = window_of(m.base, now, step - m.base_step);
-  const auto ranks = m.gather(mine);
-  const WindowAnalysis a = analyze_window(ranks, m.o);
-  const std::string warning = m.tracker->add_window(a, step, step - m.base_step);
-  m.window_steps = m.tracker->next_window_steps(a);
-  if (t.is_main()) {
-    if (!warning.empty()) GZ_LOG(warn, warning);
-    m.log(t, ranks, a);
-  }
-  const PhaseTotals exchanged = phase_totals();
-  m.exchange_ns += exchanged.at_ns - now.at_ns;
+  const int64_t probe_before = m.probe_ns;
+  if (m.pending) m.analyse(t, step);  // the window before this one
+  m.post(mine, step, step - m.base_step);
+  // The report's own time (a probe's apart) and the probe are not part of the next window.
+  m.base = phase_totals();
+  m.exchange_ns += m.base.at_ns - now.at_ns - (m.probe_ns - probe_before);
   ++m.exchanges;
-  m.base = exchanged;
-  if (m.tracker->probe_due(a)) {
-    const std::string link = m.tracker->add_probe(m.probe(), a, step);
-    if (t.is_main() && !link.empty()) GZ_LOG(warn, link);
-    m.base = phase_totals();
-    m.probe_ns += m.base.at_ns - exchanged.at_ns;
-    ++m.probes;
-  }
-  // The exchange and the probe are not part of the next window.
   m.base_step = step;
 }
 
 void StragglerReport::on_train_end(Trainer& t) {
   auto& m = *impl_;
-  if (!m.tracker || !t.is_main()) return;
+  if (!m.tracker) return;
+  if (m.pending) m.analyse(t, t.state().step);  // the last window (collective: every rank)
+  if (!t.is_main()) return;
   const double total_s = m.start_ns > 0 ? 1e-9 * static_cast<double>(phase_totals().at_ns - m.start_ns) : 0;
   std::ostringstream cost;
   cost.setf(std::ios::fixed);
