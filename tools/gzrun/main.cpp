@@ -20,6 +20,7 @@
 #include "options.h"
 #include "output_relay.h"
 #include "launch_auth.h"
+#include "preflight.h"
 #include "process.h"
 #include "store_host.h"
 #include "supervisor.h"
@@ -45,6 +46,19 @@ std::string make_dirs(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path + ": not a directory";
   return "";
+}
+
+// --preflight: 0 = go on (or, alone, nothing flagged), 4 = flagged (strict, or alone), 1 = the
+// check itself failed.
+int preflight_step(const LaunchOptions& o, StoreHost& store) {
+  PreflightOptions p;
+  p.strict = o.preflight_strict;
+  try {
+    return run_preflight(o, store, p);
+  } catch (const gz::Error& e) {
+    say(std::string("error: --preflight: ") + e.what());
+    return 1;
+  }
 }
 
 int run(int argc, char** argv) {
@@ -76,7 +90,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   try {
-    cfg.program_path = resolve_program(o.program, env.get("PATH", ""));
+    if (!o.program.empty()) cfg.program_path = resolve_program(o.program, env.get("PATH", ""));
   } catch (const gz::Error& e) {
     say(std::string("error: ") + e.what());
     return 2;
@@ -106,6 +120,10 @@ int run(int argc, char** argv) {
   } catch (const gz::Error& e) {
     say(std::string("error: ") + e.what());
     return 1;
+  }
+  if (o.preflight) {  // the pre-flight check (preflight.h): before any worker starts
+    const int rc = preflight_step(o, store);
+    if (rc != 0 || o.program.empty()) return rc;
   }
 
   // Two pipes per worker: make room for large --nproc-per-node within the hard limit.

@@ -65,6 +65,12 @@ struct LaunchOptions {
 
   bool help = false;
   bool version = false;
+  // --- the pre-flight check (preflight.h) ---
+  /// @brief --preflight[=warn|strict]: measure every node before the job (or alone without a
+  /// PROGRAM); strict refuses to start it when a node is flagged.
+  bool preflight = false;
+  bool preflight_strict = false;
+  // --- end pre-flight ---
   std::string program;            ///< as given (resolved through PATH later)
   std::vector<std::string> args;  ///< arguments after PROGRAM, untouched
 
