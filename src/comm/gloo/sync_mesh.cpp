@@ -178,6 +178,7 @@ uint8_t* SyncMesh::inbox_data(int peer, Kind kind) {
 
 void SyncMesh::arm(int peer, Deadline deadline) {
   if (aborted_.load()) GZ_THROW(Aborted, "gloo sync mesh aborted");
+  if (recorder_) recorder_->waiting_for(peer);
   Link& l = links_[peer];
   // At least 1 ms (0 would mean "no timeout"); re-set only when it moves by more than 1 ms.
   const long long ms = std::max<long long>(1, deadline.remaining().count());

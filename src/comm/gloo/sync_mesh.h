@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/reduce/reduce.h"
+#include "gz/comm/flight_recorder.h"
 #include "gz/core/deadline.h"
 #include "gz/store/store.h"
 
@@ -108,6 +109,12 @@ class SyncMesh {
   /// @brief Before a blocking call on the pair to `peer`: its socket timeouts become what is left
   /// of `deadline` (at least 1 ms). Throws Aborted after abort().
   void arm(int peer, Deadline deadline);
+  /// @brief The flight recorder of the communicator this mesh belongs to (null: none). arm()
+  /// tells it which peer the op blocks on; note_arrival() when a peer's first message came.
+  void set_recorder(FlightRecorder* recorder) { recorder_ = recorder; }
+  void note_arrival(int peer) {
+    if (recorder_) recorder_->peer_arrived(peer, flight_ticks());
+  }
   /// @brief After an op failed on the pair to `peer`: shut its connection down, so the peer fails
   /// now instead of at its own deadline.
   void fail(int peer) noexcept;
@@ -134,6 +141,7 @@ class SyncMesh {
   std::vector<Link> links_;  // by rank; links_[rank_] unused
   std::mutex abort_mu_;
   std::atomic<bool> aborted_{false};
+  FlightRecorder* recorder_ = nullptr;
 };
 
 /// @brief In place: data (count elements of elem_size bytes, at most limits().exchange_max bytes)

@@ -1,0 +1,158 @@
+// gz-bench recorder: what the flight recorder costs an op. Two communicators over the same ranks,
+// one recording and one not, timed in alternating rounds (the order flips every round) so that
+// load changes on a shared machine hit both alike; the result is the distribution of per-round
+// time ratios (on / off). Also the recorder's own cost per op (begin + finish) in a tight loop.
+//
+//   gzrun --nproc-per-node 2 gz-bench recorder --backend shm --bytes 4K --rounds 400
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gz/comm/communicator.h"
+#include "gz/comm/factory.h"
+#include "gz/comm/flight_recorder.h"
+#include "gz/comm/shm.h"
+#include "gz/core/error.h"
+#include "gz/store/prefix_store.h"
+#include "gz/store/rendezvous.h"
+
+namespace {
+
+using namespace gz;
+using namespace gz::comm;
+using BenchClock = std::chrono::steady_clock;
+
+struct Options {
+  std::string backend = "shm";
+  size_t bytes = 4096;
+  int rounds = 400;
+  int iters = 200;  // ops per round and communicator
+};
+
+int usage(int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: gzrun --nproc-per-node N gz-bench recorder [options]\n"
+               "  --backend B   shm | gloo | auto (default shm)\n"
+               "  --bytes N     f32 all-reduce size in bytes, K/M suffixes (default 4K)\n"
+               "  --rounds R    alternating on/off rounds (default 400)\n"
+               "  --iters N     all-reduces per round and communicator (default 200)\n"
+               "Prints the per-round ratio time(recorder on) / time(recorder off): median, mean,\n"
+               "p10, p90, and the recorder's own cost per op (begin + finish, tight loop).\n");
+  return code;
+}
+
+size_t parse_bytes(std::string s) {
+  size_t mul = 1;
+  if (!s.empty() && (s.back() == 'K' || s.back() == 'k')) mul = 1024, s.pop_back();
+  if (!s.empty() && (s.back() == 'M' || s.back() == 'm')) mul = 1024 * 1024, s.pop_back();
+  return static_cast<size_t>(std::stoull(s)) * mul;
+}
+
+CommPtr make(const Options& o, int rank, int n, std::shared_ptr<Store> store, const std::string& name, bool on) {
+  CommPtr c;
+  if (o.backend == "shm") {
+    c = create_shm_communicator(rank, n, std::make_shared<PrefixStore>(name, store));
+  } else {
+    CommOptions co;
+    co.backend = o.backend;
+    co.rank = rank;
+    co.size = n;
+    co.store = std::make_shared<PrefixStore>(name, store);
+    co.name = name;
+    c = create_communicator(co);
+  }
+  if (!on) c->set_flight_recorder_capacity(0);
+  return c;
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+// CPU nanoseconds of the recorder alone per op (begin + two arrivals + finish), no communication.
+double recorder_ns_per_op() {
+  FlightRecorder fr(2000, 0, 2);
+  OpInfo info;
+  info.kind = OpKind::allreduce;
+  info.dtype = DType::f32;
+  info.count = 1024;
+  const int n = 2000000;
+  const auto t0 = BenchClock::now();
+  for (int i = 0; i < n; ++i) {
+    const uint64_t h = fr.begin(static_cast<uint64_t>(i), info);
+    fr.peer_arrived(1, 0);
+    fr.finish(h);
+  }
+  return std::chrono::duration<double, std::nano>(BenchClock::now() - t0).count() / n;
+}
+
+}  // namespace
+
+int bench_recorder(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) GZ_THROW(InvalidArgument, a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") return usage(0);
+    if (a == "--backend") o.backend = next();
+    else if (a == "--bytes") o.bytes = parse_bytes(next());
+    else if (a == "--rounds") o.rounds = std::stoi(next());
+    else if (a == "--iters") o.iters = std::stoi(next());
+    else return usage(2);
+  }
+  Rendezvous rdz = rendezvous(InitOptions{});
+  const int rank = rdz.world.rank, n = rdz.world.world_size;
+  CommPtr on = make(o, rank, n, rdz.store, "bench_on", true);
+  CommPtr off = make(o, rank, n, rdz.store, "bench_off", false);
+  if (!on->flight_recorder() || off->flight_recorder())
+    GZ_THROW(Error, "gz-bench recorder: expected one communicator with a recorder and one without "
+                    "(is GZ_FLIGHT_RECORDER=0 set?)");
+  const size_t count = std::max<size_t>(1, o.bytes / 4);
+  std::vector<float> buf(count, 0.0f);
+  auto timed = [&](Communicator& c) {
+    c.barrier();
+    const auto t0 = BenchClock::now();
+    for (int k = 0; k < o.iters; ++k) c.allreduce(buf.data(), count, DType::f32, ReduceOp::sum);
+    double t = std::chrono::duration<double, std::micro>(BenchClock::now() - t0).count() / o.iters;
+    c.allreduce(&t, 1, DType::f64, ReduceOp::max);  // slowest rank
+    return t;
+  };
+  for (int w = 0; w < 3; ++w) timed(*on), timed(*off);  // warm-up
+  std::vector<double> ratio, t_on, t_off;
+  for (int r = 0; r < o.rounds; ++r) {
+    double a, b;
+    if (r % 2 == 0) {
+      a = timed(*on);
+      b = timed(*off);
+    } else {
+      b = timed(*off);
+      a = timed(*on);
+    }
+    t_on.push_back(a);
+    t_off.push_back(b);
+    ratio.push_back(a / b);
+  }
+  if (rank == 0) {
+    double mean = 0;
+    for (double x : ratio) mean += x / ratio.size();
+    const double own = recorder_ns_per_op();
+    std::printf("# gz-bench recorder: backend %s (%s), %d ranks, f32 sum all-reduce of %zu bytes, %d rounds x %d ops\n",
+                o.backend.c_str(), on->backend().c_str(), n, count * 4, o.rounds, o.iters);
+    std::printf("time_us_on  median %.3f  time_us_off median %.3f\n", percentile(t_on, 0.5), percentile(t_off, 0.5));
+    std::printf("ratio on/off: median %.4f  mean %.4f  p10 %.4f  p90 %.4f\n", percentile(ratio, 0.5), mean,
+                percentile(ratio, 0.1), percentile(ratio, 0.9));
+    std::printf("recorder alone (begin + arrival + finish): %.1f ns per op, clock %s\n", own, flight_clock_source());
+    std::printf("RESULT recorder backend=%s bytes=%zu ranks=%d median_ratio=%.4f mean_ratio=%.4f on_us=%.3f off_us=%.3f own_ns=%.1f\n",
+                o.backend.c_str(), count * 4, n, percentile(ratio, 0.5), mean, percentile(t_on, 0.5),
+                percentile(t_off, 0.5), own);
+  }
+  return 0;
+}
