@@ -273,8 +273,9 @@ class Judge {
       v.headline = culprit + " skipped a collective: it called " + called + " where " + who_all(good_global) +
                    " called " + op_text(g, want) + " (the op that comes before it)" + step;
     else
-      v.headline = culprit + " called a mismatched collective at " + op_text(g, want) + ": " + called + " where " +
-                   who_all(good_global) + " called " + expected + " (" + differs(got, want) + ")" + step;
+      v.headline = culprit + " called a mismatched collective: " + called + " as #" + std::to_string(want.seq) +
+                   (&g != order_.front() ? " of group " + g.name : "") + " where " + who_all(good_global) + " called " +
+                   expected + " (" + differs(got, want) + ")" + step;
     v.details.push_back("collective number " + std::to_string(c) + " of group " + g.name + " (" + g.backend + ")");
     for (int r : bad)
       v.details.push_back(who(g.global(r)) + ": " + ops.at(r)->signature() + ", state " + ops.at(r)->state +

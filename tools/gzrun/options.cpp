@@ -32,6 +32,9 @@ constexpr Spec kSpecs[] = {
     // Rendezvous authentication (launch_auth.h).
     {"rdzv-token", Kind::value},     {"rdzv-token-file", Kind::value}, {"rdzv-insecure", Kind::flag},
     {"rdzv-join-window", Kind::value},
+    // Flight-recorder verdicts.
+    {"status", Kind::flag},          {"analyze", Kind::value},       {"dump-wait", Kind::value},
+    {"verdict-wait", Kind::value},   {"stuck", Kind::value},
 };
 
 const Spec* find_spec(const std::string& name) {
@@ -122,11 +125,27 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
     o.rdzv_token_file = v;
   } else if (name == "rdzv-join-window") {
     o.join_window_s = parse_seconds(v, name, true);
+  } else if (name == "analyze") {
+    if (v.empty()) GZ_THROW(InvalidArgument, "--analyze needs a directory");
+    o.analyze_dir = v;
+  } else if (name == "dump-wait") {
+    o.dump_wait_s = parse_seconds(v, name, true);
+  } else if (name == "verdict-wait") {
+    o.verdict_wait_s = parse_seconds(v, name, true);
+  } else if (name == "stuck") {
+    o.stuck_s = parse_seconds(v, name, true);
   }
 }
 
 void validate(LaunchOptions& o) {
   if (o.help || o.version) return;
+  if (o.status || !o.analyze_dir.empty()) {
+    if (!o.program.empty()) GZ_THROW(InvalidArgument, "--status and --analyze take no PROGRAM");
+    if (o.status && !o.analyze_dir.empty()) GZ_THROW(InvalidArgument, "give either --status or --analyze");
+    if (o.status && !o.master_port_given)
+      GZ_THROW(InvalidArgument, "--status needs the job's --master-addr and --master-port (its store is on port+1)");
+    return;
+  }
   if (o.program.empty()) GZ_THROW(InvalidArgument, "no program given (usage: gzrun [options] [--] PROGRAM [ARGS...])");
   if (o.standalone) {
     // torchrun's --standalone: one node, a free local port, no endpoint to agree on.
@@ -207,6 +226,7 @@ LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc
       if (body == "help") o.help = true;
       if (body == "version") o.version = true;
       if (body == "rdzv-insecure") o.rdzv_insecure = true;
+      if (body == "status") o.status = true;
       continue;
     }
     if (!has_value) {
@@ -291,6 +311,13 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            shell history: prefer the file or the variable)
   --rdzv-insecure          no token although the store is reachable beyond loopback (warns):
                            only on a network where everyone who can reach the port is trusted
+  --dump-wait S            how long workers get to answer a dump request (default 1)
+  --verdict-wait S         how long the verdict waits for the other nodes' reports (default 3)
+  --status                 ask the running job at --master-addr/--master-port (with its token)
+                           where every rank is and print the verdict; no PROGRAM. Or send
+                           SIGUSR1 to any of the job's gzruns
+  --stuck S                --status: a wait longer than S is a hang (default 1)
+  --analyze DIR            judge a directory of dumps (rank-*.jsonl, gzrun reports) offline
   -h, --help               this text
   --version                print the version
 
@@ -312,6 +339,11 @@ exit status:
   2        bad command line or PROGRAM not found
   128+N    gzrun received signal N (SIGINT/SIGTERM/SIGHUP), forwarded it to the workers and
            stopped them
+
+when a job fails (or on --status / SIGUSR1) every worker's flight recorder is dumped
+(GZ_DUMP_DIR: DIR/dumps/<run id> with --log-dir, else /tmp/gz-dumps/<run id>), node 0's gzrun
+gathers them through the store and prints one verdict line naming the culprit rank and the
+cause (docs/debugging.md).
 
 several nodes: failures are decided job-wide through the store. A failed worker, a lost node
 (no heartbeat) or a lost store host stops the workers of every node within the heartbeat timeout

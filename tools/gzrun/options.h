@@ -47,6 +47,12 @@ struct LaunchOptions {
   std::string rdzv_token;
   std::string rdzv_token_file;
   bool rdzv_insecure = false;
+  // Flight-recorder verdicts (dump_collector.h, verdict_report.h; docs/debugging.md).
+  bool status = false;        ///< --status: ask the running job for its picture (no PROGRAM)
+  std::string analyze_dir;    ///< --analyze DIR: judge a directory of dumps offline (no PROGRAM)
+  double dump_wait_s = 1;     ///< --dump-wait: how long workers get to answer a dump request
+  double verdict_wait_s = 3;  ///< --verdict-wait: how long the verdict waits for other nodes' reports
+  double stuck_s = 1;         ///< --stuck: in a status picture, a wait longer than this is a hang
   bool help = false;
   bool version = false;
   std::string program;            ///< as given (resolved through PATH later)

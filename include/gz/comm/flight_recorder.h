@@ -165,6 +165,7 @@ class FlightRecorder {
     s.end.store(flight_ticks(), std::memory_order_relaxed);
     s.desc.store(with_state(s.desc.load(std::memory_order_relaxed), OpState::done), std::memory_order_release);
     if (cur_noted_) note_end();
+    __builtin_prefetch(&ring_[(h + 1) % capacity_], 1);  // the next op's slot, while the caller computes
   }
   /// @brief The op of handle `h` failed with `error` (slow path: keeps the text, asks for a dump).
   void fail(uint64_t h, std::exception_ptr error) noexcept;

@@ -140,10 +140,11 @@ class DumpService {
     g_wake_fd.store(fds[1]);
     g_owner.store(getpid());
     running_ = true;
-    thread_ = std::thread([this] { loop(); });
-    // A forked child (a data-loader worker) has no dump thread: its handler ignores the signal.
-    std::atexit([] { service().stop_at_exit(); });
+    // The handler before the thread, which writes the ready file only when there is one. A forked
+    // child (a data-loader worker) has no dump thread: its handler ignores the signal.
     if (env.get_bool("GZ_DUMP_SIGNAL", true)) install_handler();
+    thread_ = std::thread([this] { loop(); });
+    std::atexit([] { service().stop_at_exit(); });
   }
 
   void install_handler() {
