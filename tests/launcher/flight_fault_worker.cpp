@@ -6,6 +6,8 @@
 //                           GZ_TEST_FAULT_STEP
 //   GZ_TEST_FAULT=mismatch  rank GZ_TEST_VICTIM all-reduces the second bucket with twice its count
 //                           at that step
+//   GZ_TEST_FAULT=hang      rank GZ_TEST_VICTIM hangs in its data loading at that step (sleeps an
+//                           hour, alive: it answers dump requests)
 // (SIGSTOP, a killed node and a pulled cable are injected from outside by the script.)
 //   flight_fault_worker DIR STEPS DEADLINE_S
 // Writes DIR/pid_<rank> once the first step is done; exits 3 when an op fails (after printing
@@ -74,13 +76,13 @@ int main(int argc, char** argv) {
     std::vector<float> bucket1(4096, 1.0f), bucket2(2048, 1.0f), weights(16384, 0.5f);
     for (int s = 0; s < steps; ++s) {
       gz::set_phase(gz::Phase::data, s);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const bool hit = rank == victim && s == fault_step;
+      std::this_thread::sleep_for(std::chrono::milliseconds(hit && fault == "hang" ? 3600 * 1000 : 20));
       gz::set_phase(gz::Phase::forward);
       compute(weights, 20);
       gz::set_phase(gz::Phase::backward);
       compute(weights, 20);
       c->allreduce(bucket1.data(), bucket1.size(), gz::DType::f32, gz::comm::ReduceOp::sum, op);
-      const bool hit = rank == victim && s == fault_step;
       if (!(hit && fault == "skip")) {
         const size_t n = hit && fault == "mismatch" ? bucket2.size() : bucket2.size() / 2;
         c->allreduce(bucket2.data(), n, gz::DType::f32, gz::comm::ReduceOp::sum, op);

@@ -8,6 +8,10 @@
 #   mismatch  one worker all-reduces twice the size -> "rank V (node N) called a mismatched collective"
 #   killnode  SIGKILL of one host's gzrun + workers -> "node H (ranks ...) died"
 #   link      one host's cable pulled               -> "node H (ranks ...) is cut off" / "the link of node H"
+#   kill      SIGKILL of one worker                 -> "rank V (node N) died (killed by signal 9 ...)"
+#   hang      one worker hangs in data loading      -> "rank V (node N) has not entered ...; step S, phase data, T s"
+#   status    SIGSTOP of one worker, then `gzrun --status` from host 0 while the job still runs
+#             (op deadline 60 s)                    -> "rank V (node N) ... stopped"
 #   flight_faults.sh CLUSTER_SH GZRUN WORKER SCENARIO [RUNS]
 # SCENARIO may be "all". Prints one PASS/FAIL line per run and "RESULT flight_faults <scenario>
 # correct=C runs=R"; exits 0 when every run named the right culprit. Env: KEEP_LOGS=DIR, SEED.
@@ -18,9 +22,9 @@ cluster=$1 gzrun=$2 worker=$3 scenario=$4 runs=${5:-1}
 for f in "$cluster" "$gzrun" "$worker"; do [ -x "$f" ] || { echo "FAIL: $f is not executable"; exit 1; }; done
 "$cluster" check || exit $?
 scenarios=$scenario
-[ "$scenario" = all ] && scenarios="stop skip mismatch killnode link"
+[ "$scenario" = all ] && scenarios="stop skip mismatch killnode link kill hang status"
 for s in $scenarios; do
-  case $s in stop | skip | mismatch | killnode | link) ;; *) echo "FAIL: unknown scenario '$s'"; exit 2 ;; esac
+  case $s in stop | skip | mismatch | killnode | link | kill | hang | status) ;; *) echo "FAIL: unknown scenario '$s'"; exit 2 ;; esac
 done
 RANDOM=${SEED:-$$}
 
@@ -52,12 +56,13 @@ run_one() {
   local s=$1 k=$2 rd="$dir/$1-$2" v=-1 h=-1 step=0 deadline=4 expect
   rm -f "$dir/cur" && mkdir -p "$rd" && ln -s "$rd" "$dir/cur"
   case $s in
-    stop | skip | mismatch) v=$((RANDOM % world)) h=$((v / nproc)) ;;
+    stop | skip | mismatch | kill | hang) v=$((RANDOM % world)) h=$((v / nproc)) ;;
+    status) v=$((RANDOM % world)) h=$((v / nproc)) deadline=60 ;;
     killnode | link) h=$((1 + RANDOM % (hosts - 1))) deadline=10 ;;  # not host 0: it hosts the store
   esac
   step=$((3 + RANDOM % 5))
   local fault=""
-  [ "$s" = skip ] || [ "$s" = mismatch ] && fault=$s
+  [ "$s" = skip ] || [ "$s" = mismatch ] || [ "$s" = hang ] && fault=$s
   for ((i = 0; i < hosts; ++i)); do
     (
       "${C[@]}" run "$i" env -u GZ_NODE_ID GZ_RDZV_TOKEN="rec-test-$$" GZ_TEST_FAULT="$fault" GZ_TEST_VICTIM=$v \
@@ -85,10 +90,18 @@ run_one() {
     stop) kill -STOP "$(cat "$rd/pid_$v")" ;;
     killnode) kill -9 "$(cat "$rd/gzpid_$h")" "$(cat "$rd/pid_$((h * nproc))")" "$(cat "$rd/pid_$((h * nproc + 1))")" ;;
     link) "${C[@]}" link "$h" down ;;
+    kill) kill -9 "$(cat "$rd/pid_$v")" ;;
+    status)
+      kill -STOP "$(cat "$rd/pid_$v")"
+      sleep 2.5  # the others wait longer than --stuck (1 s)
+      "${C[@]}" run 0 env GZ_RDZV_TOKEN="rec-test-$$" "$gzrun" --status --master-addr "$master" --master-port $port \
+        >"$rd/status.log" 2>&1
+      [ -f "$rd/rc_0" ] && echo "(the job ended before --status: it must still run)" >"$rd/status.log"
+      ;;
   esac
   # Node 0's gzrun prints the verdict once the round failed.
   for ((t = 0; t < 900; ++t)); do
-    [ -f "$rd/rc_0" ] && break
+    [ -f "$rd/rc_0" ] || [ "$s" = status ] && break
     sleep 0.05
   done
   [ "$s" = link ] && "${C[@]}" link "$h" up
@@ -97,8 +110,9 @@ run_one() {
     [ "$(ls "$rd"/rc_* 2>/dev/null | wc -l)" -ge "$hosts" ] && break
     sleep 0.05
   done
-  local verdict
-  verdict=$(grep -m1 -o "gzrun: verdict: .*" "$rd/host0.log" | cut -c8-)
+  local verdict out="$rd/host0.log"
+  [ "$s" = status ] && out="$rd/status.log"
+  verdict=$(grep -m1 -o "verdict: .*" "$out")
   local r0=$((h * nproc)) r1=$((h * nproc + 1))
   case $s in
     stop) expect="^verdict: rank $v \(node $h\).* stopped" ;;
@@ -106,6 +120,9 @@ run_one() {
     mismatch) expect="^verdict: rank $v \(node $h\) called a mismatched collective" ;;
     killnode) expect="^verdict: node $h \(ranks $r0, $r1\) died" ;;
     link) expect="^verdict: (node $h \(ranks $r0, $r1\) is cut off|the link of node $h )" ;;
+    kill) expect="^verdict: rank $v \(node $h\) died \(killed by signal 9" ;;
+    hang) expect="^verdict: rank $v \(node $h\) has not entered .*; step $step, phase data" ;;
+    status) expect="^verdict: rank $v \(node $h\).* stopped" ;;
   esac
   local what="rank $v (node $h)"
   [ "$v" -lt 0 ] && what="node $h"
@@ -114,8 +131,8 @@ run_one() {
     return 0
   fi
   echo "FAIL: $s run $k, victim $what: ${verdict:-no verdict printed}"
-  sed -n '/verdict:/,$p' "$rd/host0.log" | head -20
-  tail -n 15 "$rd/host0.log"
+  sed -n '/verdict:/,$p' "$out" | head -20
+  tail -n 15 "$out"
   [ -n "${KEEP_LOGS:-}" ] && mkdir -p "$KEEP_LOGS" && cp -r "$rd" "$KEEP_LOGS"/
   return 1
 }

@@ -107,11 +107,13 @@ std::string job_line(int nnodes, int world, const std::string& failure = "", con
          std::to_string(nnodes) + ",\"nproc_per_node\":2,\"failure\":\"" + failure + "\"}\n";
 }
 
-Verdict judge_text(const std::string& text, Picture* out = nullptr) {
+Verdict judge_text(const std::string& text, Picture* out = nullptr, double stuck_ms = 1000) {
   Picture pic;
   read_text(pic, text, "test");
   settle(pic);
-  Verdict v = judge(pic);
+  JudgeOptions jo;
+  jo.stuck_ms = stuck_ms;
+  Verdict v = judge(pic, jo);
   if (out) *out = pic;
   return v;
 }
@@ -204,15 +206,16 @@ TEST(Doctor, MismatchedSizeIsNamedWithWhatDiffers) {
 }
 
 TEST(Doctor, MismatchedDtypeBetweenTwoRanksUsesHistory) {
-  // Two ranks, 1 vs 1: history (f32 every time) decides who is off.
+  // Two ranks, 1 vs 1: history (f64 every time) decides who is off, not the order of the names.
   std::string text;
   for (int r = 0; r < 2; ++r) {
     Dump d;
     d.rank = r, d.world = 2;
     d.ops = history(4, {256});
+    for (auto& o : d.ops) o.dtype = "f64";
     Op o{4};
     o.count = 256;
-    o.dtype = r == 0 ? "f64" : "f32";
+    o.dtype = r == 0 ? "f32" : "f64";
     o.step = 4;
     d.ops.push_back(o);
     text += d.text();
@@ -240,6 +243,28 @@ TEST(Doctor, DeadRankIsNamedWithItsSignal) {
   EXPECT_EQ(v.cause, "died") << v.headline;
   ASSERT_EQ(v.ranks, std::vector<int>{3});
   EXPECT_TRUE(has(v.headline, "rank 3 (node 1) died (killed by signal 9 (SIGKILL))")) << v.headline;
+}
+
+TEST(Doctor, DeadRankWinsOverTheRanksStuckBehindIt) {
+  // Rank 3 was killed; its node partner rank 2 has not entered #10 either (it was about to fail
+  // on rank 3) and more ranks wait for rank 2 than for rank 3. gzrun saw rank 3 die first.
+  std::string text = job_line(2, 4, "node 1 (h1): rank 3 killed by signal 9");
+  for (int r = 0; r < 3; ++r) {
+    Dump d;
+    d.rank = r, d.node = r / 2;
+    d.ops = history(10, {1024});
+    if (r < 2) {
+      Op o{10};
+      o.state = "running", o.age_ms = 5, o.waiting_for = 2, o.step = 10;
+      d.ops.push_back(o);
+    }
+    text += d.text();
+  }
+  text += node_line(0, {"running", "running"});
+  text += node_line(1, {"running", "killed"}, {"", "killed by signal 9 (SIGKILL)"}, 3);
+  const Verdict v = judge_text(text, nullptr, 0);  // gzrun judges failures with no "stuck" threshold
+  EXPECT_EQ(v.cause, "died") << v.headline;
+  ASSERT_EQ(v.ranks, std::vector<int>{3}) << v.headline;
 }
 
 TEST(Doctor, KilledNodeIsNamedFromClosedConnections) {
@@ -302,9 +327,11 @@ TEST(Doctor, HealthyJobHasNoCulprit) {
     Dump d;
     d.rank = r, d.node = r / 2;
     d.ops = history(10, {1024});
-    Op o{10};
-    o.state = "running", o.age_ms = 0.2, o.step = 10;  // an op in flight, not a hang
-    d.ops.push_back(o);
+    if (r < 3) {  // in op #10 for 0.2 ms, rank 3 about to join: an op in flight, not a hang
+      Op o{10};
+      o.state = "running", o.age_ms = 0.2, o.step = 10, o.waiting_for = 3, o.late = {0, 0, 0, -1};
+      d.ops.push_back(o);
+    }
     text += d.text();
   }
   const Verdict v = judge_text(text);

@@ -348,8 +348,16 @@ class Judge {
     std::set<int> nodes;
     for (int r : roots) nodes.insert(node_of(r));
     if (nodes.size() == 1 && node_silent(*nodes.begin())) return explain_silent_node(v, *nodes.begin(), roots, waited);
-    // Else the root most ranks wait for.
-    std::sort(roots.begin(), roots.end(), [&](int a, int b) { return waited[a].size() > waited[b].size(); });
+    // Else the root gzrun saw die or stop first, then the one most ranks wait for.
+    auto weight = [&](int r) {
+      const RankFacts* f = facts(r);
+      if (f && f->first_failure && !f->stopped_by_gzrun && f->state != "running") return 0;
+      if (f && f->state == "stopped") return 1;
+      return 2;
+    };
+    std::sort(roots.begin(), roots.end(), [&](int a, int b) {
+      return weight(a) != weight(b) ? weight(a) < weight(b) : waited[a].size() > waited[b].size();
+    });
     explain_root(v, roots.front(), waited[roots.front()]);
     for (size_t i = 1; i < roots.size(); ++i)
       v.details.push_back("also waited for: " + who(roots[i]) + " (" + std::to_string(waited[roots[i]].size()) + " wait(s))");
@@ -385,7 +393,7 @@ class Judge {
     const std::string op = op_text(*w->group, *w->op);
     const double ms = longest(in);
     const std::string waited = who_all(waiters(in)) + " wait for it in " + op +
-                               (std::isnan(ms) ? "" : " (for " + fmt_s(ms) + ")");
+                               (std::isnan(ms) || ms < 100 ? "" : " (for " + fmt_s(ms) + ")");
     v.ranks = {r};
     v.node = node_of(r);
     const RankFacts* f = facts(r);
@@ -394,7 +402,8 @@ class Judge {
     if (f && (f->state == "killed" || (f->state == "exited" && f->status.find("code 0") == std::string::npos)) &&
         !f->stopped_by_gzrun) {
       v.cause = "died";
-      v.headline = who(r) + " died (" + (f->status.empty() ? f->state : f->status) + "); " + waited;
+      v.headline = who(r) + " died (" + (f->status.empty() ? f->state : f->status) + ") while " + who_all(waiters(in)) +
+                   " were in " + op + " with it";
     } else if (node_silent(v.node)) {
       explain_silent_node(v, v.node, {r}, {{r, in}});
       return;

@@ -449,7 +449,8 @@ void Supervisor::print_verdict(const JobFailure& failure) {
   if (upload_.joinable()) upload_.join();
   if (!collected_) return;
   const std::string dir = board_.snapshot().dump_dir;
-  const double stuck_ms = std::min(200.0, o_.stuck_s * 1000);
+  // After a failure every op still running is part of the picture, however young.
+  const double stuck_ms = 0;
   const std::string what = "verdict-round" + std::to_string(round_.round);
   if (!c_.store_client) {
     say_lines(judge_reports(report_ + job_line(round_.run_id, 1, o_.nproc_per_node, &failure, {}), stuck_ms, dir, what));
