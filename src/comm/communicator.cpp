@@ -65,7 +65,8 @@ void Communicator::set_flight_recorder_capacity(size_t ops) {
   fr_capacity_ = static_cast<long long>(ops);
 }
 
-void Communicator::set_flight_identity(const std::string& name, std::vector<int> ranks, Communicator* parent) {
+void Communicator::set_flight_identity(const std::string& name, std::vector<int> ranks,
+                                       Communicator* parent) {
   FlightRecorder* up = parent ? parent->flight_recorder() : nullptr;
   {
     std::lock_guard<std::mutex> lock(fr_mu_);
@@ -214,7 +215,8 @@ std::shared_ptr<void> Communicator::do_alloc_buffer(size_t bytes) {
 void Communicator::allreduce(void* data, size_t count, DType dtype, ReduceOp op, const OpOptions& opts) {
   check_buf(data, count, "allreduce", "data");
   begin_sync(opts);
-  recorded(op_info(OpKind::allreduce, dtype, op, count, -1, 0), 0, [&] { do_allreduce(data, count, dtype, op); });
+  recorded(op_info(OpKind::allreduce, dtype, op, count, -1, 0), 0,
+           [&] { do_allreduce(data, count, dtype, op); });
 }
 
 void Communicator::broadcast(void* data, size_t count, DType dtype, int root, const OpOptions& opts) {
@@ -259,7 +261,8 @@ void Communicator::reduce(void* data, size_t count, DType dtype, ReduceOp op, in
   check_buf(data, count, "reduce", "data");
   check_rank(root, "reduce root");
   begin_sync(opts);
-  recorded(op_info(OpKind::reduce, dtype, op, count, root, 0), 0, [&] { do_reduce(data, count, dtype, op, root); });
+  recorded(op_info(OpKind::reduce, dtype, op, count, root, 0), 0,
+           [&] { do_reduce(data, count, dtype, op, root); });
 }
 
 void Communicator::barrier(const OpOptions& opts) {
@@ -285,7 +288,8 @@ void Communicator::recv(void* data, size_t count, DType dtype, int peer, const O
            [&] { do_recv(data, count, dtype, peer, opts.tag); });
 }
 
-WorkPtr Communicator::enqueue(std::function<void()> fn, Deadline deadline, const OpInfo& info, uint64_t issued) {
+WorkPtr Communicator::enqueue(std::function<void()> fn, Deadline deadline, const OpInfo& info,
+                              uint64_t issued) {
   check_aborted();
   auto work = std::make_shared<Work>(deadline);
   FlightRecorder* fr = flight_recorder();

@@ -212,7 +212,8 @@ CommPtr create_communicator(const CommOptions& options) {
   }
   if (backend == "gloo") {
 #ifdef GZ_HAVE_GLOO
-    return named(create_gloo_communicator(rank, size, sub("gloo"), gloo_options(options, env, multi_node, hosts_differ)),
+    return named(create_gloo_communicator(rank, size, sub("gloo"),
+                                          gloo_options(options, env, multi_node, hosts_differ)),
                  name);
 #endif
   }
@@ -232,9 +233,9 @@ CommPtr create_communicator(const CommOptions& options) {
   if (backend == "auto" || backend == "hier") {
     Duration t = options.timeout;
     CommMaker local = [t](int r, int s, std::shared_ptr<Store> st) { return make_shm(r, s, std::move(st), t); };
-    return named(
-        create_hierarchical_communicator(rank, layout, sub("hier"), local, inter_maker(options, env, hosts_differ), t),
-        name);
+    return named(create_hierarchical_communicator(rank, layout, sub("hier"), local,
+                                                  inter_maker(options, env, hosts_differ), t),
+                 name);
   }
   no_backend(backend);
 }

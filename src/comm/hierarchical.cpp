@@ -191,7 +191,9 @@ class HierarchicalCommunicator : public Communicator {
       std::sort(m.begin(), m.end());
       return m;
     };
-    if (rail_) rail_->set_flight_identity(name + "/rail" + std::to_string(uniform_ ? j : 0), rail_members(uniform_ ? j : 0), this);
+    if (rail_)
+      rail_->set_flight_identity(name + "/rail" + std::to_string(uniform_ ? j : 0),
+                                 rail_members(uniform_ ? j : 0), this);
     if (leaders_ && leaders_ != rail_) leaders_->set_flight_identity(name + "/rail0", rail_members(0), this);
   }
 
@@ -532,8 +534,8 @@ CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std
     if (g && static_cast<int>(j) == local_rank) rail = g;
   }
   auto hier = std::make_shared<HierarchicalCommunicator>(rank, layout, std::move(local), std::move(flat),
-                                                         std::move(leaders), std::move(rail), inter, std::move(store),
-                                                         timeout);
+                                                         std::move(leaders), std::move(rail), inter,
+                                                         std::move(store), timeout);
   hier->set_flight_identity("hier");  // names its parts; the factory renames it
   return hier;
 }

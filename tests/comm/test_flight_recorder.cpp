@@ -250,7 +250,8 @@ TEST(FlightRecorder, SignalAsksForADumpWithItsRequestNumber) {
       union sigval v;
       v.sival_int = 4242;
       ASSERT_EQ(sigqueue(getpid(), SIGUSR1, v), 0);
-      for (int i = 0; i < 200 && read_file(comm::flight_dump_path()).find("\"request\":4242") == std::string::npos; ++i)
+      for (int i = 0;
+           i < 200 && read_file(comm::flight_dump_path()).find("\"request\":4242") == std::string::npos; ++i)
         std::this_thread::sleep_for(20ms);
     }
     c->barrier();

@@ -14,7 +14,8 @@
 #             (op deadline 60 s)                    -> "rank V (node N) ... stopped"
 #   flight_faults.sh CLUSTER_SH GZRUN WORKER SCENARIO [RUNS]
 # SCENARIO may be "all". Prints one PASS/FAIL line per run and "RESULT flight_faults <scenario>
-# correct=C runs=R"; exits 0 when every run named the right culprit. Env: KEEP_LOGS=DIR, SEED.
+# correct=C runs=R"; exits 0 when every run named the right culprit. Env: KEEP_LOGS=DIR (failed
+# runs' logs and dumps; every run's with KEEP_ALL=1), SEED.
 # Exit 77 (skipped) without namespaces.
 set -uo pipefail
 [ $# -ge 4 ] || { echo "usage: flight_faults.sh CLUSTER_SH GZRUN WORKER SCENARIO [RUNS]" >&2; exit 2; }
@@ -128,6 +129,7 @@ run_one() {
   [ "$v" -lt 0 ] && what="node $h"
   if [ -n "$verdict" ] && grep -Eq "$expect" <<<"$verdict"; then
     echo "PASS: $s run $k, victim $what, $((SECONDS - t0)) s: $verdict"
+    [ -n "${KEEP_ALL:-}" ] && [ -n "${KEEP_LOGS:-}" ] && mkdir -p "$KEEP_LOGS" && cp -r "$rd" "$KEEP_LOGS"/
     return 0
   fi
   echo "FAIL: $s run $k, victim $what: ${verdict:-no verdict printed}"

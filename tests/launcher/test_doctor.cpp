@@ -35,17 +35,20 @@ struct Op {
 std::string op_line(uint64_t comm, const Op& o) {
   std::string s = "{\"type\":\"op\",\"comm\":" + std::to_string(comm) + ",\"seq\":" + std::to_string(o.coll) +
                   ",\"coll\":" + std::to_string(o.coll) + ",\"op\":\"" + o.op + "\"";
-  if (o.op != "barrier") s += ",\"dtype\":\"" + o.dtype + "\",\"count\":" + std::to_string(o.count) + ",\"reduce\":\"sum\"";
+  if (o.op != "barrier")
+    s += ",\"dtype\":\"" + o.dtype + "\",\"count\":" + std::to_string(o.count) + ",\"reduce\":\"sum\"";
   s += ",\"state\":\"" + o.state + "\",\"phase\":\"" + o.phase + "\",\"step\":" + std::to_string(o.step);
   if (!std::isnan(o.age_ms)) s += ",\"age_ms\":" + std::to_string(o.age_ms);
   if (o.waiting_for >= 0) s += ",\"waiting_for\":" + std::to_string(o.waiting_for);
   if (!o.late.empty()) {
     s += ",\"late_us\":[";
-    for (size_t i = 0; i < o.late.size(); ++i) s += (i ? "," : "") + (o.late[i] < 0 ? std::string("null") : std::to_string(o.late[i]));
+    for (size_t i = 0; i < o.late.size(); ++i)
+      s += (i ? "," : "") + (o.late[i] < 0 ? std::string("null") : std::to_string(o.late[i]));
     s += "]";
   }
   if (o.state == "failed")
-    s += ",\"error\":\"" + o.error + "\",\"error_kind\":\"" + o.error_kind + "\",\"error_peer\":" + std::to_string(o.error_peer);
+    s += ",\"error\":\"" + o.error + "\",\"error_kind\":\"" + o.error_kind +
+         "\",\"error_peer\":" + std::to_string(o.error_peer);
   return s + "}\n";
 }
 
@@ -59,15 +62,16 @@ struct Dump {
   std::vector<Op> ops;
   bool end = true;
   std::string text() const {
-    std::string s = "{\"type\":\"header\",\"schema\":\"gz-flight-recorder\",\"version\":" + std::to_string(version) +
-                    ",\"job\":\"" + job + "\",\"rank\":" + std::to_string(rank) + ",\"world\":" + std::to_string(world) +
-                    ",\"local_rank\":" + std::to_string(rank % 2) + ",\"node\":" + std::to_string(node) +
-                    ",\"host\":\"h" + std::to_string(node) + "\",\"pid\":" + std::to_string(1000 + rank) +
-                    ",\"reason\":\"signal\",\"request\":1,\"time_unix_ms\":1000,\"phase\":{\"name\":\"" + phase +
-                    "\",\"step\":" + std::to_string(step) + ",\"for_ms\":" + std::to_string(phase_for_ms) + "}}\n";
-    s += "{\"type\":\"comm\",\"id\":1,\"name\":\"comm1\",\"backend\":\"" + backend + "\",\"rank\":" + std::to_string(rank) +
-         ",\"size\":" + std::to_string(world) + ",\"ranks\":null,\"parent\":0,\"next_seq\":" +
-         std::to_string(ops.size()) + "}\n";
+    std::string s =
+        "{\"type\":\"header\",\"schema\":\"gz-flight-recorder\",\"version\":" + std::to_string(version) +
+        ",\"job\":\"" + job + "\",\"rank\":" + std::to_string(rank) + ",\"world\":" + std::to_string(world) +
+        ",\"local_rank\":" + std::to_string(rank % 2) + ",\"node\":" + std::to_string(node) +
+        ",\"host\":\"h" + std::to_string(node) + "\",\"pid\":" + std::to_string(1000 + rank) +
+        ",\"reason\":\"signal\",\"request\":1,\"time_unix_ms\":1000,\"phase\":{\"name\":\"" + phase +
+        "\",\"step\":" + std::to_string(step) + ",\"for_ms\":" + std::to_string(phase_for_ms) + "}}\n";
+    s += "{\"type\":\"comm\",\"id\":1,\"name\":\"comm1\",\"backend\":\"" + backend +
+         "\",\"rank\":" + std::to_string(rank) + ",\"size\":" + std::to_string(world) +
+         ",\"ranks\":null,\"parent\":0,\"next_seq\":" + std::to_string(ops.size()) + "}\n";
     for (const Op& o : ops) s += op_line(1, o);
     if (end) s += "{\"type\":\"end\",\"comms\":1,\"ops\":" + std::to_string(ops.size()) + "}\n";
     return s;
@@ -88,23 +92,26 @@ std::vector<Op> history(int steps, const std::vector<uint64_t>& counts) {
 }
 
 // The node report of a 2-rank node; `states` per local rank.
-std::string node_line(int node, const std::vector<std::string>& states, const std::vector<std::string>& status = {},
-                      int first_failure = -1, const std::string& job = "job-1") {
-  std::string s = "{\"type\":\"gzrun\",\"node\":" + std::to_string(node) + ",\"host\":\"h" + std::to_string(node) +
-                  "\",\"job\":\"" + job + "\",\"request\":1,\"ranks\":[";
+std::string node_line(int node, const std::vector<std::string>& states,
+                      const std::vector<std::string>& status = {}, int first_failure = -1,
+                      const std::string& job = "job-1") {
+  std::string s = "{\"type\":\"gzrun\",\"node\":" + std::to_string(node) + ",\"host\":\"h" +
+                  std::to_string(node) + "\",\"job\":\"" + job + "\",\"request\":1,\"ranks\":[";
   for (size_t l = 0; l < states.size(); ++l) {
     const int r = node * 2 + static_cast<int>(l);
-    s += (l ? "," : "") + std::string("{\"rank\":") + std::to_string(r) + ",\"local_rank\":" + std::to_string(l) +
-         ",\"pid\":" + std::to_string(1000 + r) + ",\"state\":\"" + states[l] + "\",\"status\":\"" +
-         (l < status.size() ? status[l] : "") + "\",\"first_failure\":" + (r == first_failure ? "true" : "false") +
+    s += (l ? "," : "") + std::string("{\"rank\":") + std::to_string(r) +
+         ",\"local_rank\":" + std::to_string(l) + ",\"pid\":" + std::to_string(1000 + r) + ",\"state\":\"" +
+         states[l] + "\",\"status\":\"" + (l < status.size() ? status[l] : "") +
+         "\",\"first_failure\":" + (r == first_failure ? "true" : "false") +
          ",\"answered\":" + (states[l] == "running" ? "true" : "false") + "}";
   }
   return s + "]}\n";
 }
 
-std::string job_line(int nnodes, int world, const std::string& failure = "", const std::string& job = "job-1") {
-  return "{\"type\":\"job\",\"job\":\"" + job + "\",\"world\":" + std::to_string(world) + ",\"nnodes\":" +
-         std::to_string(nnodes) + ",\"nproc_per_node\":2,\"failure\":\"" + failure + "\"}\n";
+std::string job_line(int nnodes, int world, const std::string& failure = "",
+                     const std::string& job = "job-1") {
+  return "{\"type\":\"job\",\"job\":\"" + job + "\",\"world\":" + std::to_string(world) +
+         ",\"nnodes\":" + std::to_string(nnodes) + ",\"nproc_per_node\":2,\"failure\":\"" + failure + "\"}\n";
 }
 
 Verdict judge_text(const std::string& text, Picture* out = nullptr, double stuck_ms = 1000) {
@@ -160,7 +167,8 @@ TEST(Doctor, HungRankNamesItsPhaseStepAndTime) {
   const Verdict v = judge_text(text);
   EXPECT_EQ(v.cause, "hung") << v.headline;
   ASSERT_EQ(v.ranks, std::vector<int>{2});
-  EXPECT_TRUE(has(v.headline, "rank 2 (node 1) has not entered allreduce(f32 x 1024, sum) #10")) << v.headline;
+  EXPECT_TRUE(has(v.headline, "rank 2 (node 1) has not entered allreduce(f32 x 1024, sum) #10"))
+      << v.headline;
   EXPECT_TRUE(has(v.headline, "step 10, phase data, 41.0 s")) << v.headline;
 }
 
@@ -274,7 +282,8 @@ TEST(Doctor, KilledNodeIsNamedFromClosedConnections) {
     d.rank = r, d.node = 0, d.backend = "gloo";
     d.ops = history(10, {1024});
     Op o{10};
-    o.state = "failed", o.error = "connection closed by peer", o.error_kind = "peer", o.error_peer = 2 + r, o.step = 10;
+    o.state = "failed", o.error = "connection closed by peer", o.error_kind = "peer", o.error_peer = 2 + r,
+    o.step = 10;
     d.ops.push_back(o);
     text += d.text();
   }
@@ -401,7 +410,8 @@ TEST(DoctorInput, DumpOfAnotherVersionIsSkippedWithReason) {
   const Verdict v = judge_text(text + future.text(), &pic);
   EXPECT_EQ(v.cause, "stopped") << v.headline;
   bool noted = false;
-  for (const auto& n : pic.notes) noted = noted || has(n, "dump format version 2, this reader knows version 1");
+  for (const auto& n : pic.notes)
+    noted = noted || has(n, "dump format version 2, this reader knows version 1");
   EXPECT_TRUE(noted);
 }
 

@@ -65,10 +65,10 @@ struct RankFacts {
   /// @brief "running", "stopped" (state T: SIGSTOP, a debugger), "exited", "killed" (by a signal),
   /// "gone" (not a child any more), "unknown".
   std::string state = "unknown";
-  std::string status;        ///< "exited with code 1", "killed by signal 9 (SIGKILL)"
+  std::string status;          ///< "exited with code 1", "killed by signal 9 (SIGKILL)"
   bool first_failure = false;  ///< this worker's end was the node's first failure (not a stop)
   bool stopped_by_gzrun = false;
-  bool answered = false;     ///< wrote a dump for this request
+  bool answered = false;  ///< wrote a dump for this request
 };
 
 /// @brief One node's gzrun report ("type":"gzrun").
@@ -83,8 +83,8 @@ struct NodeFacts {
 struct JobFacts {
   std::string job;
   int world = -1, nnodes = -1, nproc_per_node = -1;
-  std::string failure;          ///< the job's failure record text, "" while it runs
-  std::string failure_kind;     ///< "worker", "node_lost", "store_lost", "interrupted", ""
+  std::string failure;       ///< the job's failure record text, "" while it runs
+  std::string failure_kind;  ///< "worker", "node_lost", "store_lost", "interrupted", ""
   int failure_node = -1;
   std::vector<int> silent_nodes;  ///< nodes whose gzrun neither reported nor heartbeat
 };

@@ -7,10 +7,9 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 namespace gz::doctor {
 
@@ -117,7 +116,8 @@ JobFacts parse_job(const json& j) {
   f.failure = get_or<std::string>(j, "failure", "");
   f.failure_kind = get_or<std::string>(j, "failure_kind", "");
   f.failure_node = get_or<int>(j, "failure_node", -1);
-  if (auto it = j.find("silent_nodes"); it != j.end() && it->is_array()) f.silent_nodes = it->get<std::vector<int>>();
+  if (auto it = j.find("silent_nodes"); it != j.end() && it->is_array())
+    f.silent_nodes = it->get<std::vector<int>>();
   return f;
 }
 
@@ -163,7 +163,8 @@ class FileReader {
     }
     if (skipping_) return;
     if (!cur_) {
-      note("line " + std::to_string(number) + ": a \"" + type + "\" line outside a dump (no header before it); skipped");
+      note("line " + std::to_string(number) + ": a \"" + type +
+           "\" line outside a dump (no header before it); skipped");
       return;
     }
     if (type == "comm") {
@@ -187,7 +188,8 @@ class FileReader {
     const int version = get_or<int>(j, "version", 0);
     skipping_ = true;
     if (schema != kSchema) {
-      note("line " + std::to_string(number) + ": not a flight-recorder dump (schema \"" + schema + "\"); skipped");
+      note("line " + std::to_string(number) + ": not a flight-recorder dump (schema \"" + schema +
+           "\"); skipped");
       return;
     }
     if (version != kVersion) {
@@ -209,7 +211,8 @@ class FileReader {
     cur_->complete = complete;
     if (!complete)
       note("the dump of rank " + std::to_string(cur_->rank) + " was cut short after line " +
-           std::to_string(last_line) + " (no end line); using the " + std::to_string(count_ops()) + " op(s) read");
+           std::to_string(last_line) + " (no end line); using the " + std::to_string(count_ops()) +
+           " op(s) read");
     pic_.dumps.push_back(std::move(*cur_));
     cur_.reset();
   }
@@ -286,7 +289,8 @@ void settle(Picture& pic) {
   std::map<int, size_t> by_rank;
   for (auto& d : pic.dumps) {
     if (d.job != job) {
-      pic.notes.push_back(d.source + ": a dump of job \"" + d.job + "\", not of this job (\"" + job + "\"); ignored");
+      pic.notes.push_back(d.source + ": a dump of job \"" + d.job + "\", not of this job (\"" + job +
+                          "\"); ignored");
       continue;
     }
     auto it = by_rank.find(d.rank);
@@ -300,7 +304,8 @@ void settle(Picture& pic) {
   pic.dumps = std::move(kept);
   for (auto it = pic.nodes.begin(); it != pic.nodes.end();)
     if (!job.empty() && !it->job.empty() && it->job != job) {
-      pic.notes.push_back("node " + std::to_string(it->node) + ": a report of job \"" + it->job + "\"; ignored");
+      pic.notes.push_back("node " + std::to_string(it->node) + ": a report of job \"" + it->job +
+                          "\"; ignored");
       it = pic.nodes.erase(it);
     } else {
       ++it;
@@ -314,8 +319,11 @@ void settle(Picture& pic) {
     std::string where;
     for (const auto& n : pic.nodes)
       for (const auto& f : n.ranks)
-        if (f.rank == r) where = " (node " + std::to_string(n.node) + ", " + f.state + (f.status.empty() ? "" : ", " + f.status) + ")";
-    pic.notes.push_back("no dump from rank " + std::to_string(r) + where + ": judged from the others' records");
+        if (f.rank == r)
+          where = " (node " + std::to_string(n.node) + ", " + f.state +
+                  (f.status.empty() ? "" : ", " + f.status) + ")";
+    pic.notes.push_back("no dump from rank " + std::to_string(r) + where +
+                        ": judged from the others' records");
   }
 }
 

@@ -45,7 +45,8 @@ std::string ranges(std::vector<int> v) {
   for (size_t i = 0; i < v.size();) {
     size_t j = i;
     while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
-    s += (s.empty() ? "" : ", ") + std::to_string(v[i]) + (j > i ? (j == i + 1 ? ", " : "-") + std::to_string(v[j]) : "");
+    s += (s.empty() ? "" : ", ") + std::to_string(v[i]) +
+         (j > i ? (j == i + 1 ? ", " : "-") + std::to_string(v[j]) : "");
     i = j + 1;
   }
   return s;
@@ -160,7 +161,8 @@ class Judge {
     std::set<int> nodes;
     for (int r : u) nodes.insert(node_of(r));
     std::string s = "ranks " + ranges({u.begin(), u.end()});
-    if (with_node && nodes.size() == 1 && *nodes.begin() >= 0) s += " (node " + std::to_string(*nodes.begin()) + ")";
+    if (with_node && nodes.size() == 1 && *nodes.begin() >= 0)
+      s += " (node " + std::to_string(*nodes.begin()) + ")";
     return s;
   }
 
@@ -207,7 +209,8 @@ class Judge {
         std::map<std::string, std::vector<int>> by_sig;  // signature -> group ranks
         std::map<int, const OpRec*> ops;
         for (const auto& [r, m] : g->members)
-          if (auto it = m.by_coll.find(c); it != m.by_coll.end()) by_sig[it->second->signature()].push_back(r), ops[r] = it->second;
+          if (auto it = m.by_coll.find(c); it != m.by_coll.end())
+            by_sig[it->second->signature()].push_back(r), ops[r] = it->second;
         if (by_sig.size() > 1) return explain_mismatch(v, *g, c, by_sig, ops);
       }
     }
@@ -230,17 +233,20 @@ class Judge {
   }
 
   // True when, in rank `ref`'s history, `skipped` was directly followed by `called`.
-  bool follows(const Group& g, int ref, const std::string& skipped, const std::string& called, uint64_t before) const {
+  bool follows(const Group& g, int ref, const std::string& skipped, const std::string& called,
+               uint64_t before) const {
     const Member& m = g.members.at(ref);
     for (const auto& [c, o] : m.by_coll) {
       if (c >= before) break;
       auto next = m.by_coll.find(c + 1);
-      if (o->signature() == skipped && next != m.by_coll.end() && next->second->signature() == called) return true;
+      if (o->signature() == skipped && next != m.by_coll.end() && next->second->signature() == called)
+        return true;
     }
     return false;
   }
 
-  bool explain_mismatch(Verdict& v, const Group& g, uint64_t c, const std::map<std::string, std::vector<int>>& by_sig,
+  bool explain_mismatch(Verdict& v, const Group& g, uint64_t c,
+                        const std::map<std::string, std::vector<int>>& by_sig,
                         const std::map<int, const OpRec*>& ops) {
     // The expected op: from history where it speaks, else the majority's.
     std::string expected;
@@ -273,10 +279,12 @@ class Judge {
       v.headline = culprit + " skipped a collective: it called " + called + " where " + who_all(good_global) +
                    " called " + op_text(g, want) + " (the op that comes before it)" + step;
     else
-      v.headline = culprit + " called a mismatched collective: " + called + " as #" + std::to_string(want.seq) +
-                   (&g != order_.front() ? " of group " + g.name : "") + " where " + who_all(good_global) + " called " +
-                   expected + " (" + differs(got, want) + ")" + step;
-    v.details.push_back("collective number " + std::to_string(c) + " of group " + g.name + " (" + g.backend + ")");
+      v.headline = culprit + " called a mismatched collective: " + called + " as #" +
+                   std::to_string(want.seq) + (&g != order_.front() ? " of group " + g.name : "") +
+                   " where " + who_all(good_global) + " called " + expected + " (" + differs(got, want) +
+                   ")" + step;
+    v.details.push_back("collective number " + std::to_string(c) + " of group " + g.name + " (" + g.backend +
+                        ")");
     for (int r : bad)
       v.details.push_back(who(g.global(r)) + ": " + ops.at(r)->signature() + ", state " + ops.at(r)->state +
                           (ops.at(r)->error.empty() ? "" : ": " + ops.at(r)->error));
@@ -318,13 +326,15 @@ class Judge {
   void add_behind(const Group& g, uint64_t kmax, std::vector<Wait>& out) const {
     std::vector<const Member*> in_op;
     for (const auto& [r, m] : g.members)
-      if (auto it = m.by_coll.find(kmax); it != m.by_coll.end() && stuck_op(*it->second, opt_.stuck_ms)) in_op.push_back(&m);
+      if (auto it = m.by_coll.find(kmax); it != m.by_coll.end() && stuck_op(*it->second, opt_.stuck_ms))
+        in_op.push_back(&m);
     for (int r = 0; r < g.size; ++r) {
       const int to = g.global(r);
       auto it = g.members.find(r);
       bool behind;
       if (it != g.members.end()) {
-        behind = !it->second.by_coll.count(kmax) && (it->second.by_coll.empty() || it->second.by_coll.rbegin()->first < kmax);
+        behind = !it->second.by_coll.count(kmax) &&
+                 (it->second.by_coll.empty() || it->second.by_coll.rbegin()->first < kmax);
       } else {  // no dump: behind when gzrun saw it stopped, dead or silent
         const RankFacts* f = facts(to);
         behind = to >= 0 && (node_silent(node_of(to)) || (f && f->state != "running") || (f && !f->answered));
@@ -347,7 +357,8 @@ class Judge {
     // Several roots on one silent node: the node is the culprit.
     std::set<int> nodes;
     for (int r : roots) nodes.insert(node_of(r));
-    if (nodes.size() == 1 && node_silent(*nodes.begin())) return explain_silent_node(v, *nodes.begin(), roots, waited);
+    if (nodes.size() == 1 && node_silent(*nodes.begin()))
+      return explain_silent_node(v, *nodes.begin(), roots, waited);
     // Else the root gzrun saw die or stop first, then the one most ranks wait for.
     auto weight = [&](int r) {
       const RankFacts* f = facts(r);
@@ -360,14 +371,17 @@ class Judge {
     });
     explain_root(v, roots.front(), waited[roots.front()]);
     for (size_t i = 1; i < roots.size(); ++i)
-      v.details.push_back("also waited for: " + who(roots[i]) + " (" + std::to_string(waited[roots[i]].size()) + " wait(s))");
+      v.details.push_back("also waited for: " + who(roots[i]) + " (" +
+                          std::to_string(waited[roots[i]].size()) + " wait(s))");
     return true;
   }
 
   // The op most telling about a wait: in the most root-level group, the oldest.
   const Wait* best(const std::vector<const Wait*>& in) const {
     const Wait* b = nullptr;
-    auto rank_of = [&](const Group* g) { return std::find(order_.begin(), order_.end(), g) - order_.begin(); };
+    auto rank_of = [&](const Group* g) {
+      return std::find(order_.begin(), order_.end(), g) - order_.begin();
+    };
     for (const Wait* w : in)
       if (!b || rank_of(w->group) < rank_of(b->group)) b = w;
     return b;
@@ -399,11 +413,12 @@ class Judge {
     const RankFacts* f = facts(r);
     auto it = dump_.find(r);
     const RankDump* d = it == dump_.end() ? nullptr : it->second;
-    if (f && (f->state == "killed" || (f->state == "exited" && f->status.find("code 0") == std::string::npos)) &&
+    if (f &&
+        (f->state == "killed" || (f->state == "exited" && f->status.find("code 0") == std::string::npos)) &&
         !f->stopped_by_gzrun) {
       v.cause = "died";
-      v.headline = who(r) + " died (" + (f->status.empty() ? f->state : f->status) + ") while " + who_all(waiters(in)) +
-                   " were in " + op + " with it";
+      v.headline = who(r) + " died (" + (f->status.empty() ? f->state : f->status) + ") while " +
+                   who_all(waiters(in)) + " were in " + op + " with it";
     } else if (node_silent(v.node)) {
       explain_silent_node(v, v.node, {r}, {{r, in}});
       return;
@@ -432,12 +447,14 @@ class Judge {
     return false;
   }
 
-  void explain_alive(Verdict& v, int r, const RankDump& d, const Wait& w, const std::string& waited, double ms) {
+  void explain_alive(Verdict& v, int r, const RankDump& d, const Wait& w, const std::string& waited,
+                     double ms) {
     const std::string op = op_text(*w.group, *w.op);
     const RankFacts* f = facts(r);
     if (f && f->state == "exited") {
       v.cause = "skipped";
-      v.headline = who(r) + " exited (" + f->status + ") without calling " + op + ": it issued fewer collectives than the others (one skipped?); " + waited;
+      v.headline = who(r) + " exited (" + f->status + ") without calling " + op +
+                   ": it issued fewer collectives than the others (one skipped?); " + waited;
       return;
     }
     const int64_t drift = step_drift(r, w);
@@ -479,7 +496,8 @@ class Judge {
   void add_last_op(Verdict& v, int r) const {
     auto d = dump_.find(r);
     if (d == dump_.end()) {
-      v.details.push_back(who(r) + " left no dump" + (facts(r) ? " (gzrun saw it " + facts(r)->state + ")" : ""));
+      v.details.push_back(who(r) + " left no dump" +
+                          (facts(r) ? " (gzrun saw it " + facts(r)->state + ")" : ""));
       return;
     }
     for (const Group* g : order_)
@@ -496,7 +514,8 @@ class Judge {
                            const std::map<int, std::vector<const Wait*>>& waited) {
     std::vector<const Wait*> in;
     for (int r : roots)
-      if (auto it = waited.find(r); it != waited.end()) in.insert(in.end(), it->second.begin(), it->second.end());
+      if (auto it = waited.find(r); it != waited.end())
+        in.insert(in.end(), it->second.begin(), it->second.end());
     bool closed = false;
     for (const Wait* w : in) closed = closed || (w->error && w->error_kind == "peer");
     std::vector<int> rs = ranks_of_node(n);
@@ -507,13 +526,17 @@ class Judge {
     v.ranks = rs;
     if (closed) {
       v.cause = "node_died";
-      v.headline = "node " + std::to_string(n) + " (" + who_all(rs, false) + ") died: its gzrun went silent and " +
-                   who_all(waiters(in)) + " lost their connections to its ranks in " + op;
+      v.headline = "node " + std::to_string(n) + " (" + who_all(rs, false) +
+                   ") died: its gzrun went silent and " + who_all(waiters(in)) +
+                   " lost their connections to its ranks in " + op;
     } else {
       const double ms = longest(in);
       v.cause = "link";
-      v.headline = "node " + std::to_string(n) + " (" + who_all(rs, false) + ") is cut off (a lost link or a frozen host): its gzrun went silent, no connection to it was closed, and " +
-                   who_all(waiters(in)) + " wait for its ranks in " + op + (std::isnan(ms) ? "" : " (for " + fmt_s(ms) + ")");
+      v.headline = "node " + std::to_string(n) + " (" + who_all(rs, false) +
+                   ") is cut off (a lost link or a frozen host): its gzrun went silent, no connection to it "
+                   "was closed, and " +
+                   who_all(waiters(in)) + " wait for its ranks in " + op +
+                   (std::isnan(ms) ? "" : " (for " + fmt_s(ms) + ")");
     }
     if (!pic_.job.failure.empty()) v.details.push_back("the job's failure record: " + pic_.job.failure);
     return true;
@@ -559,11 +582,13 @@ class Judge {
                    (std::isnan(ms) ? "" : " (for " + fmt_s(ms) + ")");
     } else {
       v.ranks = all;
-      v.headline = who_all(all) + " all entered " + op + " and wait for each other across nodes: a lost link" +
+      v.headline = who_all(all) + " all entered " + op +
+                   " and wait for each other across nodes: a lost link" +
                    (std::isnan(ms) ? "" : " (for " + fmt_s(ms) + ")");
     }
     for (const Wait* w : cross)
-      if (v.details.size() < 8) v.details.push_back(who(w->from) + " waits for " + who(w->to) + " in " + op_text(*w->group, *w->op));
+      if (v.details.size() < 8)
+        v.details.push_back(who(w->from) + " waits for " + who(w->to) + " in " + op_text(*w->group, *w->op));
     return true;
   }
 
@@ -571,7 +596,8 @@ class Judge {
 
   bool find_died(Verdict& v) {
     for (const auto& [r, f] : facts_) {
-      if (!f->first_failure || f->stopped_by_gzrun || f->state == "running" || f->state == "stopped") continue;
+      if (!f->first_failure || f->stopped_by_gzrun || f->state == "running" || f->state == "stopped")
+        continue;
       if (f->status.find("code 0") != std::string::npos) continue;
       auto d = dump_.find(r);
       if (d != dump_.end() && has_failed_op(*d->second)) continue;  // it died of a failed op: a symptom

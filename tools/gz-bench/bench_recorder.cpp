@@ -1,11 +1,13 @@
-// gz-bench recorder: what the flight recorder costs an op. Two communicators over the same ranks,
-// one recording and one not, timed in alternating rounds (the order flips every round) so that
-// load changes on a shared machine hit both alike; the result is the distribution of per-round
-// time ratios (on / off). Also the recorder's own cost per op (begin + finish) in a tight loop.
+// gz-bench recorder: what the flight recorder costs an op. Communicators over the same ranks, some
+// recording and some not, timed in alternating rounds (the order flips every other round) so
+// that load changes on a shared machine hit both alike; the result is the median of per-round
+// time ratios (on / off), for two pairs created in opposite orders, and their geometric mean.
+// Also the recorder's own cost per op (begin + finish) in a tight loop.
 //
 //   gzrun --nproc-per-node 2 gz-bench recorder --backend shm --bytes 4K --rounds 400
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,7 +33,7 @@ struct Options {
   std::string backend = "shm";
   size_t bytes = 4096;
   int rounds = 400;
-  int iters = 200;  // ops per round and communicator
+  int iters = 200;       // ops per round and communicator
   bool control = false;  // both communicators without a recorder: the bias of the method itself
 };
 
@@ -43,8 +45,8 @@ int usage(int code) {
                "  --rounds R    alternating on/off rounds (default 400)\n"
                "  --iters N     all-reduces per round and communicator (default 200)\n"
                "  --control     no recorder on either communicator (an A/A run: the method's own bias)\n"
-               "Prints the per-round ratio time(recorder on) / time(recorder off): median, mean,\n"
-               "p10, p90, and the recorder's own cost per op (begin + finish, tight loop).\n");
+               "Prints the per-round ratio time(recorder on) / time(recorder off): median, p10, p90 per\n"
+               "pair and the pairs' geometric mean, and the recorder's own cost per op (tight loop).\n");
   return code;
 }
 
@@ -55,7 +57,8 @@ size_t parse_bytes(std::string s) {
   return static_cast<size_t>(std::stoull(s)) * mul;
 }
 
-CommPtr make(const Options& o, int rank, int n, std::shared_ptr<Store> store, const std::string& name, bool on) {
+CommPtr make(const Options& o, int rank, int n, std::shared_ptr<Store> store, const std::string& name,
+             bool on) {
   CommPtr c;
   if (o.backend == "shm") {
     c = create_shm_communicator(rank, n, std::make_shared<PrefixStore>(name, store));
@@ -116,20 +119,32 @@ int bench_recorder(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--help" || a == "-h") return usage(0);
-    if (a == "--backend") o.backend = next();
-    else if (a == "--bytes") o.bytes = parse_bytes(next());
-    else if (a == "--rounds") o.rounds = std::stoi(next());
-    else if (a == "--iters") o.iters = std::stoi(next());
-    else if (a == "--control") o.control = true;
-    else return usage(2);
+    if (a == "--backend")
+      o.backend = next();
+    else if (a == "--bytes")
+      o.bytes = parse_bytes(next());
+    else if (a == "--rounds")
+      o.rounds = std::stoi(next());
+    else if (a == "--iters")
+      o.iters = std::stoi(next());
+    else if (a == "--control")
+      o.control = true;
+    else
+      return usage(2);
   }
   Rendezvous rdz = rendezvous(InitOptions{});
   const int rank = rdz.world.rank, n = rdz.world.world_size;
-  CommPtr on = make(o, rank, n, rdz.store, "bench_on", !o.control);
-  CommPtr off = make(o, rank, n, rdz.store, "bench_off", false);
-  if ((!on->flight_recorder() && !o.control) || off->flight_recorder())
-    GZ_THROW(Error, "gz-bench recorder: expected one communicator with a recorder and one without "
-                    "(is GZ_FLIGHT_RECORDER=0 set?)");
+  // Two pairs, created in opposite orders (on, off, off, on): whatever favours the first or the
+  // second communicator created (where its segment lands, say) cancels in the geometric mean of
+  // the two pairs' ratios.
+  CommPtr on1 = make(o, rank, n, rdz.store, "bench_on1", !o.control);
+  CommPtr off1 = make(o, rank, n, rdz.store, "bench_off1", false);
+  CommPtr off2 = make(o, rank, n, rdz.store, "bench_off2", false);
+  CommPtr on2 = make(o, rank, n, rdz.store, "bench_on2", !o.control);
+  if ((!on1->flight_recorder() && !o.control) || off1->flight_recorder())
+    GZ_THROW(Error,
+             "gz-bench recorder: expected communicators with a recorder and without "
+             "(is GZ_FLIGHT_RECORDER=0 set?)");
   const size_t count = std::max<size_t>(1, o.bytes / 4);
   std::vector<float> buf(count, 0.0f);
   auto timed = [&](Communicator& c) {
@@ -140,36 +155,46 @@ int bench_recorder(int argc, char** argv) {
     c.allreduce(&t, 1, DType::f64, ReduceOp::max);  // slowest rank
     return t;
   };
-  for (int w = 0; w < 3; ++w) timed(*on), timed(*off);  // warm-up
-  std::vector<double> ratio, t_on, t_off;
+  for (int w = 0; w < 3; ++w) timed(*on1), timed(*off1), timed(*off2), timed(*on2);  // warm-up
+  std::vector<double> ratio1, ratio2, t_on, t_off;
   for (int r = 0; r < o.rounds; ++r) {
-    double a, b;
-    if (r % 2 == 0) {
-      a = timed(*on);
-      b = timed(*off);
+    const bool pair1 = r % 2 == 0;
+    Communicator& a = pair1 ? *on1 : *on2;
+    Communicator& b = pair1 ? *off1 : *off2;
+    double ta, tb;
+    if ((r / 2) % 2 == 0) {
+      ta = timed(a);
+      tb = timed(b);
     } else {
-      b = timed(*off);
-      a = timed(*on);
+      tb = timed(b);
+      ta = timed(a);
     }
-    t_on.push_back(a);
-    t_off.push_back(b);
-    ratio.push_back(a / b);
+    t_on.push_back(ta);
+    t_off.push_back(tb);
+    (pair1 ? ratio1 : ratio2).push_back(ta / tb);
   }
   if (rank == 0) {
-    double mean = 0;
-    for (double x : ratio) mean += x / ratio.size();
+    const double m1 = percentile(ratio1, 0.5), m2 = percentile(ratio2, 0.5), both = std::sqrt(m1 * m2);
     const double own = recorder_ns_per_op();
-    std::printf("# gz-bench recorder: backend %s (%s), %d ranks, f32 sum all-reduce of %zu bytes, %d rounds x %d ops%s\n",
-                o.backend.c_str(), on->backend().c_str(), n, count * 4, o.rounds, o.iters,
-                o.control ? " (CONTROL: recorder off on both)" : "");
-    std::printf("time_us_on  median %.3f  time_us_off median %.3f\n", percentile(t_on, 0.5), percentile(t_off, 0.5));
-    std::printf("ratio on/off: median %.4f  mean %.4f  p10 %.4f  p90 %.4f\n", percentile(ratio, 0.5), mean,
-                percentile(ratio, 0.1), percentile(ratio, 0.9));
-    std::printf("recorder alone (begin + arrival + finish, thread CPU time, best of 5): %.1f ns per op, clock %s\n",
-                own, flight_clock_source());
-    std::printf("RESULT recorder%s backend=%s bytes=%zu ranks=%d median_ratio=%.4f mean_ratio=%.4f on_us=%.3f off_us=%.3f own_ns=%.1f\n",
-                o.control ? "_control" : "", o.backend.c_str(), count * 4, n, percentile(ratio, 0.5), mean, percentile(t_on, 0.5),
-                percentile(t_off, 0.5), own);
+    std::printf(
+        "# gz-bench recorder: backend %s (%s), %d ranks, f32 sum all-reduce of %zu bytes, %d rounds x %d "
+        "ops%s\n",
+        o.backend.c_str(), on1->backend().c_str(), n, count * 4, o.rounds, o.iters,
+        o.control ? " (CONTROL: recorder off on all four)" : "");
+    std::printf("time_us median: on %.3f  off %.3f\n", percentile(t_on, 0.5), percentile(t_off, 0.5));
+    std::printf(
+        "ratio on/off, median per pair: created first %.4f (p10 %.4f, p90 %.4f), created second %.4f "
+        "(p10 %.4f, p90 %.4f); geometric mean %.4f\n",
+        m1, percentile(ratio1, 0.1), percentile(ratio1, 0.9), m2, percentile(ratio2, 0.1),
+        percentile(ratio2, 0.9), both);
+    std::printf(
+        "recorder alone (begin + arrival + finish, thread CPU time, best of 5): %.1f ns per op, clock %s\n",
+        own, flight_clock_source());
+    std::printf(
+        "RESULT recorder%s backend=%s bytes=%zu ranks=%d ratio=%.4f pair1=%.4f pair2=%.4f on_us=%.3f "
+        "off_us=%.3f own_ns=%.1f\n",
+        o.control ? "_control" : "", o.backend.c_str(), count * 4, n, both, m1, m2, percentile(t_on, 0.5),
+        percentile(t_off, 0.5), own);
   }
   return 0;
 }

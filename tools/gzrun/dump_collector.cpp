@@ -7,10 +7,9 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "process.h"
 
@@ -136,8 +135,8 @@ std::string bound_dump(const std::string& text, size_t max_bytes) {
   for (size_t i = 0; i < lines.size(); ++i) {
     if (!keep[i]) continue;
     if (i + 1 == lines.size() && dropped)  // before the end line
-      out += "{\"type\":\"note\",\"text\":\"gzrun kept the newest " + std::to_string(done_total - dropped) + " of " +
-             std::to_string(done_total) + " completed ops (size bound)\"}\n";
+      out += "{\"type\":\"note\",\"text\":\"gzrun kept the newest " + std::to_string(done_total - dropped) +
+             " of " + std::to_string(done_total) + " completed ops (size bound)\"}\n";
     out += lines[i] + "\n";
   }
   return out;
@@ -161,14 +160,15 @@ std::string collect_node_report(const WorkerBoard::Snapshot& board, const std::s
     bool all = true;
     for (auto& a : asked) {
       if (a.signalled && !a.answered)
-        a.answered = dump_request(board.dump_dir + "/rank-" + std::to_string(a.w->rank) + ".jsonl") >= request;
+        a.answered =
+            dump_request(board.dump_dir + "/rank-" + std::to_string(a.w->rank) + ".jsonl") >= request;
       all = all && (!a.signalled || a.answered);
     }
     if (all || deadline.expired()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  nlohmann::json node = {{"type", "gzrun"}, {"node", board.node}, {"host", host}, {"job", board.run_id},
-                         {"round", board.round}, {"request", request}};
+  nlohmann::json node = {{"type", "gzrun"},     {"node", board.node},   {"host", host},
+                         {"job", board.run_id}, {"round", board.round}, {"request", request}};
   nlohmann::json ranks = nlohmann::json::array();
   std::string dumps;
   for (const auto& a : asked) {

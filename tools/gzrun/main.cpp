@@ -17,9 +17,9 @@
 #include "gz/core/error.h"
 #include "gz/store/store.h"
 #include "job_monitor.h"
+#include "launch_auth.h"
 #include "options.h"
 #include "output_relay.h"
-#include "launch_auth.h"
 #include "process.h"
 #include "store_host.h"
 #include "supervisor.h"
@@ -187,7 +187,8 @@ int run(int argc, char** argv) {
   Supervisor sup(o, std::move(cfg));
   std::unique_ptr<StatusWatcher> watcher;  // destroyed before sup, whose board it reads
   if (o.nnodes > 1) {
-    watcher = std::make_unique<StatusWatcher>(o, [&store] { return store.monitor_client(); }, sup.board(), hostname);
+    watcher = std::make_unique<StatusWatcher>(
+        o, [&store] { return store.monitor_client(); }, sup.board(), hostname);
     *status_hook = watcher.get();
   }
   return sup.run();

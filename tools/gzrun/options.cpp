@@ -24,17 +24,32 @@ struct Spec {
 };
 
 constexpr Spec kSpecs[] = {
-    {"nproc-per-node", Kind::value}, {"nnodes", Kind::value},       {"node-rank", Kind::value},
-    {"master-addr", Kind::value},    {"master-port", Kind::value},  {"log-dir", Kind::value},
-    {"rdzv-timeout", Kind::value},   {"max-restarts", Kind::value}, {"grace-period", Kind::value},
-    {"rdzv-endpoint", Kind::value},  {"standalone", Kind::flag},    {"help", Kind::flag},
-    {"version", Kind::flag},         {"heartbeat-timeout", Kind::value}, {"heartbeat-interval", Kind::value},
+    {"nproc-per-node", Kind::value},
+    {"nnodes", Kind::value},
+    {"node-rank", Kind::value},
+    {"master-addr", Kind::value},
+    {"master-port", Kind::value},
+    {"log-dir", Kind::value},
+    {"rdzv-timeout", Kind::value},
+    {"max-restarts", Kind::value},
+    {"grace-period", Kind::value},
+    {"rdzv-endpoint", Kind::value},
+    {"standalone", Kind::flag},
+    {"help", Kind::flag},
+    {"version", Kind::flag},
+    {"heartbeat-timeout", Kind::value},
+    {"heartbeat-interval", Kind::value},
     // Rendezvous authentication (launch_auth.h).
-    {"rdzv-token", Kind::value},     {"rdzv-token-file", Kind::value}, {"rdzv-insecure", Kind::flag},
+    {"rdzv-token", Kind::value},
+    {"rdzv-token-file", Kind::value},
+    {"rdzv-insecure", Kind::flag},
     {"rdzv-join-window", Kind::value},
     // Flight-recorder verdicts.
-    {"status", Kind::flag},          {"analyze", Kind::value},       {"dump-wait", Kind::value},
-    {"verdict-wait", Kind::value},   {"stuck", Kind::value},
+    {"status", Kind::flag},
+    {"analyze", Kind::value},
+    {"dump-wait", Kind::value},
+    {"verdict-wait", Kind::value},
+    {"stuck", Kind::value},
 };
 
 const Spec* find_spec(const std::string& name) {
@@ -143,7 +158,8 @@ void validate(LaunchOptions& o) {
     if (!o.program.empty()) GZ_THROW(InvalidArgument, "--status and --analyze take no PROGRAM");
     if (o.status && !o.analyze_dir.empty()) GZ_THROW(InvalidArgument, "give either --status or --analyze");
     if (o.status && !o.master_port_given)
-      GZ_THROW(InvalidArgument, "--status needs the job's --master-addr and --master-port (its store is on port+1)");
+      GZ_THROW(InvalidArgument,
+               "--status needs the job's --master-addr and --master-port (its store is on port+1)");
     return;
   }
   if (o.program.empty()) GZ_THROW(InvalidArgument, "no program given (usage: gzrun [options] [--] PROGRAM [ARGS...])");

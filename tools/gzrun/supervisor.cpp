@@ -218,8 +218,8 @@ void Supervisor::start_workers() {
   a.cores = c_.cores;
   std::vector<std::string> argv{o_.program};
   argv.insert(argv.end(), o_.args.begin(), o_.args.end());
-  board_.start_round(round_.run_id, c_.base_env.get("GZ_DUMP_DIR", dump_dir_for(o_, round_.run_id)), round_.node_rank,
-                     round_.nnodes, round_.round);
+  board_.start_round(round_.run_id, c_.base_env.get("GZ_DUMP_DIR", dump_dir_for(o_, round_.run_id)),
+                     round_.node_rank, round_.nnodes, round_.round);
   collected_ = false;
   report_.clear();
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
@@ -437,12 +437,13 @@ void Supervisor::collect_for_verdict() {
   if (!c_.store_client) return;
   // In the background: a node cut off from the store must not delay stopping its workers.
   if (upload_.joinable()) upload_.join();
-  upload_ = std::thread([connect = c_.store_client, key = report_key(round_.round, round_.node_rank), text = report_] {
-    try {
-      connect()->set(key, to_bytes(text));
-    } catch (const std::exception&) {  // the verdict will say this node sent nothing
-    }
-  });
+  upload_ = std::thread(
+      [connect = c_.store_client, key = report_key(round_.round, round_.node_rank), text = report_] {
+        try {
+          connect()->set(key, to_bytes(text));
+        } catch (const std::exception&) {  // the verdict will say this node sent nothing
+        }
+      });
 }
 
 void Supervisor::print_verdict(const JobFailure& failure) {
@@ -453,7 +454,8 @@ void Supervisor::print_verdict(const JobFailure& failure) {
   const double stuck_ms = 0;
   const std::string what = "verdict-round" + std::to_string(round_.round);
   if (!c_.store_client) {
-    say_lines(judge_reports(report_ + job_line(round_.run_id, 1, o_.nproc_per_node, &failure, {}), stuck_ms, dir, what));
+    say_lines(judge_reports(report_ + job_line(round_.run_id, 1, o_.nproc_per_node, &failure, {}), stuck_ms,
+                            dir, what));
     return;
   }
   if (round_.node_rank != 0) {
@@ -481,8 +483,8 @@ void Supervisor::on_status_signal() {
   const std::string report =
       collect_node_report(b, c_.hostname, next++, Duration(static_cast<long long>(o_.dump_wait_s * 1000)));
   say("status of the job (asked by SIGUSR1):");
-  say_lines(judge_reports(report + job_line(b.run_id, 1, o_.nproc_per_node, nullptr, {}), o_.stuck_s * 1000, b.dump_dir,
-                          "status"));
+  say_lines(judge_reports(report + job_line(b.run_id, 1, o_.nproc_per_node, nullptr, {}), o_.stuck_s * 1000,
+                          b.dump_dir, "status"));
 }
 
 }  // namespace gz::launcher

@@ -5,16 +5,16 @@
 
 #include <functional>
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "gz/core/deadline.h"
 #include "dump_collector.h"
+#include "gz/core/deadline.h"
 #include "gz/core/env.h"
+#include "job_monitor.h"
 #include "options.h"
 #include "output_relay.h"
-#include "job_monitor.h"
 #include "process.h"
 #include "round_info.h"
 #include "store_host.h"

@@ -7,9 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "dump_reader.h"
 #include "gz/core/error.h"
@@ -83,8 +82,8 @@ std::string job_line(const std::string& run_id, int nnodes, int nproc_per_node, 
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
-std::string gather_reports(Store& store, const std::function<std::string(int)>& key, int nnodes, Deadline deadline,
-                           std::vector<int>* silent) {
+std::string gather_reports(Store& store, const std::function<std::string(int)>& key, int nnodes,
+                           Deadline deadline, std::vector<int>* silent) {
   std::vector<std::string> got(nnodes);
   std::vector<char> have(nnodes, 0);
   for (;;) {
@@ -175,8 +174,8 @@ int run_status_client(const LaunchOptions& o, const std::string& env_token) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     return 0;
   } catch (const std::exception& e) {
-    say(std::string("error: cannot ask the job at ") + o.master_addr + ":" + std::to_string(as_client.store_port()) +
-        " for its status: " + e.what());
+    say(std::string("error: cannot ask the job at ") + o.master_addr + ":" +
+        std::to_string(as_client.store_port()) + " for its status: " + e.what());
     return 1;
   }
 }
@@ -229,7 +228,8 @@ void StatusWatcher::ask(Store& s) {
 void StatusWatcher::loop() {
   std::unique_ptr<Store> store;
   int64_t seen = -1;
-  const Duration interval(std::max<long long>(50, static_cast<long long>(o_.effective_heartbeat_interval_s() * 1000)));
+  const Duration interval(
+      std::max<long long>(50, static_cast<long long>(o_.effective_heartbeat_interval_s() * 1000)));
   for (;;) {
     bool ask_now;
     {
@@ -243,7 +243,8 @@ void StatusWatcher::loop() {
       if (!store) store = connect_();
       const WorkerBoard::Snapshot b = board_.snapshot();
       if (b.run_id.empty()) continue;  // no round yet
-      const std::string job = b.run_id + " " + std::to_string(b.nnodes) + " " + std::to_string(o_.nproc_per_node);
+      const std::string job =
+          b.run_id + " " + std::to_string(b.nnodes) + " " + std::to_string(o_.nproc_per_node);
       if (b.node == 0 && job != published_job_) {
         store->set(kStatusJob, to_bytes(job));
         published_job_ = job;

@@ -44,8 +44,8 @@ std::string job_line(const std::string& run_id, int nnodes, int nproc_per_node, 
 
 /// @brief Read the reports of nodes 0..nnodes-1 (`key(n)`) until all are there or `deadline`;
 /// returns them concatenated and the nodes that sent none in *silent.
-std::string gather_reports(Store& store, const std::function<std::string(int)>& key, int nnodes, Deadline deadline,
-                           std::vector<int>* silent);
+std::string gather_reports(Store& store, const std::function<std::string(int)>& key, int nnodes,
+                           Deadline deadline, std::vector<int>* silent);
 
 /// @brief Judge `input` (node reports and a job line): the verdict's text ("verdict: ..." and
 /// details). When `save_dir` is not empty the input and the text are kept there

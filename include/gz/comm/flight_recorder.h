@@ -96,10 +96,10 @@ struct FlightIdentity {
 /// @brief Per-peer totals of how late peers came to this group's ops, since the recorder started
 /// (global ranks where they are known, else group ranks). Differences of two reads give a window.
 struct PeerLateness {
-  std::vector<int> ranks;             ///< the rank each entry stands for
-  std::vector<uint64_t> late_ns;      ///< time this rank spent waiting for that peer to arrive
-  std::vector<uint64_t> times_last;   ///< ops at which that peer was the last to arrive (and late)
-  uint64_t ops = 0;                   ///< ops recorded with arrivals
+  std::vector<int> ranks;            ///< the rank each entry stands for
+  std::vector<uint64_t> late_ns;     ///< time this rank spent waiting for that peer to arrive
+  std::vector<uint64_t> times_last;  ///< ops at which that peer was the last to arrive (and late)
+  uint64_t ops = 0;                  ///< ops recorded with arrivals
 };
 
 /// @brief A snapshot of one recorder (what a dump writes).
@@ -107,8 +107,8 @@ struct FlightSnapshot {
   uint64_t id = 0;
   FlightIdentity identity;
   size_t capacity = 0;
-  uint64_t next_seq = 0;   ///< ops recorded so far
-  bool retired = false;    ///< its communicator was destroyed (copied at destruction)
+  uint64_t next_seq = 0;          ///< ops recorded so far
+  bool retired = false;           ///< its communicator was destroyed (copied at destruction)
   std::vector<OpRecord> records;  ///< oldest first (queued async ops last)
 };
 
@@ -140,10 +140,12 @@ class FlightRecorder {
     // Collectives get their own number too: point-to-point ops between some ranks shift the
     // sequence numbers of one rank against another's, the collective numbers stay aligned.
     const uint64_t coll = coll_.load(std::memory_order_relaxed);
-    if (info.kind != OpKind::send && info.kind != OpKind::recv) coll_.store(coll + 1, std::memory_order_relaxed);
+    if (info.kind != OpKind::send && info.kind != OpKind::recv)
+      coll_.store(coll + 1, std::memory_order_relaxed);
     s.seq.store(kBusy, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
-    s.desc.store(pack(info, OpState::running, pm.phase) | (coll & kCollMask) << 41, std::memory_order_relaxed);
+    s.desc.store(pack(info, OpState::running, pm.phase) | (coll & kCollMask) << 41,
+                 std::memory_order_relaxed);
     s.count.store(info.count, std::memory_order_relaxed);
     s.tag_root.store(pack_tag_root(info), std::memory_order_relaxed);
     s.issue.store(issue_ticks ? issue_ticks : now, std::memory_order_relaxed);
@@ -163,7 +165,8 @@ class FlightRecorder {
   void finish(uint64_t h) noexcept {
     Slot& s = ring_[h % capacity_];
     s.end.store(flight_ticks(), std::memory_order_relaxed);
-    s.desc.store(with_state(s.desc.load(std::memory_order_relaxed), OpState::done), std::memory_order_release);
+    s.desc.store(with_state(s.desc.load(std::memory_order_relaxed), OpState::done),
+                 std::memory_order_release);
     if (cur_noted_) note_end();
     __builtin_prefetch(&ring_[(h + 1) % capacity_], 1);  // the next op's slot, while the caller computes
   }
@@ -177,8 +180,10 @@ class FlightRecorder {
     const uint64_t h = head_.load(std::memory_order_relaxed) - 1;
     uint64_t late = ticks > cur_start_ ? ticks - cur_start_ : 0;
     if (late > kLateMask - 1) late = kLateMask - 1;
-    arrivals_[(h % window_) * size_ + peer].store(((h & 0xffff) << 48) | (late + 1), std::memory_order_relaxed);
+    arrivals_[(h % window_) * size_ + peer].store(((h & 0xffff) << 48) | (late + 1),
+                                                  std::memory_order_relaxed);
     cur_noted_ = true;
+    if (!has_arrivals_) has_arrivals_ = true;  // this backend tells arrivals: dumps show them
     if (late > cur_last_late_) {
       cur_last_late_ = late;
       cur_last_peer_ = peer;
@@ -246,6 +251,7 @@ class FlightRecorder {
   int cur_last_peer_ = -1;
   uint64_t cur_last_late_ = 0;
   bool cur_noted_ = false;
+  std::atomic<bool> has_arrivals_{false};
   // Per-peer totals (writer adds, readers read).
   std::unique_ptr<std::atomic<uint64_t>[]> late_ticks_, times_last_;
   std::atomic<uint64_t> arrival_ops_{0};

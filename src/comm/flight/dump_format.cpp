@@ -103,25 +103,38 @@ long long env_int(const Env& env, std::initializer_list<const char*> names) {
 }
 
 int64_t steady_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
+// The members of a group without a parent: its own list, else, for a group as large as the world
+// on the rank the launcher gave this process, the world's ranks.
+std::vector<int> root_ranks(const FlightSnapshot& s, long long rank, long long world) {
+  std::vector<int> ranks = s.identity.ranks;
+  if (ranks.empty() && world == s.identity.size && rank == s.identity.rank)
+    for (int r = 0; r < s.identity.size; ++r) ranks.push_back(r);
+  return ranks;
+}
+
 // Global ranks of every snapshot's members: its own list, mapped through its parents'.
-std::map<uint64_t, std::vector<int>> resolve_ranks(const std::vector<FlightSnapshot>& snaps) {
+std::map<uint64_t, std::vector<int>> resolve_ranks(const std::vector<FlightSnapshot>& snaps, long long rank,
+                                                   long long world) {
   std::map<uint64_t, const FlightSnapshot*> by_id;
   for (const auto& s : snaps) by_id[s.id] = &s;
   std::map<uint64_t, std::vector<int>> out;
   for (const auto& s : snaps) {
-    std::vector<int> ranks = s.identity.ranks;
+    std::vector<int> ranks = s.identity.parent == 0 ? root_ranks(s, rank, world) : s.identity.ranks;
     uint64_t parent = s.identity.parent;
     for (int depth = 0; parent != 0 && !ranks.empty() && depth < 8; ++depth) {
       auto it = by_id.find(parent);
-      if (it == by_id.end() || it->second->identity.ranks.empty()) {
+      const std::vector<int> up = it == by_id.end()                  ? std::vector<int>()
+                                  : it->second->identity.parent == 0 ? root_ranks(*it->second, rank, world)
+                                                                     : it->second->identity.ranks;
+      if (up.empty()) {
         ranks.clear();
         break;
       }
-      const auto& up = it->second->identity.ranks;
       for (int& r : ranks) r = r >= 0 && r < static_cast<int>(up.size()) ? up[r] : -1;
       parent = it->second->identity.parent;
     }
@@ -132,7 +145,9 @@ std::map<uint64_t, std::vector<int>> resolve_ranks(const std::vector<FlightSnaps
 
 std::string op_name(const OpInfo& i) { return i.task ? "task" : op_kind_name(i.kind); }
 
-bool reducing(OpKind k) { return k == OpKind::allreduce || k == OpKind::reduce || k == OpKind::reduce_scatter; }
+bool reducing(OpKind k) {
+  return k == OpKind::allreduce || k == OpKind::reduce || k == OpKind::reduce_scatter;
+}
 
 std::string op_line(uint64_t comm, const OpRecord& r, int64_t now) {
   Line l("op");
@@ -146,7 +161,8 @@ std::string op_line(uint64_t comm, const OpRecord& r, int64_t now) {
     l.str("dtype", dtype_name(r.info.dtype)).num("count", static_cast<long long>(r.info.count));
     if (reducing(r.info.kind)) l.str("reduce", reduce_op_name(r.info.reduce));
     if (r.info.kind == OpKind::broadcast || r.info.kind == OpKind::reduce) l.num("root", r.info.root);
-    if (r.info.kind == OpKind::send || r.info.kind == OpKind::recv) l.num("peer", r.info.root).num("tag", r.info.tag);
+    if (r.info.kind == OpKind::send || r.info.kind == OpKind::recv)
+      l.num("peer", r.info.root).num("tag", r.info.tag);
   }
   l.str("state", op_state_name(r.state));
   l.num("issue_ns", r.issue_ns).num("start_ns", r.start_ns).num("end_ns", r.end_ns);
@@ -220,10 +236,11 @@ std::string format_flight_dump(const std::vector<FlightSnapshot>& snaps, DumpRea
   h.str("reason", dump_reason_name(reason)).num("request", request);
   if (!note.empty()) h.str("note", note);
   h.num("time_unix_ms", wall_ms).num("steady_ns", now);
-  h.raw("clock", std::string("{\"source\":\"") + flight_clock_source() + "\",\"ticks_per_ns\":" +
-                     std::to_string(flight_ticks_per_ns()) + "}");
+  h.raw("clock", std::string("{\"source\":\"") + flight_clock_source() +
+                     "\",\"ticks_per_ns\":" + std::to_string(flight_ticks_per_ns()) + "}");
   {
-    std::string ph = "{\"name\":\"" + std::string(phase_name(pm.phase)) + "\",\"step\":" + std::to_string(pm.step) +
+    std::string ph = "{\"name\":\"" + std::string(phase_name(pm.phase)) +
+                     "\",\"step\":" + std::to_string(pm.step) +
                      ",\"since_ns\":" + std::to_string(pm.since_ns);
     if (pm.since_ns > 0) {
       char buf[48];
@@ -234,16 +251,13 @@ std::string format_flight_dump(const std::vector<FlightSnapshot>& snaps, DumpRea
   }
   h.num("comms", static_cast<long long>(snaps.size()));
   out += h.done();
-  const auto global = resolve_ranks(snaps);
+  const auto global = resolve_ranks(snaps, rank, world);
   size_t ops = 0;
   for (const FlightSnapshot& s : snaps) {
     Line c("comm");
     c.num("id", static_cast<long long>(s.id)).str("name", s.identity.name).str("backend", s.identity.backend);
     c.num("rank", s.identity.rank).num("size", s.identity.size);
-    std::vector<int> ranks = global.at(s.id);
-    // A group as large as the world on the rank the launcher gave: its ranks are the world's.
-    if (ranks.empty() && s.identity.parent == 0 && world == s.identity.size && rank == s.identity.rank)
-      for (int r = 0; r < s.identity.size; ++r) ranks.push_back(r);
+    const std::vector<int>& ranks = global.at(s.id);
     c.raw("ranks", ranks.empty() ? "null" : int_array(ranks));
     c.num("parent", static_cast<long long>(s.identity.parent));
     c.num("capacity", static_cast<long long>(s.capacity)).num("next_seq", static_cast<long long>(s.next_seq));
@@ -252,7 +266,10 @@ std::string format_flight_dump(const std::vector<FlightSnapshot>& snaps, DumpRea
     for (const OpRecord& r : s.records) out += op_line(s.id, r, now);
     ops += s.records.size();
   }
-  out += Line("end").num("comms", static_cast<long long>(snaps.size())).num("ops", static_cast<long long>(ops)).done();
+  out += Line("end")
+             .num("comms", static_cast<long long>(snaps.size()))
+             .num("ops", static_cast<long long>(ops))
+             .done();
   return out;
 }
 
@@ -271,7 +288,8 @@ namespace {
 std::string dump_stem() {
   const Env env = Env::from_process();
   const long long rank = env_int(env, {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"});
-  return flight_dump_dir() + "/" + (rank >= 0 ? "rank-" + std::to_string(rank) : "pid-" + std::to_string(getpid()));
+  return flight_dump_dir() + "/" +
+         (rank >= 0 ? "rank-" + std::to_string(rank) : "pid-" + std::to_string(getpid()));
 }
 }  // namespace
 

@@ -36,7 +36,8 @@ void on_dump_signal(int, siginfo_t* si, void*) {
   const int saved = errno;
   if (g_owner.load(std::memory_order_relaxed) == getpid()) {
     // gzrun sends sigqueue(SIGUSR1, request number); `kill -USR1` carries none (request 0).
-    g_signal_request.store(si && si->si_code == SI_QUEUE ? si->si_value.sival_int : 0, std::memory_order_relaxed);
+    g_signal_request.store(si && si->si_code == SI_QUEUE ? si->si_value.sival_int : 0,
+                           std::memory_order_relaxed);
     g_signal_pending.store(true, std::memory_order_release);
     const int fd = g_wake_fd.load(std::memory_order_relaxed);
     if (fd >= 0) {
@@ -52,7 +53,8 @@ void make_dirs(const std::string& path) {
   for (size_t pos = 1; pos != std::string::npos;) {
     pos = path.find('/', pos + 1);
     const std::string cur = path.substr(0, pos);
-    if (::mkdir(cur.c_str(), 0755) == 0 && cur == "/tmp/gz-dumps") ::chmod(cur.c_str(), 01777);  // shared, like /tmp
+    if (::mkdir(cur.c_str(), 0755) == 0 && cur == "/tmp/gz-dumps")
+      ::chmod(cur.c_str(), 01777);  // shared, like /tmp
   }
 }
 
@@ -238,12 +240,14 @@ DumpService& service() {
 
 }  // namespace
 
-std::vector<FlightSnapshot> flight_snapshots(size_t max_records) { return flight_registry().snapshots(max_records); }
+std::vector<FlightSnapshot> flight_snapshots(size_t max_records) {
+  return flight_registry().snapshots(max_records);
+}
 
 std::string write_flight_dump(DumpReason reason, int64_t request, const std::string& note) {
   const long long limit = Env::from_process().get_int("GZ_DUMP_RECORDS", 0);
-  const std::string text = format_flight_dump(flight_snapshots(limit > 0 ? static_cast<size_t>(limit) : 0), reason,
-                                              request, note);
+  const std::string text =
+      format_flight_dump(flight_snapshots(limit > 0 ? static_cast<size_t>(limit) : 0), reason, request, note);
   const std::string path = flight_dump_path();
   make_dirs(flight_dump_dir());
   write_file(path, text);

@@ -1,12 +1,11 @@
 // The flight recorder's ring (see flight_recorder.h): the slow paths (failures, queued ops), the
 // readers (snapshots, lateness totals) and the registry of every recorder of the process.
-#include "gz/comm/flight_recorder.h"
-
 #include <algorithm>
 #include <typeinfo>
 
 #include "comm/flight/registry.h"
 #include "gz/comm/flight_dump.h"
+#include "gz/comm/flight_recorder.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
 
@@ -82,7 +81,8 @@ FlightRecorder::FlightRecorder(size_t capacity, int rank, int size)
       capacity_(std::max<size_t>(capacity, 16)),
       rank_(rank),
       size_(std::max(size, 1)),
-      window_(size > 1 ? std::min({kArrivalWindow, capacity_, std::max<size_t>(1, kArrivalEntries / size)}) : 0),
+      window_(size > 1 ? std::min({kArrivalWindow, capacity_, std::max<size_t>(1, kArrivalEntries / size)})
+                       : 0),
       ring_(new Slot[capacity_]),
       arrivals_(new std::atomic<uint64_t>[window_ * size_ + 1]()),
       late_ticks_(new std::atomic<uint64_t>[size_]()),
@@ -110,7 +110,8 @@ void FlightRecorder::note_end() noexcept {
 void FlightRecorder::fail(uint64_t h, std::exception_ptr error) noexcept {
   Slot& s = ring_[h % capacity_];
   s.end.store(flight_ticks(), std::memory_order_relaxed);
-  s.desc.store(with_state(s.desc.load(std::memory_order_relaxed), OpState::failed), std::memory_order_release);
+  s.desc.store(with_state(s.desc.load(std::memory_order_relaxed), OpState::failed),
+               std::memory_order_release);
   if (cur_noted_) note_end();
   Failure f{s.seq.load(std::memory_order_relaxed), {}, {}, -1};
   try {
@@ -168,8 +169,9 @@ bool FlightRecorder::read_slot(uint64_t h, OpRecord* out) const {
   out->end_ns = to_ns(end);
   out->step = step;
   const uint64_t head = head_.load(std::memory_order_acquire);
-  if (out->state == OpState::running && h + 1 == head) out->waiting_for = waiting_.load(std::memory_order_relaxed);
-  if (window_ > 0 && h + window_ >= head) {
+  if (out->state == OpState::running && h + 1 == head)
+    out->waiting_for = waiting_.load(std::memory_order_relaxed);
+  if (window_ > 0 && h + window_ >= head && has_arrivals_.load(std::memory_order_relaxed)) {
     out->arrival_ns.assign(size_, -1);
     const double per_ns = flight_ticks_per_ns();
     for (int p = 0; p < size_; ++p) {
@@ -221,15 +223,14 @@ PeerLateness FlightRecorder::own_lateness() const {
   const double per_ns = flight_ticks_per_ns();
   for (int p = 0; p < size_; ++p) {
     l.ranks[p] = p;
-    l.late_ns[p] = static_cast<uint64_t>(static_cast<double>(late_ticks_[p].load(std::memory_order_relaxed)) / per_ns);
+    l.late_ns[p] =
+        static_cast<uint64_t>(static_cast<double>(late_ticks_[p].load(std::memory_order_relaxed)) / per_ns);
     l.times_last[p] = times_last_[p].load(std::memory_order_relaxed);
   }
   l.ops = arrival_ops_.load(std::memory_order_relaxed);
   return l;
 }
 
-PeerLateness FlightRecorder::lateness() const {
-  return flight_registry().lateness_of(*this);
-}
+PeerLateness FlightRecorder::lateness() const { return flight_registry().lateness_of(*this); }
 
 }  // namespace gz::comm

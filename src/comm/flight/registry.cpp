@@ -31,9 +31,9 @@ bool invariant_tsc() {
 bool g_use_tsc = invariant_tsc();
 
 uint64_t steady_ticks() noexcept {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-          .count());
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
 }
 
 }  // namespace flight_detail
