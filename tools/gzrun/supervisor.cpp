@@ -434,7 +434,9 @@ void Supervisor::collect_for_verdict() {
   const int64_t request = (int64_t{1} << 30) + round_.round;
   const Duration wait(static_cast<long long>(o_.dump_wait_s * 1000));
   report_ = collect_node_report(board_.snapshot(), c_.hostname, request, wait);
-  if (!c_.store_client) return;
+  // Without a store (this node lost it) the report has nowhere to go; trying would only delay
+  // this gzrun's exit by a connect timeout.
+  if (!c_.store_client || (c_.monitor && c_.monitor->failure().kind == JobFailure::Kind::store_lost)) return;
   // In the background: a node cut off from the store must not delay stopping its workers.
   if (upload_.joinable()) upload_.join();
   upload_ = std::thread(
@@ -463,11 +465,17 @@ void Supervisor::print_verdict(const JobFailure& failure) {
     return;
   }
   try {
-    std::vector<int> silent;
+    std::vector<int> silent, alive{round_.node_rank};
     const int r = round_.round;
-    std::string input = gather_reports(
-        *c_.store_client(), [r](int n) { return report_key(r, n); }, round_.nnodes,
-        Deadline::after(Duration(static_cast<long long>(o_.verdict_wait_s * 1000))), &silent);
+    auto store = c_.store_client();
+    // Every node still there has acknowledged the failure by now (the store host waited for
+    // that in end_round()): wait for their reports only, not for dead or cut-off nodes'.
+    for (int n = 0; n < round_.nnodes; ++n)
+      if (n != round_.node_rank && store->check({JobMonitor::round_key(r, "acked/" + std::to_string(n))}))
+        alive.push_back(n);
+    std::string input =
+        gather_reports(*store, [r](int n) { return report_key(r, n); }, round_.nnodes,
+                       Deadline::after(Duration(static_cast<long long>(o_.verdict_wait_s * 1000))), &silent, alive);
     input += job_line(round_.run_id, round_.nnodes, o_.nproc_per_node, &failure, silent);
     say_lines(judge_reports(input, stuck_ms, dir, what));
   } catch (const std::exception& e) {

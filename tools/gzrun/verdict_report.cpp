@@ -58,6 +58,16 @@ void save(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+StoreConnect verdict_store_client(const LaunchOptions& o, const std::string& token) {
+  const long long ms = std::clamp<long long>(static_cast<long long>(o.heartbeat_timeout_s * 500), 100, 1000);
+  return [host = o.master_addr, port = o.store_port(), token, ms]() -> std::unique_ptr<Store> {
+    TcpStoreOptions so;
+    so.token = token;
+    so.timeout = Duration(ms);
+    return std::make_unique<TcpStore>(host, port, so);
+  };
+}
+
 std::string report_key(int round, int node) {
   return "gzrun/round" + std::to_string(round) + "/report/" + std::to_string(node);
 }
@@ -83,9 +93,11 @@ std::string job_line(const std::string& run_id, int nnodes, int nproc_per_node, 
 }
 
 std::string gather_reports(Store& store, const std::function<std::string(int)>& key, int nnodes,
-                           Deadline deadline, std::vector<int>* silent) {
+                           Deadline deadline, std::vector<int>* silent, const std::vector<int>& expect) {
   std::vector<std::string> got(nnodes);
-  std::vector<char> have(nnodes, 0);
+  std::vector<char> have(nnodes, 0), wait(nnodes, expect.empty() ? 1 : 0);
+  for (int n : expect)
+    if (n >= 0 && n < nnodes) wait[n] = 1;
   for (;;) {
     int missing = 0;
     for (int n = 0; n < nnodes; ++n) {
@@ -98,7 +110,7 @@ std::string gather_reports(Store& store, const std::function<std::string(int)>& 
         }
       } catch (const std::exception&) {  // the store is slow or gone: what we have is the answer
       }
-      ++missing;
+      missing += wait[n];
     }
     if (missing == 0 || deadline.expired()) break;
     ::usleep(50000);

@@ -32,6 +32,11 @@ struct JobFailure;
 /// @brief A fresh store client whose operations are bounded (the monitor's kind).
 using StoreConnect = std::function<std::unique_ptr<Store>()>;
 
+/// @brief Clients of the job's store for the verdict's reports: bounded to min(1 s, half the
+/// heartbeat timeout) per connect and operation, so a node cut off from the store gives up on its
+/// report quickly instead of delaying its exit (the job monitor decides about the store).
+StoreConnect verdict_store_client(const LaunchOptions& o, const std::string& token);
+
 /// @brief Store key of node `node`'s report for the failure of round `round`.
 std::string report_key(int round, int node);
 /// @brief Store key of node `node`'s answer to status request `id`.
@@ -42,10 +47,11 @@ std::string status_key(int64_t id, int node);
 std::string job_line(const std::string& run_id, int nnodes, int nproc_per_node, const JobFailure* failure,
                      const std::vector<int>& silent);
 
-/// @brief Read the reports of nodes 0..nnodes-1 (`key(n)`) until all are there or `deadline`;
-/// returns them concatenated and the nodes that sent none in *silent.
+/// @brief Read the reports of nodes 0..nnodes-1 (`key(n)`) until those of the nodes in `expect`
+/// (empty: all) are there or `deadline`; the others are taken if they are there. Returns them
+/// concatenated, and the nodes that sent none in *silent.
 std::string gather_reports(Store& store, const std::function<std::string(int)>& key, int nnodes,
-                           Deadline deadline, std::vector<int>* silent);
+                           Deadline deadline, std::vector<int>* silent, const std::vector<int>& expect = {});
 
 /// @brief Judge `input` (node reports and a job line): the verdict's text ("verdict: ..." and
 /// details). When `save_dir` is not empty the input and the text are kept there
