@@ -473,9 +473,9 @@ void Supervisor::print_verdict(const JobFailure& failure) {
     for (int n = 0; n < round_.nnodes; ++n)
       if (n != round_.node_rank && store->check({JobMonitor::round_key(r, "acked/" + std::to_string(n))}))
         alive.push_back(n);
-    std::string input =
-        gather_reports(*store, [r](int n) { return report_key(r, n); }, round_.nnodes,
-                       Deadline::after(Duration(static_cast<long long>(o_.verdict_wait_s * 1000))), &silent, alive);
+    std::string input = gather_reports(
+        *store, [r](int n) { return report_key(r, n); }, round_.nnodes,
+        Deadline::after(Duration(static_cast<long long>(o_.verdict_wait_s * 1000))), &silent, alive);
     input += job_line(round_.run_id, round_.nnodes, o_.nproc_per_node, &failure, silent);
     say_lines(judge_reports(input, stuck_ms, dir, what));
   } catch (const std::exception& e) {
