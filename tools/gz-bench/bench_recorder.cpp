@@ -110,15 +110,18 @@ double recorder_ns_per_op() {
 
 }  // namespace
 
-int bench_recorder(int argc, char** argv) {
-  Options o;
+namespace {
+
+// Options from argv; returns false with *code set when the program should exit (help, bad use).
+bool parse_args(int argc, char** argv, Options* out, int* code) {
+  Options& o = *out;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
       if (i + 1 >= argc) GZ_THROW(InvalidArgument, a, " needs a value");
       return argv[++i];
     };
-    if (a == "--help" || a == "-h") return usage(0);
+    if (a == "--help" || a == "-h") return *code = usage(0), false;
     if (a == "--backend")
       o.backend = next();
     else if (a == "--bytes")
@@ -130,8 +133,17 @@ int bench_recorder(int argc, char** argv) {
     else if (a == "--control")
       o.control = true;
     else
-      return usage(2);
+      return *code = usage(2), false;
   }
+  return true;
+}
+
+}  // namespace
+
+int bench_recorder(int argc, char** argv) {
+  Options o;
+  int code = 0;
+  if (!parse_args(argc, argv, &o, &code)) return code;
   Rendezvous rdz = rendezvous(InitOptions{});
   const int rank = rdz.world.rank, n = rdz.world.world_size;
   // Two pairs, created in opposite orders (on, off, off, on): whatever favours the first or the
