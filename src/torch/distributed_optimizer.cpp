@@ -12,6 +12,7 @@
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
+#include "gz/torch/bucket_plan.h"
 #include "gz/torch/process_group.h"
 #include "gz/torch/row_sparse.h"
 #include "gz/torch/tensor_adapter.h"
@@ -343,28 +344,27 @@ void DistributedOptimizer::run_cycles() {
 }
 
 void DistributedOptimizer::record_schedule(const std::vector<std::vector<size_t>>& executed) {
-  // The next step replays this one's groups, merged in order into buckets as DDP's. Merging is
-  // idempotent, so a replayed step records the plan it ran. Groups hold agreed indices only, so the
+  // The next step replays this one's groups, merged in order into buckets by DDP's rule. Merging
+  // is idempotent, so a replayed step records the plan it ran. Groups hold agreed indices only, so the
   // plan is the same on every rank.
   std::vector<std::vector<size_t>> plan;
   if (options_.replay_schedule) {
-    size_t total = 0;
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (!row_sparse_[i]) total += static_cast<size_t>(params_[i].numel() * params_[i].element_size());
-    const size_t bucket_cap =
-        std::min(options_.replay_bucket_bytes,
-                 std::max(size_t(1) << 20, total / std::max<size_t>(options_.replay_min_buckets, 1)));
-    size_t bytes = 0, cap = std::min(options_.replay_bucket_bytes, size_t(1) << 20);
-    for (const auto& g : executed) {
-      size_t gb = 0;
-      for (size_t i : g) gb += static_cast<size_t>(params_[i].numel() * params_[i].element_size());
-      if (plan.empty() || bytes + gb > cap) {
-        if (!plan.empty()) cap = bucket_cap;
-        plan.emplace_back();
-        bytes = 0;
-      }
-      plan.back().insert(plan.back().end(), g.begin(), g.end());
-      bytes += gb;
+    // A negotiated group is one item: it stays whole. Its bytes are those it puts on the wire
+    // densely (row-sparse gradients travel as rows, apart from the buckets' sizes).
+    std::vector<BucketItem> items(executed.size());
+    for (size_t k = 0; k < executed.size(); ++k)
+      for (size_t i : executed[k])
+        if (!row_sparse_[i])
+          items[k].bytes += static_cast<size_t>(params_[i].numel() * params_[i].element_size());
+    BucketLimits limits;
+    limits.first_bucket_bytes = std::min(options_.replay_bucket_bytes, size_t(1) << 20);
+    limits.bucket_bytes = options_.replay_bucket_bytes;
+    limits.min_buckets = options_.replay_min_buckets;
+    std::vector<size_t> order(executed.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    for (const auto& bucket : plan_buckets(items, order, limits)) {
+      plan.emplace_back();
+      for (size_t k : bucket) plan.back().insert(plan.back().end(), executed[k].begin(), executed[k].end());
     }
   }
   std::vector<size_t> group_of(params_.size());

@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <exception>
-#include <map>
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
+#include "gz/torch/bucket_plan.h"
 #include "gz/torch/row_sparse.h"
 #include "gz/torch/tensor_adapter.h"
 
@@ -76,51 +76,16 @@ void Reducer::install_hooks() {
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
-  // Fill per dtype: each bucket holds one dtype; the first bucket of a dtype is small so
-  // communication starts early in backward. A gradient that would overflow the open bucket starts
-  // the next one: no bucket waits for a big late gradient beyond its cap (only a gradient bigger
-  // than the cap makes a bucket bigger, alone). A row-sparse gradient gets a bucket of its own.
-  size_t dense_bytes = 0;
+  // One dtype per bucket; a row-sparse gradient travels in a bucket of its own (gz/torch/bucket_plan.h).
+  std::vector<BucketItem> items(params_.size());
   for (size_t i = 0; i < params_.size(); ++i)
-    if (!row_sparse_[i]) dense_bytes += params_[i].numel() * params_[i].element_size();
-  const size_t bucket_cap = std::min(
-      options_.bucket_bytes,
-      std::max(options_.first_bucket_bytes, dense_bytes / std::max<size_t>(options_.min_buckets, 1)));
-  std::vector<std::vector<size_t>> layout;
-  std::map<c10::ScalarType, size_t> open;  // dtype -> open bucket index
-  std::map<c10::ScalarType, size_t> open_bytes;
-  std::map<c10::ScalarType, bool> first_done;
-  for (size_t i : order) {
-    auto st = params_[i].scalar_type();
-    const size_t bytes = params_[i].numel() * params_[i].element_size();
-    if (row_sparse_[i]) {
-      // Earlier buckets close first, so buckets still launch in the order gradients become ready.
-      for (auto& [t, b] : open) first_done[t] = true;
-      open.clear();
-      layout.push_back({i});
-      continue;
-    }
-    auto it = open.find(st);
-    size_t cap = first_done[st] ? bucket_cap : options_.first_bucket_bytes;
-    if (it != open.end() && open_bytes[st] + bytes > cap) {
-      open.erase(it);
-      it = open.end();
-      first_done[st] = true;
-      cap = bucket_cap;
-    }
-    if (it == open.end()) {
-      layout.emplace_back();
-      it = open.emplace(st, layout.size() - 1).first;
-      open_bytes[st] = 0;
-    }
-    layout[it->second].push_back(i);
-    open_bytes[st] += bytes;
-    if (open_bytes[st] >= cap) {
-      open.erase(st);
-      first_done[st] = true;
-    }
-  }
-  allocate_buckets(layout);
+    items[i] = {static_cast<size_t>(params_[i].numel() * params_[i].element_size()),
+                static_cast<uint64_t>(params_[i].scalar_type()), row_sparse_[i] != 0};
+  BucketLimits limits;
+  limits.first_bucket_bytes = options_.first_bucket_bytes;
+  limits.bucket_bytes = options_.bucket_bytes;
+  limits.min_buckets = options_.min_buckets;
+  allocate_buckets(plan_buckets(items, order, limits));
 }
 
 void Reducer::allocate_buckets(const std::vector<std::vector<size_t>>& layout) {
