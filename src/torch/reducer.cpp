@@ -197,22 +197,24 @@ void Reducer::on_grad_ready(size_t index) {
   if (!iter_active_) begin_iteration();
   if (ready_[index]) return;
   if (timeline_) timeline_->instant("ddp", "ready " + names_[index]);
-  mark_ready(index, false);
+  mark_ready(index, true);
   used_.data_ptr<uint8_t>()[index] = 1;
   launch_ready_buckets();
 }
 
-void Reducer::mark_ready(size_t index, bool zero) {
+void Reducer::mark_ready(size_t index, bool observed) {
   torch::NoGradGuard no_grad;
   ready_[index] = 1;
-  if (!rebuilt_ && !zero) ready_order_.push_back(index);
+  if (!rebuilt_ && observed) ready_order_.push_back(index);
   if (transient_) {
-    mark_ready_transient(index, zero);
+    mark_ready_transient(index);
     return;
   }
+  // A parameter without a gradient in this backward still contributes the one it holds (accumulated
+  // under no_sync(), as PyTorch's Reducer does), or zeros.
   auto& view = views_[index];
   const auto& g = params_[index].grad();
-  if (zero || !g.defined()) {
+  if (!g.defined()) {
     view.zero_();
   } else if (g.is_sparse()) {
     // A sparse gradient (nn::Embedding with sparse(true)) where .grad was unset: densified into the
@@ -307,7 +309,12 @@ void Reducer::finalize_backward() {
              ". Construct DDP with find_unused_parameters = true, or make every parameter "
              "contribute to the loss (other ranks may now time out waiting for these buckets)");
   }
-  for (size_t i : missing) mark_ready(i, true);
+  // A missing parameter that holds a gradient (accumulated in no_sync() micro-steps) counts as
+  // used: every rank then writes the average back.
+  for (size_t i : missing) {
+    if (params_[i].grad().defined()) used_.data_ptr<uint8_t>()[i] = 1;
+    mark_ready(i, false);
+  }
   launch_ready_buckets();
   torch::Tensor used_global;
   if (options_.find_unused_parameters) {
@@ -462,7 +469,7 @@ void Reducer::set_bucket_plan(BucketPlan plan) {
   ready_order_.clear();
 }
 
-void Reducer::mark_ready_transient(size_t index, bool zero) {
+void Reducer::mark_ready_transient(size_t index) {
   auto& bk = buckets_[bucket_of_[index]];
   auto& p = params_[index];
   if (!bk.grad.buffer.defined()) {
@@ -473,7 +480,7 @@ void Reducer::mark_ready_transient(size_t index, bool zero) {
   }
   auto slot = bk.grad.buffer.narrow(0, offsets_[index], p.numel());
   auto& g = p.mutable_grad();
-  if (zero || !g.defined())
+  if (!g.defined())
     slot.zero_();
   else
     slot.view(p.sizes()).copy_(g);

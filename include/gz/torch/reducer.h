@@ -118,7 +118,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void build_buckets(const std::vector<size_t>& order);
   void on_grad_ready(size_t index);
   void begin_iteration();
-  void mark_ready(size_t index, bool zero);
+  /// @brief Put parameter `index`'s gradient (zeros without one) into its bucket; `observed`: its
+  /// hook fired (it counts for the ready order the buckets are rebuilt from).
+  void mark_ready(size_t index, bool observed);
   void launch_ready_buckets();
   void finalize_backward();
   void settle(Bucket& b, std::exception_ptr* first_error) noexcept;
@@ -126,7 +128,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void rebuild_buckets(int root);
   void bind_grad(size_t index);
   void allocate_buckets(const std::vector<std::vector<size_t>>& layout);
-  void mark_ready_transient(size_t index, bool zero);
+  void mark_ready_transient(size_t index);
 
   comm::CommPtr group_;
   ReducerOptions options_;

@@ -55,6 +55,9 @@ struct ZeroOptions {
 /// one), zero_grad() clears the model's gradients, save()/load() use the unsharded format of the
 /// wrapped optimizer, so checkpoints move between ZeRO, plain DDP and other world sizes.
 ///
+/// Gradients of several synchronised backward passes before one step() add up, as with DDP (at
+/// stage 2 in this rank's shard, which step() consumes: zero_grad() does not reach it).
+///
 /// Limits: after backward only this rank's block of the gradients is averaged (clip with
 /// clip_grad_norm_(), not with torch::nn::utils); not under ddp.join(); DDP's comm hook is
 /// replaced by the reduce-scatter; parameters of a bucket are stepped together (a parameter

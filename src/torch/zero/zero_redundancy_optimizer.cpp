@@ -45,6 +45,10 @@ bool elementwise(const Optimizer& o) {
 }
 
 // Reduce-scatter of one bucket: rank r receives the average of block r into its gradient shard.
+// Stage 2 adds to the shard when the bucket was already reduced since the last step (several
+// synchronised backward passes before one step): its transient bucket freed the earlier gradients,
+// so the shard is the only place they add up. Stage 1's bucket keeps the local sum of every
+// backward since zero_grad(), so its reduce-scatter replaces the shard.
 CommHook reduce_scatter_hook(std::weak_ptr<ZeroRedundancyOptimizer::Impl> weak) {
   return [weak](comm::Communicator& g, GradBucket& bucket) {
     auto s = weak.lock();
@@ -57,11 +61,14 @@ CommHook reduce_scatter_hook(std::weak_ptr<ZeroRedundancyOptimizer::Impl> weak) 
     if (buf.numel() != out.numel() * g.size())
       GZ_THROW(Error, "ZeroRedundancyOptimizer: bucket ", bucket.index, " has ", buf.numel(),
                " elements, expected ", out.numel() * g.size());
+    const bool accumulate = s->options.stage == 2 && s->fresh[bucket.index];
+    auto dst = accumulate ? torch::empty_like(out) : out;
     const bool avg = bucket.divisor == g.size();
-    g.reduce_scatter(buf.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+    g.reduce_scatter(buf.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()),
                      to_dtype(buf.scalar_type(), "reduce_scatter"),
                      avg ? comm::ReduceOp::avg : comm::ReduceOp::sum);
-    if (!avg && bucket.divisor != 1) out.div_(bucket.divisor);
+    if (!avg && bucket.divisor != 1) dst.div_(bucket.divisor);
+    if (accumulate) out.add_(dst);
     s->fresh[bucket.index] = 1;
     // Checked after the collective, so that every rank still issues it.
     if (s->gathers_unwaited.load())
