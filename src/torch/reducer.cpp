@@ -152,8 +152,17 @@ std::vector<std::vector<size_t>> Reducer::bucket_layout() const {
 }
 
 void Reducer::set_comm_hook(CommHook hook) {
+  if (!hook_owner_.empty())
+    GZ_THROW(Error, "DistributedDataParallel: the comm hook belongs to ", hook_owner_,
+             "; a hook registered now would replace it and leave that optimizer nothing to step");
   if (iter_active_) GZ_THROW(Error, "DistributedDataParallel: cannot change the comm hook during backward");
   options_.comm_hook = hook ? std::move(hook) : allreduce_hook();
+}
+
+void Reducer::own_comm_hook(CommHook hook, std::string owner) {
+  if (iter_active_) GZ_THROW(Error, "DistributedDataParallel: cannot change the comm hook during backward");
+  options_.comm_hook = hook ? std::move(hook) : allreduce_hook();
+  hook_owner_ = std::move(owner);
 }
 
 void Reducer::set_join_mode(bool on) {

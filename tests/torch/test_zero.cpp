@@ -286,6 +286,30 @@ TEST(Zero, NoSyncKeepsTheGradientOfAParameterUnusedInTheLastMicroStep) {
   }
 }
 
+// ZeRO owns DDP's comm hook (the reduce-scatter); a hook registered afterwards would make step()
+// silently step nothing. It is refused, and training goes on as before.
+TEST(Zero, ACommHookRegisteredAfterZeroIsRefused) {
+  const int world = 2;
+  auto d = make_data(2, world * kB);
+  auto models = make_mlps(world);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    DistributedDataParallel ddp(m.ptr(), g, small_buckets());
+    ZeroRedundancyOptimizer opt(ddp, make_opt(m, Kind::sgd), zero_opts(2));
+    try {
+      ddp.register_comm_hook(allreduce_hook());
+      ADD_FAILURE() << "a comm hook after ZeRO was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ZeroRedundancyOptimizer"), std::string::npos) << e.what();
+    }
+    auto before = snapshot(*m);
+    train_step(ddp, m, opt, d, 0, r, kB);
+    opt.synchronize();
+    EXPECT_GT(max_rel(snapshot(*m), before), 1e-4) << "the step changed nothing";
+  });
+}
+
 // Stage 2: after backward no parameter has a gradient and no bucket holds memory; the rank keeps
 // only its block. Stage 1: whole gradients, sharded state.
 TEST(Zero, Stage2KeepsOnlyTheOwnedGradientBlock) {

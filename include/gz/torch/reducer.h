@@ -68,7 +68,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// @brief Off inside no_sync(): gradients accumulate locally, no communication.
   void set_sync_enabled(bool on) { sync_enabled_ = on; }
   bool sync_enabled() const { return sync_enabled_; }
+  /// @brief Replace the bucket reduction (outside backward). Throws gz::Error while another
+  /// component owns the hook (own_comm_hook()).
   void set_comm_hook(CommHook hook);
+  /// @brief Install `hook` for good (replacing any earlier owner's): later set_comm_hook() calls
+  /// fail naming `owner` (ZeRO's reduce-scatter: any other hook would leave it nothing to step).
+  void own_comm_hook(CommHook hook, std::string owner);
 
   /// @brief Join mode (DDP join()): every synchronised iteration starts with an exchange of who is
   /// still active; the divisor is the number of active ranks.
@@ -132,6 +137,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   comm::CommPtr group_;
   ReducerOptions options_;
+  std::string hook_owner_;  // own_comm_hook(): who installed the hook for good
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;

@@ -60,8 +60,9 @@ struct ZeroOptions {
 ///
 /// Limits: after backward only this rank's block of the gradients is averaged (clip with
 /// clip_grad_norm_(), not with torch::nn::utils); not under ddp.join(); DDP's comm hook is
-/// replaced by the reduce-scatter; parameters of a bucket are stepped together (a parameter
-/// unused on every rank still gets a zero-gradient step); the DDP object must outlive this one.
+/// replaced by the reduce-scatter, and registering another one afterwards throws gz::Error;
+/// parameters of a bucket are stepped together (a parameter unused on every rank still gets a
+/// zero-gradient step); the DDP object must outlive this one.
 class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
  public:
   /// @brief Shards `local`'s parameters (they must be exactly the parameters `ddp` averages; any

@@ -174,7 +174,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp,
     if (im.reducer->bucket_numel(k) != im.buckets[k].padded(im.world))
       GZ_THROW(Error, "ZeroRedundancyOptimizer: bucket ", k, " of DDP has ", im.reducer->bucket_numel(k),
                " elements, the shard layout ", im.buckets[k].padded(im.world));
-  im.reducer->set_comm_hook(reduce_scatter_hook(impl_));
+  im.reducer->own_comm_hook(reduce_scatter_hook(impl_), "ZeroRedundancyOptimizer (its reduce-scatter)");
   std::weak_ptr<Impl> weak = impl_;
   ddp.set_pre_forward_hook([weak] {
     if (auto s = weak.lock()) s->wait_gathers();
