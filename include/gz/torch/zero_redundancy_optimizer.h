@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "gz/torch/comm_stats.h"
 #include "gz/torch/ddp.h"
 
 namespace gz {
@@ -27,6 +28,9 @@ struct ZeroOptions {
   /// @brief step() returns while the parameter all-gathers still run; DDP's next pre_forward()
   /// (or synchronize()) waits for them. Off: step() waits itself.
   bool overlap_allgather = true;
+  /// @brief Counts the bytes handed to the reduce-scatters and all-gathers (optional): each op's
+  /// per-rank block, as CommStats counts an all-gather.
+  std::shared_ptr<CommStats> stats;
 };
 
 /// @brief ZeRO (Rajbhandari et al.) for DistributedDataParallel: each rank keeps and updates the
@@ -79,6 +83,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   /// @brief Wait for the parameter all-gathers of the last step (every parameter is whole after).
   void synchronize();
+  /// @brief Whether the last step's all-gathers have not been waited for yet (synchronize(), DDP's
+  /// next pre_forward()): until then the parameters may still be changing.
+  bool gathers_pending() const;
   /// @brief Scale the averaged gradients so their global L2 norm is at most max_norm (as
   /// torch::nn::utils::clip_grad_norm_ over the whole model); returns the norm before. Collective.
   double clip_grad_norm_(double max_norm);

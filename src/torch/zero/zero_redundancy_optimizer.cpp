@@ -67,6 +67,7 @@ CommHook reduce_scatter_hook(std::weak_ptr<ZeroRedundancyOptimizer::Impl> weak) 
     g.reduce_scatter(buf.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()),
                      to_dtype(buf.scalar_type(), "reduce_scatter"),
                      avg ? comm::ReduceOp::avg : comm::ReduceOp::sum);
+    if (s->options.stats) s->options.stats->add(static_cast<uint64_t>(dst.numel() * dst.element_size()));
     if (!avg && bucket.divisor != 1) dst.div_(bucket.divisor);
     if (accumulate) out.add_(dst);
     s->fresh[bucket.index] = 1;
@@ -272,6 +273,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     im.gathers[k] =
         im.group->allgather_async(base + lo * f.element_size(), base, static_cast<size_t>(hi - lo),
                                   to_dtype(f.scalar_type(), "allgather"));
+    if (im.options.stats) im.options.stats->add(static_cast<uint64_t>((hi - lo) * f.element_size()));
     im.gathers_unwaited = true;
   }
   ++im.steps;
@@ -280,6 +282,8 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
 }
 
 void ZeroRedundancyOptimizer::synchronize() { impl_->wait_gathers(); }
+
+bool ZeroRedundancyOptimizer::gathers_pending() const { return impl_->gathers_unwaited.load(); }
 
 double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   auto& im = *impl_;
