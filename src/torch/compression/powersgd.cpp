@@ -160,7 +160,9 @@ CommHook powersgd_hook(const CompressionOptions& options, std::shared_ptr<CommSt
                "powersgd_min_compression_rate = ", options.powersgd_min_compression_rate);
   auto state = std::make_shared<PowerSGDState>(options, std::move(stats));
   return [state](comm::Communicator& group, GradBucket& bucket) {
-    if (state->begin(bucket) || !c10::isFloatingType(bucket.buffer.scalar_type()))
+    const bool warming_up = state->begin(bucket);
+    if (compression::reduce_rows_uncompressed(group, bucket, *state)) return;
+    if (warming_up || !c10::isFloatingType(bucket.buffer.scalar_type()))
       return compression::plain_allreduce(group, bucket, *state);
     reduce(*state, group, bucket);
   };
