@@ -7,6 +7,10 @@
 
 namespace gz {
 
+// min_buckets: the last bucket's reduction cannot overlap backward, so it should stay a small share
+// of the step even for models far smaller than bucket_bytes x min_buckets. bert-small at 1 Gbit/s:
+// 25 MiB buckets put 12.6 MB of layer gradients on the wire after backward; 1.6 MB buckets send
+// them during backward.
 size_t bucket_cap(const std::vector<BucketItem>& items, const std::vector<size_t>& order,
                   const BucketLimits& limits) {
   if (limits.min_buckets <= 1) return limits.bucket_bytes;

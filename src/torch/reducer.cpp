@@ -14,6 +14,12 @@
 #include "gz/torch/row_sparse.h"
 #include "gz/torch/tensor_adapter.h"
 
+// How: a post hook on each parameter's gradient accumulator copies the gradient into its bucket's
+// persistent flat buffer (or binds .grad to its view of it); a bucket whose gradients are all ready
+// is reduced asynchronously on the group's progress thread while backward goes on, buckets in index
+// order on every rank. A callback queued on the autograd engine waits for all buckets at the end of
+// backward. Buckets start in reverse registration order and are rebuilt once, from the
+// gradient-ready order rank 0 (or the lowest active rank) observed in the first iteration.
 namespace gz {
 
 // Fires after AccumulateGrad wrote the parameter's .grad. The signature is the same in LibTorch

@@ -41,20 +41,17 @@ struct BucketPlan {
   /// reduce-scatter can split the bucket into equal blocks).
   int64_t pad_multiple = 1;
   /// @brief Bucket memory exists only from a bucket's first gradient until its hook has returned:
-  /// each parameter's .grad is copied into it and freed, and no .grad is written back. With ZeRO
-  /// stage 2 the hook keeps only this rank's block, so gradients this rank does not own are gone
-  /// once their bucket is reduced.
+  /// each parameter's .grad moves into it (and is gone), and no .grad is written back: the hook
+  /// keeps what it needs (ZeRO stage 2: this rank's block).
   bool transient = false;
 };
 
-/// @brief Averages gradients of a set of parameters across a group during backward.
-///
-/// A post hook on each parameter's gradient accumulator copies the gradient into its bucket's
-/// persistent flat buffer; a bucket whose gradients are all ready is reduced asynchronously on the
-/// group's progress thread while backward goes on (buckets start in index order on every rank).
-/// A callback queued on the autograd engine waits for all buckets at the end of backward, so the
-/// gradients are averaged when loss.backward() returns. Buckets start in reverse registration order
-/// and are rebuilt once, from the gradient-ready order rank 0 observed in the first iteration.
+/// @brief Averages gradients of a set of parameters across a group during backward: when
+/// loss.backward() returns, every parameter's .grad holds the average over the ranks (or what the
+/// comm hook made of it). Gradients travel in buckets (gz/torch/bucket_plan.h), each reduced while
+/// backward goes on, in the same order on every rank; the buckets are rebuilt once, from the
+/// gradient-ready order of the first synchronised iteration. Every rank must run the same backward
+/// passes with sync on and off alike.
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
