@@ -198,6 +198,7 @@ void Trainer::setup() {
     if (c.zero_stage > 0) {  // ZeRO: the optimizer steps this rank's shard; checkpoints stay whole
       ZeroOptions zo;
       zo.stage = static_cast<int>(c.zero_stage);
+      zo.stats = impl_->comm.stats();  // its reduce-scatters and all-gathers are the gradient traffic
       impl_->zero = std::make_shared<ZeroRedundancyOptimizer>(*impl_->ddp, impl_->optimizer, zo);
       impl_->optimizer = impl_->zero;
     }
@@ -351,6 +352,9 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
       torch::nn::utils::clip_grad_norm_(model_->parameters(), c.max_grad_norm);
   }
   scaler.step(opt);
+  // ZeRO all-gathers the stepped parameters in the background: everything after the step
+  // (averagers, callbacks, evaluation, the caller of train()) reads them whole.
+  if (impl_->zero) impl_->zero->synchronize();
   scaler.update();
   impl_->comm.after_step();
   std::vector<double> loss{loss_sum};
@@ -366,8 +370,8 @@ std::map<std::string, double> Trainer::evaluate() {
   // Local SGD / async averaging: every rank evaluates (and then saves) the averaged model. Also
   // without a test set: train() ends with an evaluation, which leaves every rank the same model.
   impl_->comm.sync_replicas();
-  if (!test_data_ || !model_) return out;
   if (impl_->zero) impl_->zero->synchronize();  // the last step's parameter all-gathers
+  if (!test_data_ || !model_) return out;
   torch::NoGradGuard no_grad;
   // Rank 0's buffers (batch-norm statistics) everywhere, as DDP uses them in the next forward.
   if (group_ && world_ > 1)
