@@ -12,17 +12,17 @@
 # always on (no switch): they are part of every column. An ON run also prints what the report
 # measured of itself (its summary's "the report itself" line).
 #
-#   flock /work/.bench.lock bench/run_observability_cost.sh [BUILD_DIR]
-#   env: ROUNDS (6), MODELS ("cnn bert_small"), CNN_STEPS (500), BERT_STEPS (50), WARMUP (10),
+#   flock /work/.bench.lock bench/run_observability_cost.sh [BUILD_DIR]   (about 15 min at load 20-37)
+#   env: ROUNDS (8), MODELS ("cnn bert_small"), CNN_STEPS (500), BERT_STEPS (100), WARMUP (10),
 #        KEEP (a directory: keep every run's output and history there)
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
-ROUNDS=${ROUNDS:-6}
+ROUNDS=${ROUNDS:-8}
 MODELS=${MODELS:-"cnn bert_small"}
 CNN_STEPS=${CNN_STEPS:-500}
-BERT_STEPS=${BERT_STEPS:-50}
+BERT_STEPS=${BERT_STEPS:-100}
 WARMUP=${WARMUP:-10}
 gzrun=$build/tools/gzrun/gzrun
 train=$build/apps/gz-train/gz-train
