@@ -160,7 +160,10 @@ long long PeerIdentity::uid(const sockaddr_storage& peer, const sockaddr_storage
 }
 
 std::string PeerIdentity::source(const sockaddr_storage& peer, const sockaddr_storage& local) {
-  const long long u = uid(peer, local);
+  return source_of(peer, uid(peer, local));
+}
+
+std::string PeerIdentity::source_of(const sockaddr_storage& peer, long long u) {
   if (u >= 0) return "local user " + std::to_string(u);
   return is_loopback_peer(peer) ? std::string("loopback, user unknown") : source_key(peer);
 }

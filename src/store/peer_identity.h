@@ -42,6 +42,8 @@ class PeerIdentity {
   /// owner is known (whatever address it dialled), "loopback, user unknown" for a loopback peer
   /// whose owner is not, else source_key(peer).
   std::string source(const sockaddr_storage& peer, const sockaddr_storage& local);
+  /// @brief The same key for a peer whose owner uid() already gave (-1: unknown).
+  static std::string source_of(const sockaddr_storage& peer, long long uid);
   /// @brief Whether sock_diag was found missing (logged once by the server).
   bool unavailable() const { return unavailable_; }
   /// @brief Questions asked of the kernel so far (probes included).

@@ -58,7 +58,8 @@ struct TcpStoreServer::Impl {
     int fd = -1;
     uint64_t id = 0;
     std::string peer;    // "addr:port" for messages
-    std::string source;  // admission key (address, or IPv6 /64)
+    std::string source;  // admission key (local user, else address or IPv6 /64)
+    long long uid = -1;  // the local user owning the peer's socket; -1: remote or unknown
     std::string in;
     std::string out;
     size_t out_off = 0;
@@ -96,6 +97,9 @@ struct TcpStoreServer::Impl {
   wire::Admission admission;
   wire::PeerIdentity identity;  // local peers' users (their admission key)
   bool told_identity = false;   // that peers' users cannot be told apart here (logged once)
+  // Without a token (and without allow_insecure) only this user's processes are admitted.
+  bool owner_only = false;
+  long long owner_uid = static_cast<long long>(::geteuid());
   AbuseLog abuse;
   Counters st;
   int listen_fd = -1;
@@ -142,6 +146,7 @@ struct TcpStoreServer::Impl {
     validate();
     salt = wire::random_bytes(wire::kSaltBytes);
     if (!opts.token.empty()) key = wire::handshake_key(opts.token, salt);
+    owner_only = key.empty() && !opts.allow_insecure;
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -337,6 +342,7 @@ struct TcpStoreServer::Impl {
       auto h = wire::judge_hello(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size());
       if (h.verdict == HandshakeVerdict::need_more) return;
       if (h.verdict != HandshakeVerdict::accept) return refuse_handshake(c, h, now);
+      if (foreign_user(c)) return;
       consume(c, h.consumed);
       challenge(c, h.nonce);
       if (c.in.empty()) return;
@@ -401,18 +407,29 @@ struct TcpStoreServer::Impl {
   // The admission key: the local user owning the peer's socket when it is on this host (every
   // local process connects from 127.0.0.1 or from the host's own address, shared by all its users),
   // else the peer's address.
-  std::string source_of(int fd, const sockaddr_storage& peer) {
+  void identify(Conn& c, int fd, const sockaddr_storage& peer) {
     sockaddr_storage local{};
     socklen_t len = sizeof local;
     getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len);
-    std::string key = identity.source(peer, local);
+    c.uid = identity.uid(peer, local);
+    c.source = wire::PeerIdentity::source_of(peer, c.uid);
     if (identity.unavailable() && !told_identity) {
       told_identity = true;
-      GZ_LOG(warn,
-             "store server: cannot tell local users apart (no sock_diag for TCP here): "
-             "unauthenticated local clients share their address's slots");
+      GZ_LOG(warn, "store server: cannot tell local users apart (no sock_diag for TCP here): ",
+             owner_only ? "this store has no token, so every local user can reach it; set GZ_RDZV_TOKEN"
+                        : "unauthenticated local clients share their address's slots");
     }
-    return key;
+  }
+
+  // A tokenless store is its owner's: another local user's process is refused at its hello,
+  // with a reason its client prints.
+  bool foreign_user(Conn& c) {
+    if (!owner_only || c.uid < 0 || c.uid == owner_uid) return false;
+    ++st.bad_hello;
+    refuse(c, "this store has no rendezvous token, so it admits only processes of local user " +
+                  std::to_string(owner_uid) + " (this one is user " + std::to_string(c.uid) +
+                  "); give every rank the same GZ_RDZV_TOKEN to share it");
+    return true;
   }
 
   void accept_batch(Clock::time_point now) {
@@ -448,7 +465,7 @@ struct TcpStoreServer::Impl {
       c.fd = fd;
       c.id = next_id++;
       c.peer = std::string(host) + ":" + std::to_string(port);
-      c.source = source_of(fd, ss);
+      identify(c, fd, ss);
       c.auth_deadline = now + opts.auth_timeout;
       c.tracked = true;
       int one = 1;

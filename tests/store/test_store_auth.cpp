@@ -363,6 +363,61 @@ TEST(StoreAuth, AnotherLocalUsersFloodFromTheHostsOwnAddressCrowdsOutOnlyItself)
   if (!ran) GTEST_SKIP() << "cannot make a network namespace with an address here";
 }
 
+// A store without a token (torchrun-style runs on one node, ranks without GZ_RDZV_TOKEN) listens
+// on loopback, where every local user can reach it: it admits only its own user's processes.
+// Before, another user's process could read and write the job's keys. Needs root (to be another
+// user).
+TEST(StoreAuth, TokenlessStoreAdmitsOnlyItsOwnUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as another user";
+  TcpStoreServerOptions o;
+  o.bind_addr = "127.0.0.1";
+  TcpStoreServer server(o);
+  const int port = server.port();
+  // Our own processes: admitted without a token.
+  TcpStore mine("127.0.0.1", port, client(3s, ""));
+  mine.set("k", to_bytes("v"));
+  int verdict[2];
+  ASSERT_EQ(::pipe(verdict), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(verdict[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    RawConn other(port);
+    const wire::Message m = other.handshake("");
+    std::string out(1, static_cast<char>(m.code));
+    if (!m.parts.empty()) out += m.parts[0];
+    (void)!::write(verdict[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(verdict[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = ::read(verdict[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  ::close(verdict[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(static_cast<uint8_t>(got[0]), static_cast<uint8_t>(wire::Reply::refused))
+      << "another local user was admitted to a tokenless store";
+  EXPECT_NE(got.find("admits only processes of local user 0"), std::string::npos) << got.substr(1);
+  EXPECT_EQ(to_string(mine.get("k", Deadline::after(2s))), "v");
+  // allow_insecure opts out: every local user is admitted.
+  o.allow_insecure = true;
+  TcpStoreServer open(o);
+  const pid_t child2 = ::fork();
+  ASSERT_GE(child2, 0);
+  if (child2 == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    RawConn other(open.port());
+    ::_exit(other.handshake("").code == static_cast<uint8_t>(wire::Reply::ok) ? 0 : 1);
+  }
+  ::waitpid(child2, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "insecure store refused another user: " << status;
+}
+
 TEST(StoreAuth, ThousandPendingSocketsDoNotDelayAuthenticatedRanks) {
   if (!test::raise_fd_limit(4096)) GTEST_SKIP() << "cannot raise the descriptor limit to 4096";
   TcpStoreServerOptions o = secured();

@@ -21,12 +21,16 @@ namespace gz {
 /// correct proof is accepted as soon as it arrives, whatever others sent before it.
 struct TcpStoreServerOptions {
   std::string bind_addr = "127.0.0.1";
-  int port = 0;       ///< 0 = pick a free port; port() tells which.
-  std::string token;  ///< empty = no authentication (loopback, or allow_insecure)
+  int port = 0;  ///< 0 = pick a free port; port() tells which.
+  /// @brief Empty = no token: then, unless allow_insecure, the server listens on loopback only
+  /// and admits only processes of its own local user (told by the kernel, see peer_identity.h), so
+  /// a tokenless store of one node is not open to the machine's other users.
+  std::string token;
   /// @brief What this server is, proved together with the token in every handshake (at most
   /// 128 bytes): a client that expects another name (TcpStoreOptions::server_name) refuses it.
   std::string name;
-  bool allow_insecure = false;         ///< listen beyond loopback without a token (trusted networks only)
+  /// @brief Without a token: listen beyond loopback, and admit every local user (trusted networks only).
+  bool allow_insecure = false;
   size_t max_value_bytes = 64u << 20;  ///< larger messages are rejected
   size_t max_total_bytes = 1u << 30;   ///< total stored bytes cap
   size_t max_clients = 4096;           ///< authenticated connections
