@@ -24,12 +24,6 @@
 
 namespace gz::launcher {
 
-namespace {
-// The name gzrun's store proves in every handshake (TcpStoreServerOptions::name): a gzrun never
-// takes another store that happens to share the token (a program's own store, say) for its job's.
-const char* const kStoreName = "gzrun";
-}  // namespace
-
 struct StoreHost::Impl {
   std::unique_ptr<EtcdStore> etcd;  // --rdzv-backend etcd: this gzrun's client (nobody hosts)
   std::unique_ptr<TcpStoreServer> server;
@@ -149,7 +143,7 @@ void StoreHost::start() {
   so.port = want;
   so.token = token_;
   so.allow_insecure = o_.rdzv_insecure;
-  so.name = kStoreName;
+  so.name = o_.store_name();
   try {
     impl_->server = std::make_unique<TcpStoreServer>(so);
   } catch (const Error& e) {
@@ -174,7 +168,7 @@ std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, const std::stri
                                          const std::string& token) {
   TcpStoreOptions co;
   co.token = token;
-  co.server_name = kStoreName;
+  co.server_name = o.store_name();
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_s * 1000));
   auto client = std::make_unique<TcpStore>(host, port, co);
   // Connecting may take the whole rendezvous timeout (nodes start at different times); each
@@ -223,7 +217,7 @@ std::unique_ptr<Store> StoreHost::monitor_client() const {
   if (o_.etcd()) return std::make_unique<EtcdStore>(etcd_store_options(o_, token_, o_.rdzv_insecure));
   TcpStoreOptions co;
   co.token = token_;
-  co.server_name = kStoreName;
+  co.server_name = o_.store_name();
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000));
   return std::make_unique<TcpStore>(client_host(), port_, co);
 }
