@@ -159,6 +159,19 @@ long long PeerIdentity::uid(const sockaddr_storage& peer, const sockaddr_storage
   return f == Found::yes ? u : -1;
 }
 
+long long PeerIdentity::listener_uid(const sockaddr_storage& server, const sockaddr_storage& local) {
+  if (!usable(server, local)) return -1;
+  // The kernel looks a socket up as it would for an arriving packet: established ones first, then
+  // listeners. From our address's port 0 nothing is established, so the answer is the listener.
+  sockaddr_storage nobody = local;
+  if (nobody.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&nobody)->sin_port = 0;
+  if (nobody.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&nobody)->sin6_port = 0;
+  long long u = -1;
+  const Found f = lookup(server, nobody, u);
+  if (f == Found::failed) give_up();
+  return f == Found::yes ? u : -1;
+}
+
 std::string PeerIdentity::source(const sockaddr_storage& peer, const sockaddr_storage& local) {
   return source_of(peer, uid(peer, local));
 }

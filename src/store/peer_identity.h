@@ -38,6 +38,10 @@ class PeerIdentity {
   /// host (in this network namespace); -1 when it is not, or the kernel cannot tell (no
   /// sock_diag, the peer already closed).
   long long uid(const sockaddr_storage& peer, const sockaddr_storage& local);
+  /// @brief For a client's connection from `local` to the server at `server` on this host: the uid
+  /// owning the server's listening socket (its accepted one may not be accepted yet, and then
+  /// belongs to nobody); -1 when unknown.
+  long long listener_uid(const sockaddr_storage& server, const sockaddr_storage& local);
   /// @brief The admission key of a connection: "local user <uid>" for a peer on this host whose
   /// owner is known (whatever address it dialled), "loopback, user unknown" for a loopback peer
   /// whose owner is not, else source_key(peer).

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
 #include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -431,6 +433,71 @@ TEST(EtcdSecurity, PasswordNeverReachesAPlaintextServerBeyondLoopback) {
   EXPECT_GE(c, 0) << "--rdzv-insecure did not reach the server";
   if (c >= 0) ::close(c);
   ::close(fd);
+}
+
+// On loopback plain http is allowed (nothing travels beyond the machine), but any local user can
+// listen on the port when etcd does not hold it (down, not started yet): the password (the
+// rendezvous token) only goes to a listener of this user, root or "etcd". Before, it went to
+// whoever listened. Needs root (to listen as another user).
+TEST(EtcdSecurity, PasswordNeverReachesAnotherLocalUsersListener) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to listen as another user";
+  int to_parent[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Another user's listener that reports what it was sent.
+    ::close(to_parent[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 8) != 0) ::_exit(4);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    const uint16_t port = ntohs(sa.sin_port);
+    (void)!::write(to_parent[1], &port, sizeof port);
+    std::string seen;
+    pollfd p{fd, POLLIN, 0};
+    while (::poll(&p, 1, 1500) > 0) {
+      int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) break;
+      pollfd q{c, POLLIN, 0};
+      char buf[4096];
+      ssize_t n;
+      while (::poll(&q, 1, 300) > 0 && (n = ::read(c, buf, sizeof buf)) > 0)
+        seen.append(buf, static_cast<size_t>(n));
+      ::close(c);
+    }
+    (void)!::write(to_parent[1], seen.data(), seen.size());
+    ::_exit(0);
+  }
+  ::close(to_parent[1]);
+  uint16_t port = 0;
+  ASSERT_EQ(::read(to_parent[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  EtcdStoreOptions o;
+  o.endpoints = {"http://127.0.0.1:" + std::to_string(port)};
+  o.user = "gz";
+  o.password = "the-rendezvous-token";
+  o.timeout = 1s;
+  try {
+    EtcdStore s(o);
+    ADD_FAILURE() << "connected to another user's listener";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "local user 65534")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "--rdzv-insecure")) << e.what();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "not refused for its owner: " << e.what();
+  }
+  std::string seen;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(to_parent[0], buf, sizeof buf)) > 0;) seen.append(buf, static_cast<size_t>(n));
+  ::close(to_parent[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "listener status " << status;
+  EXPECT_FALSE(contains(seen, "the-rendezvous-token")) << "the password reached another user's listener";
 }
 
 TEST(EtcdSecurity, UserAndPasswordAuthentication) {

@@ -92,6 +92,8 @@ class HttpConn {
   /// @brief Whether another request may follow on this connection (keep-alive, nothing pending).
   bool reusable() const { return reusable_; }
   const Endpoint& endpoint() const { return ep_; }
+  /// @brief The connected socket (to ask the kernel who listens on a loopback endpoint).
+  int fd() const { return fd_; }
 
  private:
   void send_all(const std::string& data, Deadline deadline);
