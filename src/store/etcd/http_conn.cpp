@@ -220,11 +220,20 @@ HttpConn::HttpConn(const Endpoint& ep, const TlsContext* tls, Deadline deadline)
   int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (!ep.tls) return;
-  if (!tls) {
+  // A constructor that throws runs no destructor: free what the handshake holds here.
+  try {
+    start_tls(ep, tls, deadline);
+  } catch (...) {
+    if (ssl_) SSL_free(ssl_);
+    ssl_ = nullptr;
     ::close(fd_);
     fd_ = -1;
-    GZ_THROW(InvalidArgument, "etcd endpoint ", ep.url(), " needs TLS settings");
+    throw;
   }
+}
+
+void HttpConn::start_tls(const Endpoint& ep, const TlsContext* tls, Deadline deadline) {
+  if (!tls) GZ_THROW(InvalidArgument, "etcd endpoint ", ep.url(), " needs TLS settings");
   ssl_ = SSL_new(tls->get());
   if (!ssl_) fail("TLS: " + ssl_errors());
   BIO* bio = BIO_new(nosignal_method());
