@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "gz/core/error.h"
@@ -188,6 +189,148 @@ TEST(EtcdStore, AddAndAppendAreAppliedOnceWhenTheAnswerIsLost) {
   EXPECT_EQ(s.append("log", to_bytes("abc")), 3);
   EXPECT_EQ(proxy.dropped.load(), 4);
   EXPECT_EQ(text_of(direct.get("log", Deadline::after(2s))), "abc") << "append applied twice";
+}
+
+// Change records of a key without its value (a client died between its writes, or a job was
+// killed): compare_set with an empty expectation must still set the key. Before, its first
+// transaction failed on the records, the key read as missing, and it retried that transaction
+// back to back until the deadline, then failed with a misleading "no member answered".
+TEST(EtcdStore, CompareSetOverOrphanChangeRecordsEnds) {
+  auto o = test::shared_etcd().client_options();
+  o.timeout = 3s;
+  EtcdStore s(o);
+  // A record under P/c/<hex of "key">/ (hex "6b6579"), written as another store's key.
+  auto orphan_o = o;
+  orphan_o.prefix = o.prefix + "/c/6b6579";
+  EtcdStore orphan(orphan_o);
+  orphan.set("x", to_bytes("c1"));
+  EXPECT_FALSE(s.check({"key"}));
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  auto result = std::make_shared<std::string>();
+  std::thread t([&s, done, result] {
+    try {
+      *result = text_of(s.compare_set("key", Bytes{}, to_bytes("mine")));
+    } catch (const std::exception& e) {
+      *result = std::string("threw: ") + e.what();
+    }
+    *done = true;
+  });
+  Deadline d = Deadline::after(10s);
+  while (!*done && !d.expired()) std::this_thread::sleep_for(10ms);
+  if (!*done) {
+    ADD_FAILURE() << "compare_set over orphan change records did not return within 10 s (3 s deadline)";
+    t.detach();
+    std::fflush(stdout);
+    std::_Exit(1);  // the thread spins on: nothing more can be tested
+  }
+  t.join();
+  EXPECT_EQ(*result, "mine");
+  EXPECT_EQ(text_of(s.get("key", Deadline::after(2s))), "mine");
+}
+
+// delete_key says whether the key was there, whatever made it (set, add, append, changes
+// folded in or not), as the other stores do.
+TEST(EtcdStore, DeleteKeyTellsWhetherTheKeyWasThere) {
+  auto o = test::shared_etcd().client_options();
+  EtcdStore a(o), b(o);
+  EXPECT_FALSE(a.delete_key("never"));
+  a.set("k", to_bytes("v"));
+  EXPECT_TRUE(a.delete_key("k"));
+  EXPECT_FALSE(a.delete_key("k"));
+  EXPECT_FALSE(a.check({"k"}));
+  // A counter two clients changed (the second add may be a change record).
+  a.add("n", 1);
+  b.add("n", 2);
+  EXPECT_TRUE(b.delete_key("n"));
+  EXPECT_FALSE(a.check({"n"}));
+  EXPECT_FALSE(a.delete_key("n"));
+  EXPECT_EQ(a.add("n", 5), 5) << "a deleted counter starts again from 0";
+  a.append("s", to_bytes("x"));
+  EXPECT_TRUE(a.delete_key("s"));
+}
+
+/// A server that answers every request with 200 and `body`, to see what the client makes of
+/// answers of another shape.
+class OddServer {
+ public:
+  explicit OddServer(std::string body) : body_(std::move(body)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+    ::listen(fd_, 16);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
+    port_ = ntohs(sa.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~OddServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve() {
+    pollfd p{fd_, POLLIN, 0};
+    while (!stop_) {
+      if (::poll(&p, 1, 50) <= 0) continue;
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      std::string in;
+      char buf[4096];
+      pollfd q{c, POLLIN, 0};
+      while (!stop_ && ::poll(&q, 1, 200) > 0) {
+        ssize_t n = ::read(c, buf, sizeof buf);
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+        const size_t head = in.find("\r\n\r\n");
+        if (head == std::string::npos) continue;
+        const size_t cl = in.find("Content-Length: ");
+        const size_t len = cl == std::string::npos ? 0 : std::strtoul(in.c_str() + cl + 16, nullptr, 10);
+        if (in.size() < head + 4 + len) continue;
+        in.erase(0, head + 4 + len);
+        const std::string out =
+            "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body_.size()) + "\r\n\r\n" + body_;
+        (void)!::send(c, out.data(), out.size(), MSG_NOSIGNAL);
+      }
+      ::close(c);
+    }
+  }
+  std::string body_;
+  int fd_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Answers of an unexpected shape (fields of other types) are gz errors naming the endpoint, never
+// nlohmann::json's exceptions, which no caller of a Store expects.
+TEST(EtcdStore, AnswersOfAnotherShapeAreGzErrors) {
+  OddServer odd(R"({"succeeded":"yes","count":{"a":1},"header":[],)"
+                R"("responses":[{"response_range":{"kvs":[{"key":1,"value":[2],"create_revision":"x"}]}}]})");
+  EtcdStoreOptions o;
+  o.endpoints = {"127.0.0.1:" + std::to_string(odd.port())};
+  o.prefix = "/odd";
+  o.timeout = 1s;
+  auto gz_error_or_none = [](const char* op, const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << op << ": not a gz::Error: " << e.what();
+    }
+  };
+  std::unique_ptr<EtcdStore> s;
+  gz_error_or_none("connect", [&] { s = std::make_unique<EtcdStore>(o); });
+  ASSERT_TRUE(s) << "the first contact needs no particular field";
+  gz_error_or_none("compare_set", [&] { s->compare_set("k", to_bytes("a"), to_bytes("b")); });
+  gz_error_or_none("get", [&] { s->get("k", Deadline::after(1s)); });
+  gz_error_or_none("add", [&] { s->add("k", 1); });
+  gz_error_or_none("num_keys", [&] { s->num_keys(); });
+  gz_error_or_none("delete_key", [&] { s->delete_key("k"); });
+  gz_error_or_none("check", [&] { s->check({"k"}); });
 }
 
 TEST(EtcdStore, ConcurrentAddsAndAppendsTakeOneTransactionEach) {
