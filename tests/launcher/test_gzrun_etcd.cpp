@@ -4,6 +4,7 @@
 // peer disappears is told so, and the security rule is enforced before anything is sent.
 // Exit 77 (skipped) when etcd is not installed.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "gz/store/etcd_store.h"
 #include "gzrun_harness.h"
@@ -84,7 +85,32 @@ TEST(GzrunEtcd, TwoNodesFormOneJobWithoutAStoreHost) {
   auto env = parse_env_output(all);
   ASSERT_EQ(env.size(), 4u) << all;
   for (int r = 0; r < 4; ++r) EXPECT_EQ(env[r]["RUN_ID"], std::to_string(n0.pid()) + "-0") << "rank " << r;
+  // No store host names the program's rank 0: node 0 does (its host name), for every node's
+  // workers. Before, every worker got MASTER_ADDR=127.0.0.1, its own machine.
+  char host[256] = {0};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(env[r]["MASTER_ADDR"], host) << "rank " << r;
   EXPECT_EQ(job_store(id).num_keys(), 1);  // the last node out removed the rest
+}
+
+// etcd keeps a finished job's end marker: an elastic job rerun with the same --rdzv-id is refused
+// like a fixed one. Before, its gzrun read the old "done" while joining and exited 0 at once,
+// running nothing.
+TEST(GzrunEtcd, ElasticRerunOfAFinishedJobIsRefused) {
+  TempDir dir;
+  const std::string id = unique_id("elastic-rerun");
+  auto node = [&] {
+    return etcd_args(id, {"--nnodes", "1:2", "--rdzv-join-window", "0.2", "--rdzv-timeout", "20",
+                          "--nproc-per-node", "1", kStoreWorker});
+  };
+  GzrunProcess first(node(), dir);
+  ASSERT_TRUE(first.wait(60)) << first.describe();
+  ASSERT_EQ(first.exit_code(), 0) << first.describe();
+  GzrunProcess again(node(), dir);
+  ASSERT_TRUE(again.wait(30)) << again.describe();
+  EXPECT_EQ(again.exit_code(), 1) << again.describe();
+  EXPECT_NE(again.err().find("already ran to its end"), std::string::npos) << again.describe();
+  EXPECT_EQ(again.out().find("rank="), std::string::npos) << "workers ran\n" << again.describe();
 }
 
 TEST(GzrunEtcd, ElasticJobGoesOnWhenANodeIsLost) {

@@ -254,22 +254,39 @@ bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelle
   return true;
 }
 
-std::string StoreHost::meet(int attempt, const Cancelled& cancelled) {
+void StoreHost::refuse_finished_job() {
+  if (!o_.etcd()) return;
+  // etcd outlives jobs: a job that reuses an --rdzv-id would meet the old job's keys.
+  Store& s = client();
+  if (s.check({"gzrun/ended"}))
+    GZ_THROW(Error, "a job with --rdzv-id ", o_.rdzv_id, " already ran to its end in etcd (",
+             to_string(s.get("gzrun/ended", Deadline::after(std::chrono::seconds(5)))),
+             "): give this job a new --rdzv-id, or remove the old job's keys (etcdctl del --prefix ",
+             o_.etcd_prefix(), "/)");
+}
+
+namespace {
+std::string this_host() {
+  char host[256] = {0};
+  return gethostname(host, sizeof host - 1) == 0 && host[0] ? std::string(host) : std::string("127.0.0.1");
+}
+}  // namespace
+
+std::string StoreHost::meet(int attempt, const Cancelled& cancelled, std::string* master_addr) {
   std::string local_id = std::to_string(::getpid()) + "-" + std::to_string(attempt);
-  if (o_.etcd() && attempt == 0) {
-    // etcd outlives jobs: a job that reuses an --rdzv-id would meet the old job's keys.
-    Store& s = client();
-    if (s.check({"gzrun/ended"}))
-      GZ_THROW(Error, "a job with --rdzv-id ", o_.rdzv_id, " already ran to its end in etcd (",
-               to_string(s.get("gzrun/ended", Deadline::after(std::chrono::seconds(5)))),
-               "): give this job a new --rdzv-id, or remove the old job's keys (etcdctl del --prefix ",
-               o_.etcd_prefix(), "/)");
-  }
+  if (attempt == 0) refuse_finished_job();
   if (o_.nnodes == 1) return local_id;
   const std::string name = "gzrun/attempt" + std::to_string(attempt);
   Store& s = client();
-  if (o_.node_rank == 0) s.set(name + "/run_id", to_bytes(local_id));
+  if (o_.node_rank == 0) {
+    // etcd: nobody hosts a store, so node 0 says where the program's rank 0 runs.
+    if (o_.etcd())
+      s.set(name + "/master_addr", to_bytes(o_.master_addr_given ? o_.master_addr : this_host()));
+    s.set(name + "/run_id", to_bytes(local_id));
+  }
   node_barrier(name + "/nodes", o_.nnodes, cancelled);
+  if (master_addr && o_.etcd())
+    *master_addr = to_string(s.get(name + "/master_addr", Deadline::after(std::chrono::seconds(30))));
   return to_string(s.get(name + "/run_id", Deadline::after(std::chrono::seconds(30))));
 }
 
