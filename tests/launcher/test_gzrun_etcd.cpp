@@ -113,6 +113,38 @@ TEST(GzrunEtcd, ElasticRerunOfAFinishedJobIsRefused) {
   EXPECT_EQ(again.out().find("rank="), std::string::npos) << "workers ran\n" << again.describe();
 }
 
+// A job whose gzruns were killed never wrote its end marker: its counters stay in etcd. A rerun
+// with the same --rdzv-id is refused at once, saying why and what to do, once no old node's
+// heartbeat moves within the heartbeat timeout. Before, the rerun's nodes counted the old
+// arrivals and waited out --rdzv-timeout.
+TEST(GzrunEtcd, RerunOverACrashedJobsKeysIsRefused) {
+  TempDir dir;
+  const std::string id = unique_id("crashed");
+  {
+    // What a two-node job killed in round 0 leaves behind.
+    auto s = job_store(id);
+    s.add("gzrun/attempt0/nodes/arrived", 2);
+    s.set("gzrun/attempt0/run_id", gz::to_bytes("123-0"));
+    s.add("gzrun/round0/hb/0", 7);
+    s.add("gzrun/round0/hb/1", 7);
+  }
+  auto node = [&](int r) {
+    return etcd_args(id, {"--nnodes", "2", "--node-rank", std::to_string(r), "--rdzv-timeout", "8",
+                          "--heartbeat-timeout", "1", "--nproc-per-node", "1", kStoreWorker});
+  };
+  gz::Stopwatch sw;
+  GzrunProcess n0(node(0), dir);
+  GzrunProcess n1(node(1), dir);
+  ASSERT_TRUE(n0.wait(30)) << n0.describe();
+  ASSERT_TRUE(n1.wait(30)) << n1.describe();
+  for (GzrunProcess* g : {&n0, &n1}) {
+    EXPECT_EQ(g->exit_code(), 1) << g->describe();
+    EXPECT_NE(g->err().find("none of its nodes heartbeats"), std::string::npos) << g->describe();
+    EXPECT_NE(g->err().find("etcdctl del --prefix /gz/" + id + "/"), std::string::npos) << g->describe();
+  }
+  EXPECT_LT(sw.elapsed().count(), 6000) << "refused only after --rdzv-timeout";
+}
+
 TEST(GzrunEtcd, ElasticJobGoesOnWhenANodeIsLost) {
   // Two gzruns of an elastic job (--nnodes 1:2); one is SIGKILLed: the other is told the node was
   // lost, restarts its workers in a new round alone, and the job succeeds. No store died with it.

@@ -91,7 +91,7 @@ void elastic_rounds(const LaunchOptions& o, StoreHost& store, SupervisorConfig& 
   cfg.begin_round = [&store, &elastic, &o, me](int, const SupervisorConfig::Cancelled& c) {
     if (!elastic) {
       // etcd: a job of this --rdzv-id that already ended is refused, not taken for ours.
-      store.refuse_finished_job();
+      store.refuse_old_job();
       elastic = std::make_unique<ElasticRendezvous>(o, store.client(), me);
     }
     RoundInfo r = elastic->join(c);

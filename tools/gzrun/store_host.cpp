@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "etcd_backend.h"
@@ -254,7 +256,7 @@ bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelle
   return true;
 }
 
-void StoreHost::refuse_finished_job() {
+void StoreHost::refuse_old_job() {
   if (!o_.etcd()) return;
   // etcd outlives jobs: a job that reuses an --rdzv-id would meet the old job's keys.
   Store& s = client();
@@ -263,6 +265,34 @@ void StoreHost::refuse_finished_job() {
              to_string(s.get("gzrun/ended", Deadline::after(std::chrono::seconds(5)))),
              "): give this job a new --rdzv-id, or remove the old job's keys (etcdctl del --prefix ",
              o_.etcd_prefix(), "/)");
+  // A job that never ended (its gzruns were killed) left its round and heartbeats: joining a live
+  // job is fine (a heartbeat moves within an interval), meeting a dead one's counters is not.
+  const std::string round_text =
+      s.check({"gzrun/round"}) ? to_string(s.get("gzrun/round", Deadline::after(std::chrono::seconds(5))))
+                               : std::string("0");
+  const int round = std::atoi(round_text.c_str());
+  const std::string hb = "gzrun/round" + std::to_string(round) + "/hb/";
+  std::vector<std::string> keys;
+  for (int n = 0; n < std::max(o_.nnodes, o_.max_nodes); ++n) keys.push_back(hb + std::to_string(n));
+  auto beats = [&] {
+    std::vector<int64_t> v;
+    for (const auto& k : keys) v.push_back(s.check({k}) ? s.add(k, 0) : -1);
+    return v;
+  };
+  const std::vector<int64_t> first = beats();
+  if (std::all_of(first.begin(), first.end(), [](int64_t b) { return b < 0; })) return;  // nobody beats yet
+  const auto interval =
+      std::chrono::milliseconds(static_cast<long long>(o_.effective_heartbeat_interval_s() * 1000));
+  const Deadline d =
+      Deadline::after(std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000)));
+  while (!d.expired()) {
+    std::this_thread::sleep_for(std::min<Duration>(interval, std::max(d.remaining(), Duration(1))));
+    if (beats() != first) return;  // a live job: join it
+  }
+  GZ_THROW(Error, "a job with --rdzv-id ", o_.rdzv_id, " left its keys in etcd (round ", round,
+           ") without ending, and none of its nodes heartbeats any more (killed?): remove them (etcdctl del "
+           "--prefix ",
+           o_.etcd_prefix(), "/) or give this job a new --rdzv-id");
 }
 
 namespace {
@@ -274,7 +304,7 @@ std::string this_host() {
 
 std::string StoreHost::meet(int attempt, const Cancelled& cancelled, std::string* master_addr) {
   std::string local_id = std::to_string(::getpid()) + "-" + std::to_string(attempt);
-  if (attempt == 0) refuse_finished_job();
+  if (attempt == 0) refuse_old_job();
   if (o_.nnodes == 1) return local_id;
   const std::string name = "gzrun/attempt" + std::to_string(attempt);
   Store& s = client();
