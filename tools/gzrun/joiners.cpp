@@ -47,9 +47,9 @@ void JoinerBeats::observe(Store& s, const std::vector<std::string>& entries) {
     const auto now = std::chrono::steady_clock::now();
     auto it = seen_.find(seq_of(e));
     if (it == seen_.end()) {
-      seen_[seq_of(e)] = Seen{beats, false, now};
+      seen_[seq_of(e)] = Seen{beats, false, now, now};
     } else if (beats != it->second.beats) {
-      it->second = Seen{beats, true, now};
+      it->second = Seen{beats, true, now, it->second.first};
     }
   }
 }
@@ -64,6 +64,16 @@ std::vector<std::string> JoinerBeats::alive(const std::vector<std::string>& entr
     if (e == self || beating) out.push_back(e);
   }
   return out;
+}
+
+bool JoinerBeats::undecided(const std::vector<std::string>& entries, const std::string& self) const {
+  const auto now = std::chrono::steady_clock::now();
+  for (const std::string& e : entries) {
+    if (e == self) continue;
+    auto it = seen_.find(seq_of(e));
+    if (it != seen_.end() && !it->second.moved && now - it->second.first < lease_) return true;
+  }
+  return false;
 }
 
 std::vector<std::string> wait_for_alive(Store& s, const std::vector<std::string>& entries, size_t want,

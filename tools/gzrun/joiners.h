@@ -41,11 +41,16 @@ class JoinerBeats {
   /// @brief The entries whose beat moved within the lease, as of the last observe(), plus
   /// `self` (this observer's own entry, alive by definition) when it is among them; in order.
   std::vector<std::string> alive(const std::vector<std::string>& entries, const std::string& self = {}) const;
+  /// @brief Whether some entry (not `self`) is undecided: first read less than a lease ago and not
+  /// seen to move yet (one read cannot tell a live joiner from a dead one). A round is not closed
+  /// while one is: waiting at most a lease beats leaving a live joiner out of it.
+  bool undecided(const std::vector<std::string>& entries, const std::string& self = {}) const;
 
  private:
   struct Seen {
     int64_t beats = -1;
     bool moved = false;  // changed at least once since first read
+    std::chrono::steady_clock::time_point first{};
     std::chrono::steady_clock::time_point changed{};
   };
   Duration lease_;
