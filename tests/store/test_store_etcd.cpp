@@ -253,7 +253,8 @@ TEST(EtcdStore, DeleteKeyTellsWhetherTheKeyWasThere) {
 /// answers of another shape.
 class OddServer {
  public:
-  explicit OddServer(std::string body) : body_(std::move(body)) {
+  /// `raw`: `body` is the whole response, head included, sent as soon as any bytes arrive.
+  explicit OddServer(std::string body, bool raw = false) : body_(std::move(body)), raw_(raw) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
@@ -286,6 +287,10 @@ class OddServer {
         ssize_t n = ::read(c, buf, sizeof buf);
         if (n <= 0) break;
         in.append(buf, static_cast<size_t>(n));
+        if (raw_) {
+          (void)!::send(c, body_.data(), body_.size(), MSG_NOSIGNAL);
+          break;
+        }
         const size_t head = in.find("\r\n\r\n");
         if (head == std::string::npos) continue;
         const size_t cl = in.find("Content-Length: ");
@@ -300,10 +305,28 @@ class OddServer {
     }
   }
   std::string body_;
+  bool raw_ = false;
   int fd_ = -1, port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// A server that announces a huge body (here 200 MiB) is refused from the head alone: no client
+// buffers more than 64 MiB of one answer (etcd's requests are 1.5 MiB by default). Before, the
+// bound was 512 MiB per answer, per connection.
+TEST(EtcdStore, HugeAnswersAreRefusedFromTheirHead) {
+  OddServer huge("HTTP/1.1 200 OK\r\nContent-Length: 209715200\r\n\r\n{", true);
+  EtcdStoreOptions o;
+  o.endpoints = {"127.0.0.1:" + std::to_string(huge.port())};
+  o.prefix = "/huge";
+  o.timeout = 1s;
+  try {
+    EtcdStore s(o);
+    FAIL() << "accepted an answer announcing 200 MiB";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "bad Content-Length")) << e.what();
+  }
+}
 
 // Answers of an unexpected shape (fields of other types) are gz errors naming the endpoint, never
 // nlohmann::json's exceptions, which no caller of a Store expects.
@@ -687,6 +710,27 @@ TEST(EtcdSecurity, FailedTlsHandshakesLeakNothing) {
   stop = true;
   hangup.join();
   ::close(fd);
+}
+
+// An https endpoint where a plain-http server answers: the TLS handshake fails with a protocol
+// error, the same on every try, so the client says so at once. Before, it retried until its
+// whole timeout and reported "no member answered".
+TEST(EtcdSecurity, TlsProtocolRefusalIsNotRetriedForTheWholeTimeout) {
+  // What a plain-http server (etcd's http port) answers to a TLS hello: a 400.
+  OddServer plain("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", true);
+  EtcdStoreOptions o;
+  o.endpoints = {"https://127.0.0.1:" + std::to_string(plain.port())};
+  o.timeout = 5s;
+  Stopwatch sw;
+  try {
+    EtcdStore s(o);
+    FAIL() << "a TLS handshake with a plain-http server succeeded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "TLS handshake refused")) << e.what();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "not refused at once: " << e.what();
+  }
+  EXPECT_LT(sw.elapsed().count(), 2000) << "retried the refusal";
 }
 
 TEST(EtcdSecurity, UserAndPasswordAuthentication) {

@@ -313,8 +313,10 @@ void Client::with_failover(const std::string& what, Deadline deadline, const Att
       if (std::all_of(untrusted.begin(), untrusted.end(), [](bool u) { return u; })) {
         std::string all;
         for (size_t i = 0; i < eps_.size(); ++i) all += (i ? "; " : "") + last[i];
-        GZ_THROW(InvalidArgument, "etcd ", what, ": no member has a certificate this client trusts (", all,
-                 ")");
+        GZ_THROW(InvalidArgument, "etcd ", what,
+                 ": no member completed a TLS handshake this client trusts (its certificate, or the TLS "
+                 "protocol, was refused: ",
+                 all, ")");
       }
     } catch (const ServerError& e) {
       const bool expired_token = e.code() == 16 && !o_.user.empty() && !reauthed;
