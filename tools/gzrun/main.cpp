@@ -20,9 +20,11 @@
 #include "launch_auth.h"
 #include "options.h"
 #include "output_relay.h"
+#include "preflight.h"
 #include "process.h"
 #include "store_host.h"
 #include "supervisor.h"
+#include "verdict_report.h"
 
 #ifndef GZ_VERSION
 #define GZ_VERSION "unknown"
@@ -47,8 +49,22 @@ std::string make_dirs(const std::string& path) {
   return "";
 }
 
-// The command line, the environment's defaults, the program and the log directory. Returns an
-// exit code when gzrun is done already (help, version, bad input), else -1.
+// --preflight: 0 = go on (or, alone, nothing flagged), 4 = flagged (strict, or alone), 1 = the
+// check itself failed.
+int preflight_step(const LaunchOptions& o, StoreHost& store) {
+  PreflightOptions p;
+  p.strict = o.preflight_strict;
+  try {
+    return run_preflight(o, store, p);
+  } catch (const gz::Error& e) {
+    say(std::string("error: --preflight: ") + e.what());
+    return 1;
+  }
+}
+
+// The command line, the environment's defaults, the program and the log directory; --analyze and
+// --status, which need no job of their own. Returns an exit code when gzrun is done already
+// (help, version, those two, bad input), else -1.
 int parse(int argc, char** argv, const gz::Env& env, LaunchOptions& o, SupervisorConfig& cfg) {
   try {
     o = parse_options(std::vector<std::string>(argv + 1, argv + argc), detect_auto_nproc());
@@ -66,9 +82,18 @@ int parse(int argc, char** argv, const gz::Env& env, LaunchOptions& o, Superviso
     write_all(1, v.data(), v.size());
     return 0;
   }
+
+  // Flight-recorder verdicts without a job of our own: offline, or asking a running one.
+  if (!o.analyze_dir.empty()) return run_analyze(o.analyze_dir);
   try {
     apply_env_defaults(o, env.get("GZ_HEARTBEAT_TIMEOUT_S", ""), env.get("GZ_HEARTBEAT_INTERVAL_S", ""));
-    cfg.program_path = resolve_program(o.program, env.get("PATH", ""));
+  } catch (const gz::Error& e) {
+    say(std::string("error: ") + e.what());
+    return 2;
+  }
+  if (o.status) return run_status_client(o, env.get("GZ_RDZV_TOKEN", ""));
+  try {
+    if (!o.program.empty()) cfg.program_path = resolve_program(o.program, env.get("PATH", ""));
   } catch (const gz::Error& e) {
     say(std::string("error: ") + e.what());
     return 2;
@@ -90,7 +115,7 @@ void elastic_rounds(const LaunchOptions& o, StoreHost& store, SupervisorConfig& 
   auto me = cfg.hostname + ":" + std::to_string(getpid());
   cfg.begin_round = [&store, &elastic, &o, me](int, const SupervisorConfig::Cancelled& c) {
     if (!elastic) {
-      // etcd: a job of this --rdzv-id that already ended is refused, not taken for ours.
+      // etcd: a job of this --rdzv-id that ended, or died, is refused, not taken for ours.
       store.refuse_old_job();
       elastic = std::make_unique<ElasticRendezvous>(o, store.client(), me);
     }
@@ -134,6 +159,31 @@ void static_rounds(const LaunchOptions& o, StoreHost& store, SupervisorConfig& c
     };
 }
 
+// The process limits and the workers' common environment, ports and host.
+void worker_setup(const gz::Env& env, const LaunchAuth& auth, const StoreHost& store, const LaunchOptions& o,
+                  SupervisorConfig& cfg) {
+  // Two pipes per worker: make room for large --nproc-per-node within the hard limit.
+  rlimit nofile{};
+  const rlim_t needed = static_cast<rlim_t>(o.nproc_per_node) * 2 + 64;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < needed) {
+    nofile.rlim_cur = std::min(needed, nofile.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  // Descendants that leave their worker's process group (setsid) are re-parented to gzrun
+  // instead of init when their parent dies, so gzrun can still clean them up.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  cfg.base_env = env;
+  // Workers get the token in their environment, never on a command line.
+  if (!auth.token.empty()) cfg.base_env.set("GZ_RDZV_TOKEN", auth.token);
+  if (auth.insecure) cfg.base_env.set("GZ_RDZV_INSECURE", "1");
+  cfg.master_addr = o.master_addr;
+  cfg.store_port = store.port();
+  cfg.master_port = store.program_port();
+  cfg.cores = usable_cores();
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) == 0) cfg.hostname = host;
+}
+
 int run(int argc, char** argv) {
   ensure_std_fds();
   const gz::Env env = gz::Env::from_process();
@@ -159,27 +209,12 @@ int run(int argc, char** argv) {
     say(std::string("error: ") + e.what());
     return 1;
   }
-
-  // Two pipes per worker: make room for large --nproc-per-node within the hard limit.
-  rlimit nofile{};
-  const rlim_t needed = static_cast<rlim_t>(o.nproc_per_node) * 2 + 64;
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < needed) {
-    nofile.rlim_cur = std::min(needed, nofile.rlim_max);
-    setrlimit(RLIMIT_NOFILE, &nofile);
+  if (o.preflight) {  // the pre-flight check (preflight.h): before any worker starts
+    const int rc = preflight_step(o, store);
+    if (rc != 0 || o.program.empty()) return rc;
   }
-  // Descendants that leave their worker's process group (setsid) are re-parented to gzrun
-  // instead of init when their parent dies, so gzrun can still clean them up.
-  prctl(PR_SET_CHILD_SUBREAPER, 1);
-  cfg.base_env = env;
-  // Workers get the token in their environment, never on a command line.
-  if (!auth.token.empty()) cfg.base_env.set("GZ_RDZV_TOKEN", auth.token);
-  if (auth.insecure) cfg.base_env.set("GZ_RDZV_INSECURE", "1");
-  cfg.master_addr = o.master_addr;
-  cfg.store_port = store.port();
-  cfg.master_port = store.program_port();
-  cfg.cores = usable_cores();
-  char host[256] = {0};
-  if (gethostname(host, sizeof host - 1) == 0) cfg.hostname = host;
+
+  worker_setup(env, auth, store, o, cfg);
   std::unique_ptr<JobMonitor> monitor;
   std::unique_ptr<ElasticRendezvous> elastic;
   if (o.elastic)
@@ -200,7 +235,22 @@ int run(int argc, char** argv) {
         return m->advance_round(r.round);
       };
   }
+  // Several nodes: the verdict's reports and status requests go through the store.
+  auto status_hook = std::make_shared<StatusWatcher*>(nullptr);
+  if (o.nnodes > 1) {
+    cfg.store_client = verdict_store_client(o, auth.token);
+    cfg.ask_status = [status_hook] {
+      if (*status_hook) (*status_hook)->ask_job();
+    };
+  }
+  const std::string hostname = cfg.hostname;
   Supervisor sup(o, std::move(cfg));
+  std::unique_ptr<StatusWatcher> watcher;  // destroyed before sup, whose board it reads
+  if (o.nnodes > 1) {
+    watcher = std::make_unique<StatusWatcher>(
+        o, [&store] { return store.monitor_client(); }, sup.board(), hostname);
+    *status_hook = watcher.get();
+  }
   return sup.run();
 }
 

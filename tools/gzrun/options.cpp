@@ -17,7 +17,7 @@
 namespace gz::launcher {
 namespace {
 
-enum class Kind { flag, value };
+enum class Kind { flag, value, optional };  // optional: --opt or --opt=value, never a separate value
 
 struct Spec {
   const char* name;  // canonical dash spelling without the leading "--"
@@ -50,6 +50,14 @@ constexpr Spec kSpecs[] = {
     {"rdzv-endpoints", Kind::value},
     {"rdzv-id", Kind::value},
     {"rdzv-conf", Kind::value},
+    // The pre-flight check (preflight.h): --preflight or --preflight=warn|strict.
+    {"preflight", Kind::optional},
+    // Flight-recorder verdicts.
+    {"status", Kind::flag},
+    {"analyze", Kind::value},
+    {"dump-wait", Kind::value},
+    {"verdict-wait", Kind::value},
+    {"stuck", Kind::value},
 };
 
 const Spec* find_spec(const std::string& name) {
@@ -225,6 +233,20 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
     o.rdzv_token_file = v;
   } else if (name == "rdzv-join-window") {
     o.join_window_s = parse_seconds(v, name, true);
+  } else if (name == "preflight") {
+    if (!v.empty() && v != "warn" && v != "strict")
+      GZ_THROW(InvalidArgument, "--preflight takes no value, =warn or =strict; got '", v, "'");
+    o.preflight = true;
+    o.preflight_strict = v == "strict";
+  } else if (name == "analyze") {
+    if (v.empty()) GZ_THROW(InvalidArgument, "--analyze needs a directory");
+    o.analyze_dir = v;
+  } else if (name == "dump-wait") {
+    o.dump_wait_s = parse_seconds(v, name, true);
+  } else if (name == "verdict-wait") {
+    o.verdict_wait_s = parse_seconds(v, name, true);
+  } else if (name == "stuck") {
+    o.stuck_s = parse_seconds(v, name, true);
   } else {
     apply_backend_option(o, name, v);
   }
@@ -233,8 +255,19 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
 void validate(LaunchOptions& o) {
   if (o.help || o.version) return;
   validate_backend(o);
-  if (o.program.empty())
+  if (o.status || !o.analyze_dir.empty()) {
+    if (!o.program.empty()) GZ_THROW(InvalidArgument, "--status and --analyze take no PROGRAM");
+    if (o.status && !o.analyze_dir.empty()) GZ_THROW(InvalidArgument, "give either --status or --analyze");
+    if (o.status && !o.master_port_given)
+      GZ_THROW(InvalidArgument,
+               "--status needs the job's --master-addr and --master-port (its store is on port+1)");
+    return;
+  }
+  if (o.program.empty() && !o.preflight)
     GZ_THROW(InvalidArgument, "no program given (usage: gzrun [options] [--] PROGRAM [ARGS...])");
+  if (o.preflight && o.elastic)
+    GZ_THROW(InvalidArgument, "--preflight needs a fixed --nnodes N (node ranks known in advance), not ",
+             o.min_nodes, ":", o.max_nodes);
   if (o.standalone) {
     // torchrun's --standalone: one node, a free local port, no endpoint to agree on.
     if (o.nnodes != 1) GZ_THROW(InvalidArgument, "--standalone runs on one node, but --nnodes is ", o.nnodes);
@@ -312,12 +345,17 @@ LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc
       if (c == '_') c = '-';
     const Spec* spec = find_spec(body);
     if (!spec) GZ_THROW(InvalidArgument, "unknown option '", a, "' (see gzrun --help)");
+    if (spec->kind == Kind::optional) {
+      apply(o, body, has_value ? value : "", auto_nproc);
+      continue;
+    }
     if (spec->kind == Kind::flag) {
       if (has_value) GZ_THROW(InvalidArgument, "option --", body, " takes no value");
       if (body == "standalone") o.standalone = true;
       if (body == "help") o.help = true;
       if (body == "version") o.version = true;
       if (body == "rdzv-insecure") o.rdzv_insecure = true;
+      if (body == "status") o.status = true;
       continue;
     }
     if (!has_value) {
@@ -419,6 +457,19 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            goes over https with a verified certificate or to loopback, unless
                            --rdzv-insecure; beyond loopback the job must authenticate (user or
                            client certificate) unless --rdzv-insecure
+  --preflight[=strict]     before the job (or alone, without PROGRAM) measure every node: link
+                           bandwidth and round trip to its ring neighbours and a sample of other
+                           nodes, GFLOP/s per local rank, free /dev/shm and memory; node 0 prints
+                           a table flagging outliers (below half the median). =strict: do not
+                           start the job when a node is flagged (exit 4). About 0.3 s of compute
+                           per node and 4 MiB per probed pair (docs/debugging-slow.md)
+  --dump-wait S            how long workers get to answer a dump request (default 1)
+  --verdict-wait S         how long the verdict waits for the other nodes' reports (default 3)
+  --status                 ask the running job at --master-addr/--master-port (with its token)
+                           where every rank is and print the verdict; no PROGRAM. Or send
+                           SIGUSR1 to any of the job's gzruns
+  --stuck S                --status: a wait longer than S is a hang (default 1)
+  --analyze DIR            judge a directory of dumps (rank-*.jsonl, gzrun reports) offline
   -h, --help               this text
   --version                print the version
 
@@ -440,8 +491,15 @@ exit status:
   1        a worker failed (non-zero exit or killed by a signal) and no restarts were left,
            or the launch itself failed (store port busy, nodes did not meet in time, ...)
   2        bad command line or PROGRAM not found
+  4        --preflight flagged a node: with =strict the job was not started; without PROGRAM
+           (the check alone) any flagged node
   128+N    gzrun received signal N (SIGINT/SIGTERM/SIGHUP), forwarded it to the workers and
            stopped them
+
+when a job fails (or on --status / SIGUSR1) every worker's flight recorder is dumped
+(GZ_DUMP_DIR: DIR/dumps/<run id> with --log-dir, else /tmp/gz-dumps/<run id>), node 0's gzrun
+gathers them through the store and prints one verdict line naming the culprit rank and the
+cause (docs/debugging.md).
 
 several nodes: failures are decided job-wide through the store. A failed worker, a lost node
 (no heartbeat) or a lost store host stops the workers of every node within the heartbeat timeout

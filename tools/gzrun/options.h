@@ -67,8 +67,20 @@ struct LaunchOptions {
   /// elastic store on the same host and port) for its job's.
   std::string store_name() const { return rdzv_id.empty() ? "gzrun" : "gzrun/" + rdzv_id; }
 
+  // Flight-recorder verdicts (dump_collector.h, verdict_report.h; docs/debugging.md).
+  bool status = false;        ///< --status: ask the running job for its picture (no PROGRAM)
+  std::string analyze_dir;    ///< --analyze DIR: judge a directory of dumps offline (no PROGRAM)
+  double dump_wait_s = 1;     ///< --dump-wait: how long workers get to answer a dump request
+  double verdict_wait_s = 3;  ///< --verdict-wait: how long the verdict waits for other nodes' reports
+  double stuck_s = 1;         ///< --stuck: in a status picture, a wait longer than this is a hang
   bool help = false;
   bool version = false;
+  // --- the pre-flight check (preflight.h) ---
+  /// @brief --preflight[=warn|strict]: measure every node before the job (or alone without a
+  /// PROGRAM); strict refuses to start it when a node is flagged.
+  bool preflight = false;
+  bool preflight_strict = false;
+  // --- end pre-flight ---
   std::string program;            ///< as given (resolved through PATH later)
   std::vector<std::string> args;  ///< arguments after PROGRAM, untouched
 

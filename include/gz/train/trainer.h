@@ -86,6 +86,8 @@ class Trainer {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   bool is_main() const { return rank_ == 0; }
+  /// @brief The communicator of modes ddp and horovod (nullptr in single and dp modes).
+  comm::CommPtr group() const { return group_; }
   /// @brief Sum `values` over ranks in place (identity in single mode).
   void allreduce_sum(std::vector<double>& values);
   /// @brief Seconds since train() began.
@@ -100,6 +102,8 @@ class Trainer {
  private:
   struct Impl;
   void setup();
+  // Collective in ddp/horovod mode: the strategy of the config's mode over group_.
+  void build_strategy();
   void train_step(class DataLoader& loader, int64_t accumulation, int64_t global_batch);
   /// @brief The epoch's order of the training set (a permutation depending on seed and epoch).
   std::vector<size_t> epoch_order(int64_t epoch) const;
