@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "elastic_rendezvous.h"
+#include "etcd_backend.h"
 #include "gz/core/error.h"
 #include "gz/store/mem_store.h"
 #include "gz/store/prefix_store.h"
@@ -332,6 +333,43 @@ TEST(ElasticRendezvous, JoinersDoNotAllReadEveryBeat) {
   const int64_t reads = store.beat_reads.load();
   EXPECT_LT(reads, 600) << "beat reads while 8 joiners waited out a 1 s window";
   std::printf("beat reads for 8 joiners over a 1 s join window: %lld\n", static_cast<long long>(reads));
+}
+
+// With etcd a beat can stall while the client waits out a member that stopped answering (one
+// attempt timeout) and then gets the next member's answer. A live joiner must stay alive to its
+// observers through that. Before, the lease (3 intervals, 3 s at the default 10 s heartbeat
+// timeout) was shorter than such a beat (2 s + 2 s + the poll), and the joiner was dropped.
+TEST(ElasticRendezvous, AJoinersLeaseOutlastsAnEtcdFailover) {
+  const LaunchOptions o =
+      parse_options({"--nnodes", "1:3", "--rdzv-backend", "etcd", "--rdzv-endpoints", "127.0.0.1:2379",
+                     "--rdzv-id", "lease", "--heartbeat-timeout", "2", "prog"},
+                    1);
+  const Duration attempt = etcd_store_options(o, "", false).attempt_timeout;  // 500 ms at 2 s
+  MemStore store;
+  JoinerBeats beats(joiner_lease(o));
+  const std::vector<std::string> entry{"7:h:70"};
+  std::atomic<bool> stop{false};
+  std::thread joiner([&] {
+    for (int i = 0; !stop; ++i) {
+      // The tenth beat fails over: one attempt timeout on a dead member, one on the next.
+      std::this_thread::sleep_for(i == 10 ? 2 * attempt + 150ms : 50ms);
+      store.add(joiner_beat_key(7), 1);
+    }
+  });
+  Stopwatch sw;
+  bool seen = false, dropped = false;
+  while (sw.elapsed() < 2 * attempt + 1500ms) {
+    beats.observe(store, entry);
+    const bool alive = !beats.alive(entry).empty();
+    seen |= alive;
+    dropped |= seen && !alive;
+    std::this_thread::sleep_for(50ms);
+  }
+  stop = true;
+  joiner.join();
+  EXPECT_TRUE(seen);
+  EXPECT_FALSE(dropped) << "a live joiner was taken for dead during an etcd failover (lease "
+                        << joiner_lease(o).count() << " ms, failover " << (2 * attempt).count() << " ms)";
 }
 
 TEST(ElasticRendezvous, TheMonitorAdmitsOnlyLiveJoiners) {

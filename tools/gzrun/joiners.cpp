@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "etcd_backend.h"
 #include "gz/store/store.h"
 
 namespace gz::launcher {
@@ -38,7 +39,12 @@ std::string joiner_beat_key(long long seq) { return "gzrun/waiting/" + std::to_s
 Duration joiner_lease(const LaunchOptions& o) {
   const auto interval =
       std::chrono::milliseconds(static_cast<long long>(o.effective_heartbeat_interval_s() * 1000));
-  return std::max<Duration>(std::chrono::seconds(1), 3 * interval);
+  const Duration lease = std::max<Duration>(std::chrono::seconds(1), 3 * interval);
+  if (!o.etcd()) return lease;
+  // etcd: a beat may wait out one member that stopped answering (its attempt timeout) and then
+  // the next member's answer before it lands; a live joiner must not look dead meanwhile.
+  const Duration attempt = etcd_store_options(o, "", false).attempt_timeout;
+  return std::max(lease, 2 * attempt + 2 * interval);
 }
 
 void JoinerBeats::observe(Store& s, const std::vector<std::string>& entries) {

@@ -28,7 +28,8 @@ std::string host_of(const std::string& entry);
 /// @brief The beat key of the joiner with this seq.
 std::string joiner_beat_key(long long seq);
 /// @brief How long a joiner's beat may stand still before it no longer counts: at least 1 s,
-/// and three heartbeat intervals (joiners beat every 50 ms).
+/// and three heartbeat intervals (joiners beat every 50 ms); with etcd also two attempt timeouts
+/// and two intervals (a beat that waits out a failed member, then lands on the next).
 Duration joiner_lease(const LaunchOptions& o);
 
 /// @brief What one observer has seen of the joiners' beats (each gzrun keeps its own: a beat is
