@@ -20,6 +20,7 @@
 #include "store_host.h"
 #ifdef GZ_HAVE_GLOO
 #include "gz/comm/gloo.h"
+#include "gz/comm/net_address.h"
 #endif
 
 namespace gz::launcher {
