@@ -272,8 +272,11 @@ void apply_yaml(const YAML::Node& node, const std::string& prefix, const std::ve
     std::string key = prefix + it->first.Scalar();
     const YAML::Node value = it->second;  // a copy: the iterator's pair is a temporary
     if (value.IsMap()) {
-      // Only these blocks nest; any other map is an unknown key.
-      if (key != "scheduler" && key != "compression" && key != "averaging") find_field(table, key, where);
+      // A block nests when the table has keys under it ("straggler" for straggler.every, ...);
+      // any other map is an unknown key.
+      const bool block = std::any_of(table.begin(), table.end(),
+                                     [&](const Field& f) { return f.key.rfind(key + ".", 0) == 0; });
+      if (!block) find_field(table, key, where);
       apply_yaml(value, key + ".", table, origin);
       continue;
     }
