@@ -21,7 +21,10 @@ Horovod's API over Guozhuang's Horovod-mode core: ``import guozhuang.torch as hv
 import os
 from datetime import timedelta
 
-import torch  # noqa: F401  (loads libtorch before our extension)
+# Private names only: the package has a submodule `torch` (guozhuang.torch, Horovod's API), and
+# importing it binds the package attribute `torch` -- which is this module's global `torch`. A
+# global named after the real torch would then point at our submodule.
+import torch as _torch  # loads libtorch before our extension
 import torch.distributed as _dist
 
 from . import _C
@@ -53,7 +56,7 @@ def _backend_of(group):
         return group
     get = getattr(group, "_get_backend", None)
     if get is not None:
-        backend = get(torch.device("cpu"))
+        backend = get(_torch.device("cpu"))
         if isinstance(backend, ProcessGroupGz):
             return backend
     raise ValueError(f"not a process group of backend \"gz\": {group!r}")
