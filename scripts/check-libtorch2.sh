@@ -84,6 +84,9 @@ chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 
   scripts/build.sh -DGZ_BUILD_TESTS=ON
   phase "ctest${GZ_CTEST_ARGS:+ ($GZ_CTEST_ARGS)}"
   ctest_stage build -j "$GZ_TEST_JOBS" --timeout 600 $GZ_CTEST_ARGS
+  # Each pytest suite is one ctest: print its own counts too.
+  awk "/^[0-9]+\/[0-9]+ Test: / {name = \$3} name ~ /^python_/ && /(passed|failed|error).* in [0-9.]+s/ {print \"  \" name \": \" \$0}" \
+    build/Testing/Temporary/LastTest.log
   phase "done"
 '
 echo "check-libtorch2: LibTorch 2.x build and tests passed"

@@ -27,8 +27,26 @@ from datetime import timedelta
 import torch as _torch  # loads libtorch before our extension
 import torch.distributed as _dist
 
-from . import _C
-from ._C import ProcessGroupGz, available_backends
+from . import _build_info
+
+
+def _check_torch(built, running):
+    """The extension links the LibTorch it was compiled against: another torch in this process would
+    make it fail to load or crash later. Refuse with the remedy instead."""
+    if running.split("+")[0] != built:
+        raise ImportError(
+            f"guozhuang was built against torch {built} but this Python imports torch {running} "
+            f"(from {_torch.__file__}): rebuild it with this interpreter "
+            "(pip install --no-build-isolation ./python, or scripts/build.sh)")
+
+
+_check_torch(_build_info.TORCH_VERSION, _torch.__version__)
+try:
+    from . import _C
+except ImportError as e:
+    raise ImportError(f"guozhuang: its extension does not load ({e}); it was built for Python "
+                      f"{_build_info.PYTHON_VERSION} and torch {_build_info.TORCH_VERSION}") from e
+from ._C import ProcessGroupGz, available_backends  # noqa: E402
 
 __all__ = ["ProcessGroupGz", "available_backends", "create_process_group", "comm_backend", "abort",
            "set_launcher_env", "rendezvous_store"]
