@@ -1,7 +1,8 @@
-// libFuzzer entry point for the TCP store's wire format: judge the first frame as the server
-// does before a client is authenticated (handshake.h: a bounded hello), then decode the rest as a
-// stream of frames (as a server connection would), check that every decoded message re-encodes
-// to exactly the bytes it came from, and apply decoded requests to an in-memory StoreState.
+// libFuzzer entry point for the TCP store's wire format: judge the first frames as the server
+// does before a client is authenticated (handshake.h: a bounded hello, then a bounded auth),
+// then decode the rest as a stream of frames (as a server connection would), check that every
+// decoded message re-encodes to exactly the bytes it came from, and apply decoded requests to an
+// in-memory StoreState.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -12,39 +13,57 @@
 #include "store/store_state.h"
 #include "store/wire.h"
 
+namespace {
+
+using namespace gz::wire;
+
+// A judged handshake message is a well-formed frame of its op within its budget; a refusal or
+// need_more consumes nothing; a full budget always decides.
+void check_judged(const uint8_t* data, size_t size, const HandshakeResult& h, Op op, size_t budget) {
+  if (size >= budget && h.verdict == HandshakeVerdict::need_more) std::abort();
+  if (h.verdict == HandshakeVerdict::accept || h.verdict == HandshakeVerdict::wrong_token ||
+      h.verdict == HandshakeVerdict::wrong_protocol) {
+    Message m;
+    if (h.consumed == 0 || h.consumed > budget) std::abort();
+    if (decode(data, size, Direction::request, Limits{}, m).status != DecodeStatus::ok ||
+        m.code != static_cast<uint8_t>(op))
+      std::abort();
+  } else if (h.consumed != 0) {
+    std::abort();
+  }
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace gz::wire;
   Limits limits;
   limits.max_body_bytes = 1u << 16;  // small, so the too_large path is reachable
   limits.max_parts = 64;
   StoreState state(1u << 16);  // small budget: the "store full" path too
-  // The handshake, judged as a server with a token and as one without would.
-  HelloResult open_result;
-  for (const std::string& token : {std::string("fuzz-token"), std::string()}) {
-    HelloResult h = judge_hello(data, size, token);
-    // A full hello budget always decides; nothing beyond it is ever consulted.
-    if (size >= kMaxHelloFrameBytes && h.verdict == HelloVerdict::need_more) std::abort();
-    if (judge_hello(data, std::min(size, kMaxHelloFrameBytes), token).verdict != h.verdict) std::abort();
-    if (h.verdict == HelloVerdict::accept || h.verdict == HelloVerdict::wrong_token ||
-        h.verdict == HelloVerdict::wrong_protocol) {
-      // A judged hello is a well-formed hello frame within the budget.
-      Message m;
-      Limits hl;
-      if (h.consumed == 0 || h.consumed > kMaxHelloFrameBytes) std::abort();
-      if (decode(data, size, Direction::request, hl, m).status != DecodeStatus::ok ||
-          m.code != static_cast<uint8_t>(Op::hello))
-        std::abort();
-      // Accepted means exactly the server's token (or none configured) and our version.
-      if (h.verdict == HelloVerdict::accept &&
-          (m.num != kProtocolVersion || (!token.empty() && m.parts[0] != token)))
-        std::abort();
-    } else if (h.consumed != 0) {
+  HandshakeResult hello = judge_hello(data, size);
+  check_judged(data, size, hello, Op::hello, kMaxHelloFrameBytes);
+  if (judge_hello(data, std::min(size, kMaxHelloFrameBytes)).verdict != hello.verdict) std::abort();
+  if (hello.verdict == HandshakeVerdict::accept && hello.nonce.size() != kNonceBytes) std::abort();
+  if (hello.verdict != HandshakeVerdict::accept) return 0;  // a server refuses and closes here
+  size_t pos = hello.consumed;
+  // The auth, judged as a server with a token (a fixed expected proof) and as one without would.
+  const std::string expected(kProofBytes, 'k');
+  HandshakeResult open_result;
+  for (const std::string& proof : {expected, std::string()}) {
+    HandshakeResult a = judge_auth(data + pos, size - pos, proof);
+    check_judged(data + pos, size - pos, a, Op::auth, kMaxAuthFrameBytes);
+    if (judge_auth(data + pos, std::min(size - pos, kMaxAuthFrameBytes), proof).verdict != a.verdict)
       std::abort();
+    if (a.verdict == HandshakeVerdict::accept && !proof.empty()) {
+      // Accepted with a token means exactly the expected proof.
+      Message m;
+      decode(data + pos, size - pos, Direction::request, Limits{}, m);
+      if (m.parts[0] != proof) std::abort();
     }
-    open_result = h;
+    open_result = a;
   }
-  if (open_result.verdict != HelloVerdict::accept) return 0;  // a server refuses and closes here
-  size_t pos = open_result.consumed;
+  if (open_result.verdict != HandshakeVerdict::accept) return 0;
+  pos += open_result.consumed;
   while (pos < size) {
     Message m;
     DecodeResult r = decode(data + pos, size - pos, Direction::any, limits, m);
@@ -55,7 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!is_request_code(m.code)) continue;
     // Requests decoded with Direction::request must decode identically.
     Message again;
-    if (decode(data + pos - r.consumed, r.consumed, Direction::request, limits, again).status != DecodeStatus::ok)
+    if (decode(data + pos - r.consumed, r.consumed, Direction::request, limits, again).status !=
+        DecodeStatus::ok)
       std::abort();
     Message reply;
     if (state.apply(m, reply) == StoreState::Outcome::blocked && state.missing(m).empty()) std::abort();

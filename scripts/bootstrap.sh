@@ -9,14 +9,16 @@
 set -euo pipefail
 pkgs=(g++ cmake make git ca-certificates pkg-config ccache
       libtorch-dev libopenblas0-openmp libgloo-dev libopenmpi-dev openmpi-bin
-      libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libpng-dev libjpeg-dev dataset-fashion-mnist procps)
+      libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libpng-dev libjpeg-dev dataset-fashion-mnist procps
+      libssl-dev)  # libssl-dev: the store handshake's HMAC, https to etcd
 for profile in "$@"; do
   case "$profile" in
     test) pkgs+=(libgtest-dev clang libclang-rt-dev iproute2 python3
                  python3-torch python3-dev pybind11-dev python3-pytest  # + the Python package
-                 python3-pip python3-setuptools python3-wheel) ;;       # + its pip wheel (test_package.py)
+                 python3-pip python3-setuptools python3-wheel  # + its pip wheel (test_package.py)
+                 etcd-server etcd-client) ;;  # the etcd store's tests (members started by the tests)
     python) pkgs+=(python3 python3-torch python3-dev pybind11-dev python3-pip python3-setuptools python3-wheel) ;;
-    bench) pkgs+=(python3-torch python3-matplotlib iproute2) ;;
+    bench) pkgs+=(python3-torch python3-matplotlib iproute2 etcd-server) ;;  # etcd: bench/run_rdzv_bench.sh
     *) echo "bootstrap: unknown profile '$profile' (expected: test, bench, python)" >&2; exit 2 ;;
   esac
 done

@@ -13,6 +13,7 @@
 #include "gz/core/error.h"
 #include "gz/torch/process_group.h"
 #include "gz/train/config.h"
+#include "gz/train/straggler.h"
 #include "gz/train/trainer.h"
 
 namespace {
@@ -80,6 +81,8 @@ int main(int argc, char** argv) {
     if (crash_step > 0 && env.get_int("GZ_RESTART_COUNT", 0) == 0 &&
         env.get_int("GZ_TRAIN_CRASH_RANK", 0) == rank)
       trainer.set_crash_at_step(crash_step);
+    // TEST ONLY: a rank whose data phase is slower (GZ_TEST_SLOW_DATA_MS), for the straggler tests.
+    if (auto slow = gz::train::make_test_fault_injection(env)) trainer.add_callback(slow);
     trainer.train();
     if (trainer.is_main()) std::cout << trainer.summary_line() << std::endl;
     gz::shutdown();

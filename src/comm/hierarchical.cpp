@@ -86,7 +86,8 @@ class HierarchicalCommunicator : public Communicator {
       if (node_ == root_node) {
         const auto& mine = layout_.ranks_of_node[node_];
         int root_local = static_cast<int>(std::find(mine.begin(), mine.end(), root) - mine.begin());
-        if (root_local != 0) within(local_).broadcast(data, count, dtype, root_local);
+        // Every rank of the root's node, its leader included (also when the root is the leader).
+        within(local_).broadcast(data, count, dtype, root_local);
       }
       if (leaders_) within(leaders_).broadcast(data, count, dtype, root_node);
       if (node_ != root_node) within(local_).broadcast(data, count, dtype, 0);

@@ -36,29 +36,35 @@ Admission::Admission(const AdmissionLimits& limits) : limits_(limits) {
 
 void Admission::drop_front(const std::string& key, std::vector<uint64_t>& out) {
   auto it = sources_.find(key);
-  if (it == sources_.end() || it->second.ids.empty()) return;
-  out.push_back(it->second.ids.front());
-  it->second.ids.pop_front();
-  --pending_;
+  if (it == sources_.end() || it->second.empty()) return;
+  out.push_back(it->second.front());
+  it->second.pop_front();
+  --waiting_;
 }
 
 std::vector<uint64_t> Admission::admit(uint64_t id, const std::string& source) {
   std::vector<uint64_t> evicted;
-  Source& s = sources_[source];
-  s.ids.push_back(id);
-  ++pending_;
-  if (s.ids.size() > limits_.max_pending_per_source) drop_front(source, evicted);
-  while (pending_ > limits_.max_pending) {
-    // The source holding the most slots gives one up; among equals, the one waiting longest.
+  auto& ids = sources_[source];
+  ids.push_back(id);
+  ++waiting_;
+  if (ids.size() > limits_.max_pending_per_source) drop_front(source, evicted);
+  while (pending() > limits_.max_pending) {
+    // Refused connections only linger to deliver their reason: they go first.
+    if (!refused_.empty()) {
+      evicted.push_back(refused_.front());
+      refused_.pop_front();
+      continue;
+    }
+    // The source waiting with the most gives one up; among equals, the one waiting longest.
     const std::string* hog = nullptr;
     size_t most = 0;
     uint64_t oldest = 0;
     for (auto& [key, src] : sources_) {
-      if (src.ids.empty()) continue;
-      if (src.ids.size() > most || (src.ids.size() == most && src.ids.front() < oldest)) {
+      if (src.empty()) continue;
+      if (src.size() > most || (src.size() == most && src.front() < oldest)) {
         hog = &key;
-        most = src.ids.size();
-        oldest = src.ids.front();
+        most = src.size();
+        oldest = src.front();
       }
     }
     if (!hog) break;
@@ -67,33 +73,38 @@ std::vector<uint64_t> Admission::admit(uint64_t id, const std::string& source) {
   return evicted;
 }
 
-void Admission::release(uint64_t id, const std::string& source) {
+void Admission::refused(uint64_t id, const std::string& source) {
   auto it = sources_.find(source);
   if (it == sources_.end()) return;
-  auto& ids = it->second.ids;
-  auto pos = std::find(ids.begin(), ids.end(), id);
-  if (pos == ids.end()) return;
-  ids.erase(pos);
-  --pending_;
+  auto pos = std::find(it->second.begin(), it->second.end(), id);
+  if (pos == it->second.end()) return;
+  it->second.erase(pos);
+  --waiting_;
+  refused_.push_back(id);
 }
 
-void Admission::failed(const std::string& source, Clock::time_point now) {
-  sources_[source].gate = now + limits_.failure_delay;
-}
-
-Clock::time_point Admission::gate(const std::string& source) const {
+void Admission::release(uint64_t id, const std::string& source) {
   auto it = sources_.find(source);
-  return it == sources_.end() ? Clock::time_point{} : it->second.gate;
+  if (it != sources_.end()) {
+    auto pos = std::find(it->second.begin(), it->second.end(), id);
+    if (pos != it->second.end()) {
+      it->second.erase(pos);
+      --waiting_;
+      return;
+    }
+  }
+  auto r = std::find(refused_.begin(), refused_.end(), id);
+  if (r != refused_.end()) refused_.erase(r);
 }
 
 size_t Admission::pending_from(const std::string& source) const {
   auto it = sources_.find(source);
-  return it == sources_.end() ? 0 : it->second.ids.size();
+  return it == sources_.end() ? 0 : it->second.size();
 }
 
-void Admission::forget_idle(Clock::time_point now) {
+void Admission::forget_idle() {
   for (auto it = sources_.begin(); it != sources_.end();) {
-    if (it->second.ids.empty() && it->second.gate <= now)
+    if (it->second.empty())
       it = sources_.erase(it);
     else
       ++it;

@@ -6,6 +6,7 @@
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
+#include "gz/store/etcd_store.h"
 #include "gz/store/file_store.h"
 #include "gz/store/mem_store.h"
 #include "gz/store/prefix_store.h"
@@ -434,6 +435,41 @@ void meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string
   }
 }
 
+/// The etcd store named by `endpoints` (GZ_STORE_ENDPOINTS or an etcd:// init method) and the
+/// GZ_STORE_* variables; the rendezvous token is the etcd user's password. Throws what EtcdStore
+/// throws, with the rendezvous context in front.
+std::shared_ptr<Store> connect_etcd(const std::string& endpoints, const std::string& prefix, const Env& env,
+                                    const std::string& token, bool insecure, Deadline deadline,
+                                    std::string& where) {
+  EtcdStoreOptions o;
+  o.endpoints = parse_etcd_endpoints(endpoints);
+  o.prefix = prefix;
+  o.user = env.get("GZ_STORE_USER", "");
+  if (!o.user.empty()) o.password = token;  // without a user the token has no use in etcd
+  o.ca_file = env.get("GZ_STORE_CACERT", "");
+  o.cert_file = env.get("GZ_STORE_CERT", "");
+  o.key_file = env.get("GZ_STORE_KEY", "");
+  o.allow_insecure = insecure;
+  o.timeout = std::max(deadline.remaining(), Duration(1));
+  where = "etcd " + endpoints + " under " + prefix;
+  for (const auto& w : check_etcd_options(o)) GZ_LOG(warn, "rendezvous: ", w);
+  try {
+    return std::make_shared<EtcdStore>(o);
+  } catch (const Error&) {
+    rethrow_with("rendezvous (store " + where + "): ");
+  }
+}
+
+/// "etcd://h1:2379,h2:2379/gz/job" -> endpoints and prefix ("/gz/default" when none is given).
+void split_etcd_method(const std::string& method, std::string& endpoints, std::string& prefix) {
+  const std::string rest = method.substr(7);
+  const size_t slash = rest.find('/');
+  endpoints = rest.substr(0, slash);
+  prefix = slash == std::string::npos ? "/gz/default" : rest.substr(slash);
+  while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
+  if (endpoints.empty()) GZ_THROW(InvalidArgument, "init_method '", method, "' names no etcd endpoint");
+}
+
 }  // namespace
 
 Rendezvous rendezvous(const InitOptions& options, const Env& env) {
@@ -467,7 +503,21 @@ Rendezvous rendezvous(const InitOptions& options, const Env& env) {
     }
   };
 
-  if (method.empty() || method == "env://") {
+  const bool etcd_env = env.get("GZ_STORE_BACKEND", "") == "etcd";
+  if ((method.empty() || method == "env://") && etcd_env) {
+    // The job's store is an etcd cluster (gzrun --rdzv-backend etcd, or set by hand): nobody hosts.
+    out.world = detect_world(env);
+    const std::string endpoints = env.get("GZ_STORE_ENDPOINTS", "");
+    if (endpoints.empty())
+      GZ_THROW(InvalidArgument, "GZ_STORE_BACKEND=etcd needs GZ_STORE_ENDPOINTS (host:2379,host:2379,...)");
+    base = connect_etcd(endpoints, env.get("GZ_STORE_PREFIX", "/gz/default"), env, token, insecure, deadline,
+                        where);
+  } else if (method.rfind("etcd://", 0) == 0) {
+    out.world = explicit_world(options, env, method);
+    std::string endpoints, prefix;
+    split_etcd_method(method, endpoints, prefix);
+    base = connect_etcd(endpoints, prefix, env, token, insecure, deadline, where);
+  } else if (method.empty() || method == "env://") {
     out.world = detect_world(env);
     const WorldInfo& w = out.world;
     if (w.world_size == 1 && !hosted) {
@@ -513,7 +563,8 @@ Rendezvous rendezvous(const InitOptions& options, const Env& env) {
     base = std::make_shared<FileStore>(path);
     where = method;
   } else {
-    GZ_THROW(InvalidArgument, "unknown init_method '", method, "' (expected env://, tcp://host:port or file:///path)");
+    GZ_THROW(InvalidArgument, "unknown init_method '", method,
+             "' (expected env://, tcp://host:port, etcd://host:port,.../prefix or file:///path)");
   }
 
   base->set_timeout(options.timeout);

@@ -157,7 +157,8 @@ StoreState::Outcome StoreState::apply(const Message& req, Message& reply) {
       return Outcome::done;
     }
     case Op::hello:
-      reply = reply_of(Reply::invalid, "hello is only valid as the first message");
+    case Op::auth:
+      reply = reply_of(Reply::invalid, code_name(req.code) + " is only valid in the handshake");
       return Outcome::done;
   }
   reply = reply_of(Reply::invalid, "unknown request " + code_name(req.code));

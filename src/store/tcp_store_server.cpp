@@ -1,9 +1,9 @@
 // TCP store server: one thread, epoll over the listening socket, a wake-up pipe and every
 // connection (a wake-up costs what is ready, not what is open). A connection is unauthenticated until its
-// hello (handshake.h) is accepted: until then it holds one of a bounded number of slots (admission.h), may
-// buffer one small hello and nothing else, and is closed when its auth_timeout passes. Authenticated
-// connections are never closed to make room, and the work done per loop iteration for unauthenticated ones is
-// bounded, so a flood of them cannot starve the ranks' requests.
+// handshake (handshake.h: hello, challenge, auth) succeeds: until then it holds one of a bounded number of
+// slots (admission.h), may buffer one small handshake message and nothing else, and is closed when its
+// auth_timeout passes. Authenticated connections are never closed to make room, and the work done per loop
+// iteration for unauthenticated ones is bounded, so a flood of them cannot starve the ranks' requests.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -27,6 +27,7 @@
 #include "gz/store/tcp_store.h"
 #include "store/admission.h"
 #include "store/handshake.h"
+#include "store/peer_identity.h"
 #include "store/store_state.h"
 #include "store/tcp_common.h"
 #include "store/wire.h"
@@ -48,7 +49,7 @@ constexpr int kAcceptBatch = 64;
 constexpr uint64_t kWakeId = 0, kListenId = 1, kFirstConnId = 2;
 
 using wire::AbuseLog;
-using wire::HelloVerdict;
+using wire::HandshakeVerdict;
 
 }  // namespace
 
@@ -62,10 +63,10 @@ struct TcpStoreServer::Impl {
     std::string out;
     size_t out_off = 0;
     bool authed = false;
+    bool challenged = false;  // the hello was answered; the auth is due
+    std::string client_nonce, server_nonce;
     bool tracked = false;  // holds an unauthenticated slot in `admission`
     Clock::time_point auth_deadline{};
-    bool gated = false;  // a complete hello waits for its source's gate (after a refused token)
-    Clock::time_point gate_until{};
     bool closing = false;  // close once `out` is flushed
     bool blocked = false;  // a get/wait is parked until keys appear or `deadline`
     wire::Message pending;
@@ -85,9 +86,13 @@ struct TcpStoreServer::Impl {
   };
 
   TcpStoreServerOptions opts;
+  std::string salt;  // of the key derived from the token (handshake_key)
+  std::string key;   // empty without a token
   wire::Limits limits;
   wire::StoreState state;
   wire::Admission admission;
+  wire::PeerIdentity identity;  // loopback peers' users (the admission key on loopback)
+  bool told_identity = false;   // that peers' users cannot be told apart here (logged once)
   AbuseLog abuse;
   Counters st;
   int listen_fd = -1;
@@ -109,7 +114,6 @@ struct TcpStoreServer::Impl {
     wire::AdmissionLimits l;
     l.max_pending = o.max_pending_auth;
     l.max_pending_per_source = o.max_pending_per_source;
-    l.failure_delay = o.auth_failure_delay;
     return l;
   }
 
@@ -127,10 +131,14 @@ struct TcpStoreServer::Impl {
                "(GZ_RDZV_INSECURE=1, gzrun --rdzv-insecure) opts out on a network you trust completely");
     GZ_CHECK_ARG(opts.auth_timeout.count() > 0, "TcpStoreServer auth_timeout must be positive");
     GZ_CHECK_ARG(opts.max_clients > 0, "TcpStoreServer max_clients must be positive");
+    GZ_CHECK_ARG(opts.name.size() <= wire::kMaxServerNameBytes, "TcpStoreServer name of ", opts.name.size(),
+                 " bytes (at most ", wire::kMaxServerNameBytes, ")");
   }
 
   void open() {
     validate();
+    salt = wire::random_bytes(wire::kSaltBytes);
+    if (!opts.token.empty()) key = wire::handshake_key(opts.token, salt);
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -245,62 +253,64 @@ struct TcpStoreServer::Impl {
     if (!line.empty()) GZ_LOG(warn, line);
   }
 
-  // Refuse an unauthenticated client with a reason it can print, then close.
+  // Refuse an unauthenticated client with a reason it can print, then close. Its slot becomes the
+  // first to be given up: it only lingers to deliver the reason.
   void refuse(Conn& c, const std::string& text) {
     queue(c, wire::closing_reply(wire::Reply::refused, text));
     c.closing = true;
     drop_input(c);
+    if (c.tracked) admission.refused(c.id, c.source);
   }
 
-  // The first message of an unauthenticated connection.
-  void handshake(Conn& c, Clock::time_point now) {
-    c.gated = false;
-    if (c.closing || c.in.empty()) return;
-    auto h = wire::judge_hello(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size(), opts.token);
-    if (h.verdict == HelloVerdict::need_more) return;
-    if (h.verdict == HelloVerdict::accept || h.verdict == HelloVerdict::wrong_token) {
-      // After a refused token the source waits before its next hello is judged, whichever of
-      // its connections sends it: guessing is slow even over many connections.
-      Clock::time_point gate = admission.gate(c.source);
-      if (now < gate) {
-        c.gated = true;
-        c.gate_until = gate;
-        return;
-      }
+  void consume(Conn& c, size_t n) {
+    buffered -= n;
+    c.in.erase(0, n);
+  }
+
+  // Answer a hello: our nonce, the salt, our proof of the token (none without one) and our name.
+  void challenge(Conn& c, std::string client_nonce) {
+    c.client_nonce = std::move(client_nonce);
+    c.server_nonce = wire::random_bytes(wire::kNonceBytes);
+    const std::string proof = key.empty() ? std::string()
+                                          : wire::handshake_proof(key, wire::Prover::server, opts.name,
+                                                                  c.client_nonce, c.server_nonce);
+    queue(c, wire::make(static_cast<uint8_t>(wire::Reply::challenge), 0,
+                        {c.server_nonce, salt, proof, opts.name}));
+    c.challenged = true;
+  }
+
+  void admit_client(Conn& c, size_t consumed) {
+    if (authed_count >= opts.max_clients) {
+      GZ_LOG(warn, "store server: refusing ", c.peer, ": ", authed_count, " clients connected (max_clients)");
+      ++st.bad_hello;
+      refuse(c, "too many clients");
+      return;
     }
+    consume(c, consumed);
+    c.authed = true;
+    ++authed_count;
+    if (c.tracked) admission.release(c.id, c.source);
+    c.tracked = false;
+    ++st.authenticated;
+    queue(c, wire::make_reply(wire::Reply::ok));
+  }
+
+  void refuse_handshake(Conn& c, const wire::HandshakeResult& h, Clock::time_point now) {
     switch (h.verdict) {
-      case HelloVerdict::accept:
-        if (authed_count >= opts.max_clients) {
-          GZ_LOG(warn, "store server: refusing ", c.peer, ": ", authed_count,
-                 " clients connected (max_clients)");
-          ++st.bad_hello;
-          refuse(c, "too many clients");
-          return;
-        }
-        buffered -= h.consumed;
-        c.in.erase(0, h.consumed);
-        c.authed = true;
-        ++authed_count;
-        if (c.tracked) admission.release(c.id, c.source);
-        c.tracked = false;
-        ++st.authenticated;
-        queue(c, wire::make_reply(wire::Reply::ok));
-        return;
-      case HelloVerdict::wrong_token:
-        admission.failed(c.source, now);
+      case HandshakeVerdict::wrong_token:
         ++st.wrong_token;
         log_abuse(AbuseLog::Kind::wrong_token, c, h.detail, now);
         refuse(c, "rendezvous token refused");
         return;
-      case HelloVerdict::oversized:
+      case HandshakeVerdict::oversized:
         ++st.oversized;
         log_abuse(AbuseLog::Kind::oversized, c, h.detail, now);
         refuse(c, h.detail);
         return;
-      case HelloVerdict::not_hello:
+      case HandshakeVerdict::unexpected:
         ++st.bad_hello;
         log_abuse(AbuseLog::Kind::bad_hello, c, h.detail, now);
-        refuse(c, "expected hello as the first message");
+        refuse(c, "expected the handshake (hello, then auth) before any request");
         return;
       default:
         ++st.bad_hello;
@@ -308,6 +318,27 @@ struct TcpStoreServer::Impl {
         refuse(c, h.detail);
         return;
     }
+  }
+
+  // The handshake of an unauthenticated connection: its hello, then its auth, each judged as soon
+  // as it is complete (nobody waits behind anybody else's refusals).
+  void handshake(Conn& c, Clock::time_point now) {
+    if (c.closing || c.in.empty()) return;
+    if (!c.challenged) {
+      auto h = wire::judge_hello(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size());
+      if (h.verdict == HandshakeVerdict::need_more) return;
+      if (h.verdict != HandshakeVerdict::accept) return refuse_handshake(c, h, now);
+      consume(c, h.consumed);
+      challenge(c, std::move(h.nonce));
+      if (c.in.empty()) return;
+    }
+    const std::string expected = key.empty() ? std::string()
+                                             : wire::handshake_proof(key, wire::Prover::client, opts.name,
+                                                                     c.client_nonce, c.server_nonce);
+    auto a = wire::judge_auth(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size(), expected);
+    if (a.verdict == HandshakeVerdict::need_more) return;
+    if (a.verdict == HandshakeVerdict::accept) return admit_client(c, a.consumed);
+    refuse_handshake(c, a, now);
   }
 
   // Parse and run requests while the connection is free to answer.
@@ -361,6 +392,23 @@ struct TcpStoreServer::Impl {
     }
   }
 
+  // The admission key: the peer's address, or on loopback (where every local process connects
+  // from 127.0.0.1) the user owning the peer's socket.
+  std::string source_of(int fd, const sockaddr_storage& peer) {
+    if (!wire::is_loopback_peer(peer)) return wire::source_key(peer);
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len);
+    std::string key = identity.source(peer, local);
+    if (identity.unavailable() && !told_identity) {
+      told_identity = true;
+      GZ_LOG(warn,
+             "store server: cannot tell local users apart (no sock_diag for TCP here): "
+             "unauthenticated loopback clients share their slots");
+    }
+    return key;
+  }
+
   void accept_batch(Clock::time_point now) {
     for (int i = 0; i < kAcceptBatch; ++i) {
       sockaddr_storage ss{};
@@ -394,7 +442,7 @@ struct TcpStoreServer::Impl {
       c.fd = fd;
       c.id = next_id++;
       c.peer = std::string(host) + ":" + std::to_string(port);
-      c.source = wire::source_key(ss);
+      c.source = source_of(fd, ss);
       c.auth_deadline = now + opts.auth_timeout;
       c.tracked = true;
       int one = 1;
@@ -438,8 +486,9 @@ struct TcpStoreServer::Impl {
     for (int round = 0; round < rounds; ++round) {
       size_t want = sizeof buf;
       if (!c.authed && !c.closing) {
-        want = std::min(want, wire::kMaxHelloFrameBytes - std::min(c.in.size(), wire::kMaxHelloFrameBytes));
-        if (want == 0) return true;  // a full hello's worth: judged before anything more is read
+        const size_t budget = wire::handshake_budget(c.challenged);
+        want = std::min(want, budget - std::min(c.in.size(), budget));
+        if (want == 0) return true;  // a full message's worth: judged before anything more is read
       }
       ssize_t n = ::recv(c.fd, buf, want, 0);
       if (n == 0) return false;
@@ -464,11 +513,11 @@ struct TcpStoreServer::Impl {
     return true;
   }
 
-  // Whether to watch for input: not while an unauthenticated connection's hello is
+  // Whether to watch for input: not while an unauthenticated connection's handshake message is
   // complete (or its budget full) and waiting to be judged.
   static bool wants_input(const Conn& c) {
     if (c.authed || c.closing) return true;
-    return !c.gated && c.in.size() < wire::kMaxHelloFrameBytes;
+    return c.in.size() < wire::handshake_budget(c.challenged);
   }
 
   int poll_timeout(Clock::time_point now) const {
@@ -481,7 +530,6 @@ struct TcpStoreServer::Impl {
       if (c.blocked) consider(c.deadline);
       if (c.lingering) consider(c.linger_until);
       if (c.tracked && !c.closing) consider(c.auth_deadline);
-      if (c.gated) consider(c.gate_until);
       if (c.authed && !c.blocked && !c.closing && c.out.empty() && !c.in.empty()) best = 0;
     }
     return static_cast<int>(std::min<long long>(best, 1 << 30));
@@ -579,8 +627,6 @@ struct TcpStoreServer::Impl {
         }
         if (re & EPOLLOUT) flush(c);
       }
-      if (accept_ready) accept_batch(now);
-      apply_evictions(now);
       // Run requests, answer parked waiters, flush replies; a flushed reply frees its connection
       // for its next buffered request, and a change can unblock waiters: repeat until quiet
       // (bounded, so one busy client cannot starve the loop).
@@ -606,11 +652,15 @@ struct TcpStoreServer::Impl {
         }
         if (!progress && state.version() == version) break;
       }
+      // New connections after the handshakes already buffered were judged: a complete, correct
+      // proof is never evicted to make room for a newcomer.
       now = Clock::now();
+      if (accept_ready) accept_batch(now);
+      apply_evictions(now);
       expire(now);
       remove_dead();
       if (now - last_forget > std::chrono::seconds(1)) {
-        admission.forget_idle(now);
+        admission.forget_idle();
         last_forget = now;
       }
       std::string line = abuse.summary(now);

@@ -27,16 +27,28 @@ uint64_t read_u64(const uint8_t* p) {
 /// Allowed part counts per request op: [min, max]; max 0 with min 0 means "none".
 bool arity_ok(uint8_t code, size_t n) {
   switch (static_cast<Op>(code)) {
-    case Op::hello: return n == 1;
-    case Op::set: return n == 2;
-    case Op::get: return n == 1;
-    case Op::add: return n == 1;
-    case Op::compare_set: return n == 3;
-    case Op::wait: return true;
-    case Op::check: return true;
-    case Op::delete_key: return n == 1;
-    case Op::num_keys: return n == 0;
-    case Op::append: return n == 2;
+    case Op::hello:
+      return n == 1;
+    case Op::set:
+      return n == 2;
+    case Op::get:
+      return n == 1;
+    case Op::add:
+      return n == 1;
+    case Op::compare_set:
+      return n == 3;
+    case Op::wait:
+      return true;
+    case Op::check:
+      return true;
+    case Op::delete_key:
+      return n == 1;
+    case Op::num_keys:
+      return n == 0;
+    case Op::append:
+      return n == 2;
+    case Op::auth:
+      return n == 1;
   }
   return false;
 }
@@ -55,26 +67,45 @@ uint32_t read_u32(const uint8_t* p) {
          (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
 }
 
-bool is_request_code(uint8_t code) { return code >= 1 && code <= 10; }
-bool is_reply_code(uint8_t code) { return code >= 128 && code <= 132; }
+bool is_request_code(uint8_t code) { return code >= 1 && code <= 11; }
+bool is_reply_code(uint8_t code) { return code >= 128 && code <= 133; }
 
 std::string code_name(uint8_t code) {
   switch (code) {
-    case 1: return "hello";
-    case 2: return "set";
-    case 3: return "get";
-    case 4: return "add";
-    case 5: return "compare_set";
-    case 6: return "wait";
-    case 7: return "check";
-    case 8: return "delete_key";
-    case 9: return "num_keys";
-    case 10: return "append";
-    case 128: return "ok";
-    case 129: return "timeout";
-    case 130: return "invalid";
-    case 131: return "error";
-    case 132: return "refused";
+    case 1:
+      return "hello";
+    case 2:
+      return "set";
+    case 3:
+      return "get";
+    case 4:
+      return "add";
+    case 5:
+      return "compare_set";
+    case 6:
+      return "wait";
+    case 7:
+      return "check";
+    case 8:
+      return "delete_key";
+    case 9:
+      return "num_keys";
+    case 10:
+      return "append";
+    case 11:
+      return "auth";
+    case 128:
+      return "ok";
+    case 129:
+      return "timeout";
+    case 130:
+      return "invalid";
+    case 131:
+      return "error";
+    case 132:
+      return "refused";
+    case 133:
+      return "challenge";
   }
   return "op#" + std::to_string(code);
 }
@@ -87,8 +118,8 @@ DecodeResult decode(const uint8_t* data, size_t size, Direction dir, const Limit
                                              " bytes exceeds the limit of " +
                                              std::to_string(limits.max_body_bytes));
   if (body < kMinBodyBytes)
-    return fail(DecodeStatus::malformed, "message body of " + std::to_string(body) + " bytes is shorter than " +
-                                             std::to_string(kMinBodyBytes));
+    return fail(DecodeStatus::malformed, "message body of " + std::to_string(body) +
+                                             " bytes is shorter than " + std::to_string(kMinBodyBytes));
   if (size - kHeaderBytes < body) return DecodeResult{};
 
   const uint8_t* p = data + kHeaderBytes;
@@ -105,10 +136,11 @@ DecodeResult decode(const uint8_t* data, size_t size, Direction dir, const Limit
                                              std::to_string(limits.max_parts));
   // Each part needs at least its 4-byte length: reject impossible counts before reserving.
   if (nparts > static_cast<uint64_t>(end - p) / 4)
-    return fail(DecodeStatus::malformed, "message announces " + std::to_string(nparts) +
-                                             " parts but has room for fewer");
+    return fail(DecodeStatus::malformed,
+                "message announces " + std::to_string(nparts) + " parts but has room for fewer");
   if (req && !arity_ok(code, nparts))
-    return fail(DecodeStatus::malformed, code_name(code) + " request with " + std::to_string(nparts) + " parts");
+    return fail(DecodeStatus::malformed,
+                code_name(code) + " request with " + std::to_string(nparts) + " parts");
 
   Message m;
   m.code = code;
@@ -119,8 +151,8 @@ DecodeResult decode(const uint8_t* data, size_t size, Direction dir, const Limit
     const uint64_t len = read_u32(p);
     p += 4;
     if (len > static_cast<uint64_t>(end - p))
-      return fail(DecodeStatus::malformed, "part " + std::to_string(i) + " of " + std::to_string(len) +
-                                               " bytes overruns the message");
+      return fail(DecodeStatus::malformed,
+                  "part " + std::to_string(i) + " of " + std::to_string(len) + " bytes overruns the message");
     m.parts.emplace_back(reinterpret_cast<const char*>(p), len);
     p += len;
   }

@@ -5,7 +5,7 @@
 // Requests carry an Op code, replies a Reply code. `num` is the add delta, the blocking timeout
 // in milliseconds, the protocol version (hello) or the integer result of a reply; on an
 // invalid/error/refused reply, num = 1 means the server closes the connection after it.
-// The first request on a connection must be hello (token + protocol version).
+// A connection starts with the handshake (handshake.h): hello -> challenge -> auth -> ok.
 #pragma once
 
 #include <cstddef>
@@ -15,13 +15,14 @@
 
 namespace gz::wire {
 
-constexpr int64_t kProtocolVersion = 1;
+/// Version 2: mutual challenge-response (version 1 sent the token itself in the hello).
+constexpr int64_t kProtocolVersion = 2;
 constexpr size_t kHeaderBytes = 4;
 /// Smallest body: code + num + nparts.
 constexpr size_t kMinBodyBytes = 1 + 8 + 4;
 
 enum class Op : uint8_t {
-  hello = 1,        ///< parts: [token]; num: protocol version
+  hello = 1,        ///< parts: [client nonce]; num: protocol version
   set = 2,          ///< parts: [key, value]
   get = 3,          ///< parts: [key]; num: timeout ms
   add = 4,          ///< parts: [key]; num: delta
@@ -31,14 +32,16 @@ enum class Op : uint8_t {
   delete_key = 8,   ///< parts: [key]
   num_keys = 9,     ///< no parts
   append = 10,      ///< parts: [key, value]; reply num: the new length
+  auth = 11,        ///< parts: [client proof] (the answer to a challenge)
 };
 
 enum class Reply : uint8_t {
-  ok = 128,       ///< parts / num: the result
-  timeout = 129,  ///< parts: the keys still missing
-  invalid = 130,  ///< parts: [message] (caller's fault: bad value, bad request)
-  error = 131,    ///< parts: [message] (server-side limit: store full, ...)
-  refused = 132,  ///< parts: [message] (hello rejected: token, protocol, too many clients)
+  ok = 128,         ///< parts / num: the result
+  timeout = 129,    ///< parts: the keys still missing
+  invalid = 130,    ///< parts: [message] (caller's fault: bad value, bad request)
+  error = 131,      ///< parts: [message] (server-side limit: store full, ...)
+  refused = 132,    ///< parts: [message] (handshake rejected: token, protocol, too many clients)
+  challenge = 133,  ///< parts: [server nonce, server proof, server name] (the answer to hello)
 };
 
 /// @brief One decoded message (request or reply).

@@ -4,6 +4,7 @@
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
+#include "gz/core/phase.h"
 #include "gz/torch/process_group.h"
 #include "gz/torch/tensor_adapter.h"
 
@@ -59,7 +60,10 @@ void DistributedDataParallel::pre_forward() {
   bool bcast = options_.broadcast_buffers && !buffers_.empty() && group_->size() > 1;
   int root = options_.root_rank;
   if (reducer_->join_mode()) root = reducer_->announce_active(bcast);
-  if (bcast) broadcast_buffers(root);
+  if (bcast) {
+    ScopedPhase waiting(Phase::comm);  // a sync point: a late rank's peers wait here
+    broadcast_buffers(root);
+  }
 }
 
 DistributedDataParallel::JoinGuard::JoinGuard(DistributedDataParallel& ddp) : ddp_(ddp) {

@@ -12,6 +12,7 @@
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
+#include "gz/core/phase.h"
 #include "gz/torch/process_group.h"
 #include "gz/torch/row_sparse.h"
 #include "gz/torch/tensor_adapter.h"
@@ -488,6 +489,7 @@ void DistributedOptimizer::run_hook(const torch::Tensor& flat, std::vector<torch
 }
 
 void DistributedOptimizer::synchronize() {
+  ScopedPhase waiting(Phase::comm);  // the exposed wait for this step's gradient reductions
   comm::WorkPtr loop;
   {
     std::lock_guard<std::mutex> lock(mu_);

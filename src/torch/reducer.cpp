@@ -11,6 +11,7 @@
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
+#include "gz/core/phase.h"
 #include "gz/torch/row_sparse.h"
 #include "gz/torch/tensor_adapter.h"
 
@@ -346,11 +347,15 @@ void Reducer::finalize_backward() {
   launch_ready_buckets();
   torch::Tensor used_global;
   if (options_.find_unused_parameters) {
+    ScopedPhase waiting(Phase::comm);
     used_global = used_.clone();
     group_->allreduce(used_global.data_ptr(), params_.size(), DType::u8, comm::ReduceOp::max);
   }
   std::exception_ptr err;
-  for (auto& b : buckets_) settle(b, &err);
+  {
+    ScopedPhase waiting(Phase::comm);  // backward's exposed wait for the gradient all-reduces
+    for (auto& b : buckets_) settle(b, &err);
+  }
   if (timeline_) timeline_->span("ddp", "wait for buckets", t0, Clock::now());
   if (err) std::rethrow_exception(err);
   torch::NoGradGuard no_grad;

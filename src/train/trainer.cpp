@@ -10,8 +10,10 @@
 #include <optional>
 #include <random>
 
+#include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/core/log.h"
+#include "gz/core/phase.h"
 #include "gz/torch/autocast.h"
 #include "gz/torch/collectives.h"
 #include "gz/torch/data_parallel.h"
@@ -26,6 +28,7 @@
 #include "gz/train/data/factory.h"
 #include "gz/train/elastic_batch.h"
 #include "gz/train/scheduler.h"
+#include "gz/train/straggler.h"
 #include "comm_algorithms.h"
 
 namespace gz::train {
@@ -230,7 +233,9 @@ void Trainer::setup() {
   if (default_callbacks_) {
     if (c.prune_sparsity > 0) callbacks_.push_back(std::make_shared<PruningCallback>(c.prune_sparsity));
     callbacks_.push_back(std::make_shared<ProgressBar>(c.progress));
-    callbacks_.push_back(std::make_shared<HistoryLogger>(c.tensorboard));
+    auto history = std::make_shared<HistoryLogger>(c.tensorboard);
+    callbacks_.push_back(history);
+    callbacks_.push_back(std::make_shared<StragglerReport>(straggler_options(c, Env::from_process()), history));
     callbacks_.push_back(std::make_shared<ModelCheckpoint>());
     if (c.early_stopping_patience > 0)
       callbacks_.push_back(std::make_shared<EarlyStopping>(c.early_stopping_patience, c.early_stopping_threshold));
@@ -309,6 +314,7 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
   double loss_sum = 0;
   const bool bf16 = c.mixed_precision == "bf16", fp16 = c.mixed_precision == "fp16";
   for (int64_t k = 0; k < accum; ++k) {
+    gz::set_phase(gz::Phase::data, state_.step);  // phase marks: dumps and the straggler report
     auto batch = loader.next();
     if (!batch) GZ_THROW(Error, "rank ", rank_, ": data loader ran out of batches at step ", state_.step);
     auto input = batch->input.to(impl_->device), label = batch->label.to(impl_->device);
@@ -316,6 +322,7 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
     std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
     if (impl_->ddp && k + 1 < accum) no_sync.emplace(impl_->ddp->reducer());
     torch::Tensor logits;
+    gz::set_phase(gz::Phase::forward);
     {
       AutocastGuard autocast(impl_->device.type(), fp16 ? torch::kHalf : torch::kBFloat16, bf16 || fp16);
       if (impl_->ddp) logits = impl_->ddp->forward([&] { return model_->forward(input); });
@@ -329,9 +336,11 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
     // over the ranks, the step's gradient is the mean over the global batch however it is split.
     const auto n = static_cast<double>(label.size(0));
     loss_sum += loss.item<double>() * n;
+    gz::set_phase(gz::Phase::backward);  // DDP marks its exposed wait for the buckets as comm
     impl_->scaler->scale(loss * (n * world_ / static_cast<double>(global_batch))).backward();
     if (impl_->dp) impl_->dp->reduce_gradients();
   }
+  gz::set_phase(gz::Phase::optimizer);  // Horovod mode's synchronize() marks itself comm
   if (impl_->hvd) impl_->hvd->synchronize();
   auto& scaler = *impl_->scaler;
   if (c.max_grad_norm > 0) {
@@ -345,11 +354,14 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
   scaler.update();
   impl_->comm.after_step();
   std::vector<double> loss{loss_sum};
+  gz::set_phase(gz::Phase::comm);
   allreduce_sum(loss);
+  gz::set_phase(gz::Phase::idle);
   state_.loss = loss[0] / static_cast<double>(global_batch);
 }
 
 std::map<std::string, double> Trainer::evaluate() {
+  gz::ScopedPhase phase(gz::Phase::eval);
   std::map<std::string, double> out;
   // Local SGD / async averaging: every rank evaluates (and then saves) the averaged model. Also
   // without a test set: train() ends with an evaluation, which leaves every rank the same model.
@@ -446,6 +458,7 @@ void Trainer::agree(std::exception_ptr error, const std::string& what) {
 }
 
 std::string Trainer::save_checkpoint() {
+  gz::ScopedPhase phase(gz::Phase::checkpoint);
   std::string dir;
   std::exception_ptr error;
   if (impl_->zero) impl_->zero->consolidate_state_dict(0);  // collective: rank 0 saves the whole state

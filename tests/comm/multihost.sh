@@ -11,6 +11,10 @@
 #              auto-mpi  mpirun as above, backend auto: hier(shm+mpi)
 # Exit 77 (skip) where the cluster cannot be built (not root, no iproute2, no namespaces) or,
 # for the mpi variants, mpirun is missing.
+# MH_STORE=etcd (gzrun variants): the job's store is a 3-member etcd cluster on hosts 0-2
+# (--rdzv-backend etcd, plain http, --rdzv-insecure); etcd-tls: the same over https with etcd's
+# authentication (user gz, the rendezvous token as its password). Default tcp: gzrun's TcpStore on
+# host 0. Either way the output ends with the rendezvous times (bench/run_rdzv_bench.sh).
 set -uo pipefail
 [ $# = 6 ] || { echo "usage: multihost.sh CLUSTER_SH GZRUN WORKER HOSTS RANKS BACKEND" >&2; exit 2; }
 cluster=$1 gzrun=$2 worker=$3 hosts=$4 ranks=$5 backend=$6
@@ -25,8 +29,15 @@ id=mh$$
 C=("$cluster" -c "$id")
 logs=$(mktemp -d)
 pids=()
+store=${MH_STORE:-tcp}
+dir=$logs
+if [ "$store" != tcp ]; then
+  . "$(dirname "$0")/../launcher/etcd_hosts.sh"
+  etcd_check
+fi
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  [ "$store" != tcp ] && etcd_kill_all
   "${C[@]}" down
   rm -rf "$logs"
 }
@@ -52,13 +63,35 @@ esac
 # Ranks that share a host must share memory; a host with one rank has nothing to share.
 case $backend in auto | auto-mpi) [ "$ranks" -gt 1 ] && expect+=(GZ_EXPECT_SHM=1) ;; esac
 
+# The job's store (gzrun variants).
+store_args=()
+case $store in
+  tcp) ;;
+  etcd | etcd-tls)
+    [ "$hosts" -ge 3 ] || { echo "FAIL: MH_STORE=$store needs 3 hosts for its members"; exit 2; }
+    if [ "$store" = etcd-tls ]; then
+      etcd_certs
+      etcd_up 3 tls
+      etcd_wait 30
+      etcd_enable_auth "$GZ_RDZV_TOKEN"
+      store_args=(--rdzv-conf "user=gz,cacert=$logs/tls/ca.pem")
+    else
+      etcd_up 3
+      etcd_wait 30
+      store_args=(--rdzv-insecure)
+    fi
+    store_args+=(--rdzv-backend etcd --rdzv-endpoints "$ETCD_ENDPOINTS" --rdzv-id "mh$$")
+    ;;
+  *) echo "FAIL: unknown MH_STORE '$store' (tcp, etcd, etcd-tls)"; exit 2 ;;
+esac
+
 start=$(date +%s%N)
 status=0
 case $backend in
   auto | gloo)
     for ((i = 0; i < hosts; ++i)); do
       "${C[@]}" run "$i" env -u GZ_NODE_ID "${expect[@]}" timeout "${MH_TIMEOUT_S:-50}" "$gzrun" --nnodes "$hosts" --node-rank "$i" \
-        --master-addr "$master" --master-port 29500 --nproc-per-node "$ranks" --rdzv-timeout 30 -- "$worker" \
+        --master-addr "$master" --master-port 29500 --nproc-per-node "$ranks" --rdzv-timeout 30 "${store_args[@]}" -- "$worker" \
         >"$logs/host$i.log" 2>&1 &
       pids+=($!)
     done
@@ -99,4 +132,13 @@ grep -h 'backend' "$logs"/host*.log | grep -v GZ_ | sed 's/^\[[0-9]*\] //' | sor
 # Store round trips per rank for rendezvous + connect (the most any rank made).
 trips=$(cat "$logs"/host*.log | sed -n 's/.*store round trips \([0-9]*\).*/\1/p' | sort -n | tail -n 1)
 echo "store round trips per rank: max ${trips:-?}"
+# Rendezvous time: from launching every host's gzrun until the last rank was through
+# gz::rendezvous (the nodes' meeting, worker start, the workers' meeting), and until the last
+# rank had its communicator (addresses exchanged through the store, connections made).
+all=$(cat "$logs"/host*.log)
+last_rdzv=$(echo "$all" | sed -n 's/.*done at wall \([0-9]*\) ns.*/\1/p' | sort -n | tail -n 1)
+last_conn=$(echo "$all" | sed -n 's/.*connected at wall \([0-9]*\) ns.*/\1/p' | sort -n | tail -n 1)
+slowest=$(echo "$all" | sed -n 's/.*: rendezvous \([0-9]*\) ms,.*/\1/p' | sort -n | tail -n 1)
+[ -n "$last_rdzv" ] && echo "rendezvous ($store): every rank through after $(((last_rdzv - start) / 1000000)) ms," \
+  "connected after $(((last_conn - start) / 1000000)) ms; slowest rank's rendezvous call ${slowest:-?} ms"
 echo "PASS: $hosts hosts x $ranks ranks, backend $backend, every op x dtype matches the reference (${ms} ms)"

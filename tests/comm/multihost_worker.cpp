@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <set>
 #include <string>
@@ -21,6 +22,7 @@
 #include "comm/test_gloo_common.h"
 #include "gz/comm/factory.h"
 #include "gz/core/env.h"
+#include "gz/store/etcd_store.h"
 #include "gz/store/rendezvous.h"
 #include "gz/store/tcp_store.h"
 
@@ -28,6 +30,12 @@ namespace gz::test {
 namespace {
 
 using namespace std::chrono_literals;
+
+long long wall_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);  // one clock for every simulated host: they share the kernel
+  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
 
 std::string host_name() {
   char buf[HOST_NAME_MAX + 1] = {0};
@@ -55,8 +63,11 @@ TEST(MultiHost, CollectivesMatchReference) {
   const std::string backend = env.get("GZ_TEST_BACKEND", "auto");
   InitOptions io;
   io.timeout = 40s;
+  Stopwatch rdz_sw;
   Rendezvous rdz = rendezvous(io, env);
-  const uint64_t rdz_trips = TcpStore::requests_sent();
+  const long long rdz_ms = rdz_sw.elapsed().count();
+  const long long rdz_wall = wall_ns();
+  const uint64_t rdz_trips = TcpStore::requests_sent() + EtcdStore::requests_sent();
   comm::CommOptions o;
   o.backend = backend;
   o.rank = rdz.world.rank;
@@ -64,8 +75,13 @@ TEST(MultiHost, CollectivesMatchReference) {
   o.store = rdz.store;
   o.timeout = 30s;
   auto c = comm::create_communicator(o);
-  // Store round trips of this rank for rendezvous and connecting (the launcher's TCP store).
-  const uint64_t trips = TcpStore::requests_sent();
+  const long long connected_wall = wall_ns();
+  // Store round trips of this rank for rendezvous and connecting (the launcher's TCP store, or
+  // HTTP requests to etcd).
+  const uint64_t trips = TcpStore::requests_sent() + EtcdStore::requests_sent();
+  // For multihost.sh's rendezvous timing (bench/run_rdzv_bench.sh): when this rank was through.
+  std::fprintf(stderr, "rank %d: rendezvous %lld ms, done at wall %lld ns, connected at wall %lld ns\n",
+               o.rank, rdz_ms, rdz_wall, connected_wall);
   std::fprintf(stderr, "rank %d/%d on %s: backend %s\n", c->rank(), c->size(), host.c_str(), c->backend().c_str());
   std::fprintf(stderr, "rank %d: store round trips %llu (rendezvous %llu)\n", c->rank(),
                static_cast<unsigned long long>(trips), static_cast<unsigned long long>(rdz_trips));

@@ -5,6 +5,7 @@
 //
 // tests/comm/netns/narrow_ports.sh runs these in a network namespace whose ephemeral port range
 // is narrow, so that connections to different peers always share local ports.
+#include <gloo/transport/tcp/device.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include <chrono>
 #include <thread>
 
+#include "comm/gloo/sync_mesh.h"
+#include "comm/reduce/reduce.h"
 #include "comm/test_gloo_common.h"
 #include "gz/comm/gloo.h"
 #include "gz/core/error.h"
@@ -106,6 +109,74 @@ TEST_P(GlooSyncPath, PeerOfATimedOutRankFailsPromptly) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, GlooSyncPath, ::testing::Values(size_t{16}, size_t{100000}),
                          [](const auto& info) { return info.param == 16 ? "exchange" : "ring"; });
+
+// A peer that trickles bytes (one every 50 ms, each socket read succeeding long before its
+// timeout) must not stretch an op past its deadline: the deadline holds for the whole op. The
+// mesh is built here directly (rank 1's "peer" is the test writing into its end of the socket).
+TEST(GlooSync, ATricklingPeerCannotStretchAnOpPastItsDeadline) {
+  std::atomic<bool> rank0_done{false};
+  std::atomic<int> ready{0};
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    ::gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = ::gloo::transport::tcp::CreateDevice(attr);
+    const std::string record = comm::gloo_impl::sync_limits_record(64 << 10, 0);
+    comm::gloo_impl::SyncMesh mesh(rank, 2, comm::gloo_impl::agree_sync_limits({record, record}), device,
+                                   store, 10s);
+    ++ready;  // both ends in synchronous mode before anything is written
+    while (ready.load() < 2) std::this_thread::sleep_for(1ms);
+    if (rank == 1) {
+      const char zero = 0;
+      for (int i = 0; i < 100 && !rank0_done.load(); ++i) {
+        (void)!::send(mesh.socket(0), &zero, 1, MSG_NOSIGNAL);
+        std::this_thread::sleep_for(50ms);
+      }
+      return;
+    }
+    std::vector<float> v(16, 1.0f);
+    const auto sum = comm::reduce::make_reduce_fn(DType::f32, ReduceOp::sum);
+    int peer = -1;
+    Stopwatch sw;
+    EXPECT_ANY_THROW(comm::gloo_impl::sync_exchange_allreduce(mesh, v.data(), v.size(), sizeof(float), sum,
+                                                              Deadline::after(500ms), &peer));
+    EXPECT_LT(sw.seconds(), 1.5) << "the op ran " << sw.seconds() << " s with a 0.5 s deadline";
+    EXPECT_TRUE(mesh.expired());
+    rank0_done = true;
+  });
+}
+
+// A failure poisons the whole mesh. On the ring, rank 0 reads from rank 2 and writes to rank 1:
+// when rank 0 gives up on a slow rank 2, rank 1, waiting for rank 0's next segments, must fail at
+// once (before, only the socket to rank 2 was shut down and rank 1 waited until its own 10 s
+// deadline), and no rank may go on with the mesh afterwards.
+TEST(GlooSync, AFailurePoisonsTheWholeMesh) {
+  const size_t n = 100000;  // the ring, in 4 KiB segments
+  std::atomic<int> failed_first{0};
+  run_ranks(3, [&](int rank, std::shared_ptr<Store> store) {
+    auto c = comm::create_gloo_communicator(rank, 3, store, opts(20s, -1, 4096));
+    allreduce_and_check(*c, n);
+    std::vector<float> v(n, 1.0f);
+    Stopwatch sw;
+    if (rank == 2) std::this_thread::sleep_for(2000ms);  // too slow for rank 0's deadline
+    const Duration deadline = rank == 0 ? Duration(300ms) : Duration(10s);
+    EXPECT_THROW(c->allreduce(v.data(), n, DType::f32, ReduceOp::sum, OpOptions::within(deadline)), Error)
+        << "rank " << rank;
+    if (rank == 1)
+      EXPECT_LT(sw.seconds(), 1.8) << "rank 1 learnt of rank 0's failure only after " << sw.seconds() << " s";
+    ++failed_first;
+    while (failed_first.load() < 3) std::this_thread::sleep_for(5ms);
+    // The next op fails on every rank at once, naming the earlier failure.
+    sw.reset();
+    try {
+      c->allreduce(v.data(), n, DType::f32, ReduceOp::sum, OpOptions::within(10s));
+      ADD_FAILURE() << "rank " << rank << " went on with a poisoned mesh";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unusable since an earlier op failed"), std::string::npos)
+          << "rank " << rank << ": " << e.what();
+    }
+    EXPECT_LT(sw.seconds(), 0.5) << "rank " << rank;
+  });
+}
 
 // After Gloo closed a failed pair's descriptor its number is free for anyone; abort() must only
 // ever reach the mesh's own duplicates. Sockets opened after the failure (one of them takes the

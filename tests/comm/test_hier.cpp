@@ -62,6 +62,28 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"one_rank_per_node", {"a", "b", "c"}}),
     [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
+// Every root, with data that differs per rank (the shared check_broadcast's inputs are the same
+// on every rank, so it cannot see a rank that received nothing). Mutation check: the root's node
+// broadcasting locally only when the root is not its leader (the old code) leaves the root's
+// node mates with their own data when the root is a leader: DDP's bucket plan then arrived as
+// garbage on 4 x 2 ranks ("bad bucket plan from rank 0").
+TEST(HierLayout, BroadcastReachesEveryRankFromEveryRoot) {
+  for (const std::vector<std::string>& labels :
+       {std::vector<std::string>{"a", "a", "b", "b"}, std::vector<std::string>{"a", "b", "b", "a"},
+        std::vector<std::string>{"n0", "n0", "n0", "n1", "n1"}}) {
+    const int world = static_cast<int>(labels.size());
+    auto layout = comm::NodeLayout::from_labels(labels);
+    run_ranks(world, [&](int rank, std::shared_ptr<Store> store) {
+      auto c = comm::create_hierarchical_communicator(rank, layout, store, gloo_maker(), gloo_maker(), 20s);
+      for (int root = 0; root < world; ++root) {
+        std::vector<int64_t> v(37, 1000 * rank + 1);
+        c->broadcast(v.data(), v.size(), DType::i64, root);
+        for (int64_t x : v) ASSERT_EQ(x, 1000 * root + 1) << "rank " << rank << " root " << root;
+      }
+    });
+  }
+}
+
 TEST(HierLayout, FromLabelsNumbersNodesByFirstAppearance) {
   auto l = comm::NodeLayout::from_labels({"b", "a", "b", "c"});
   EXPECT_EQ(l.num_nodes(), 3);

@@ -2,9 +2,12 @@
 // deadlines, and checks that processes are gone.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,8 +38,9 @@ class TempDir {
     path_ = buf.data();
   }
   ~TempDir() {
-    nftw(path_.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
+    nftw(
+        path_.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+        FTW_DEPTH | FTW_PHYS);
   }
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
@@ -53,6 +57,30 @@ inline std::string read_file(const std::string& path) {
 }
 
 inline bool file_exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+/// @brief Whether loopback port `port` can be bound right now (0: any; *bound gets the port).
+inline bool port_is_free(int port, int* bound = nullptr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  socklen_t len = sizeof sa;
+  if (ok && bound && getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0)
+    *bound = ntohs(sa.sin_port);
+  ::close(fd);
+  return ok;
+}
+
+/// @brief A loopback port free right now, or -1 (multi-node needs a port known in advance; a rare
+/// race is tolerated by the tests that use it).
+inline int free_port() {
+  int port = -1;
+  return port_is_free(0, &port) ? port : -1;
+}
 
 inline std::vector<std::string> split_lines(const std::string& s) {
   std::vector<std::string> out;
@@ -158,8 +186,8 @@ class GzrunProcess {
 
  private:
   std::chrono::steady_clock::time_point start_wait_deadline(double seconds) const {
-    return std::chrono::steady_clock::now() +
-           std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+    return std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                  std::chrono::duration<double>(seconds));
   }
   pid_t pid_ = -1;
   int status_ = 0;

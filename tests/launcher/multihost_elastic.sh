@@ -11,6 +11,10 @@
 #     belowmin  2 hosts, --nnodes 2:3 (gzrun_test_worker job): the job starts with 2 nodes after
 #               the join window; host 1's gzrun is SIGKILLed: host 0 must give up within the bound,
 #               saying that fewer than MIN nodes are left, and exit 1.
+#     ghost     3 hosts, --nnodes 1:2: hosts 0 and 1 run round 0 (full); host 2's gzrun waits for
+#               round 1 and is SIGKILLed there (a ghost joiner); then host 1 is SIGKILLed. Host 0
+#               must start round 1 alone after the join window, never with the ghost as node 1
+#               (which would hang the round until the heartbeat timeout), and finish.
 # Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR. Exit 77 (skip) without namespaces.
 set -uo pipefail
 [ $# = 7 ] || { echo "usage: multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO" >&2; exit 2; }
@@ -28,6 +32,7 @@ case $scenario in
       { echo "SKIP: Fashion-MNIST not installed (dataset-fashion-mnist)"; exit 77; }
     hosts=3 ;;
   belowmin) hosts=2 ;;
+  ghost) hosts=3 ;;
   *) echo "FAIL: unknown scenario '$scenario'"; exit 2 ;;
 esac
 
@@ -72,7 +77,7 @@ start_node() {
   (
     "${C[@]}" run "$i" env -u GZ_NODE_ID GZ_RDZV_TOKEN="el-test-$$" GZ_TIMEOUT_S=20 \
       sh -c 'echo $$ >"$0"; exec "$@"' "$dir/gzpid_$i.$k" \
-      "$gzrun" --nnodes 2:3 --master-addr "$master" --master-port $port --nproc-per-node 1 --rdzv-timeout 30 \
+      "$gzrun" --nnodes "${nnodes:-2:3}" --master-addr "$master" --master-port $port --nproc-per-node 1 --rdzv-timeout 30 \
       --rdzv-join-window 1 --heartbeat-timeout "$hb" --grace-period 1 --max-restarts 2 -- "${program[@]}" \
       >>"$dir/host$i.log" 2>&1
     echo $? >"$dir/rc_$i.$k.tmp" && mv "$dir/rc_$i.$k.tmp" "$dir/rc_$i.$k"  # whole or absent
@@ -109,6 +114,29 @@ if [ "$scenario" = belowmin ]; then
     fail "host 0 does not say that fewer than MIN nodes are left"
   echo "PASS: belowmin: round 0 started with 2 of 2:3 nodes after the join window ($started_ms ms); node 1" \
     "SIGKILLed: host 0 gave up in $ms ms (bound $bound_ms ms): fewer than MIN nodes left"
+  exit 0
+fi
+
+if [ "$scenario" = ghost ]; then
+  nnodes=1:2
+  program=("$worker" job "$dir" -1 0 0 80 0)  # 8 s of 100 ms steps per attempt
+  start_node 0; k0=$k
+  start_node 1; k1=$k
+  wait_for 30 "both nodes in round 0" bash -c "grep -q 'elastic round 0: node . of 2' '$dir/host0.log' && grep -q 'elastic round 0: node . of 2' '$dir/host1.log'"
+  start_node 2; k2=$k
+  wait_for 20 "host 2 waiting for round 1" in_log 2 "waiting to join the job at round 1"
+  sleep 0.5
+  kill -9 "$(cat "$dir/gzpid_2.$k2")"  # a ghost in round 1's joined list
+  sleep 0.3
+  kill -9 "$(cat "$dir/gzpid_1.$k1")" $(pgrep -P "$(cat "$dir/gzpid_1.$k1")")
+  wait_for 30 "host 0 in round 1" in_log 0 "elastic round 1: node"
+  in_log 0 "elastic round 1: node 0 of 1 " ||
+    fail "host 0's round 1 did not start alone: $(grep 'elastic round 1' "$dir/host0.log")"
+  wait_for 30 "host 0's gzrun to end" test -f "$dir/rc_0.$k0"
+  [ "$(cat "$dir/rc_0.$k0")" = 0 ] || fail "host 0's gzrun exited $(cat "$dir/rc_0.$k0"), expected 0"
+  in_log 0 "ghost" && fail "the ghost was named"
+  echo "PASS: ghost: host 2's gzrun killed while waiting for round 1, host 1 lost: host 0 ran round 1 alone" \
+    "and finished"
   exit 0
 fi
 

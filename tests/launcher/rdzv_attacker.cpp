@@ -4,12 +4,14 @@
 //   idle        connects and says nothing (waits for the auth deadline or an eviction)
 //   garbage     256 random bytes
 //   oversized   a header announcing 64 MiB, then 16 KiB of it
-//   guess       hello with a guessed token, pipelined with set/get/add of the job's keys
-//   no-hello    set/get/append/add/wait/num_keys without any hello
+//   guess       hello and a made-up proof without waiting for the challenge, pipelined with
+//               set/get/add of the job's keys
+//   wrong       the whole handshake with a wrong token (reads the challenge, answers it with a
+//               wrong proof): the all-wrong-token pattern
+//   no-hello    set/get/append/add/wait/num_keys without any handshake
 //   slowloris   a hello dribbled one byte every 200 ms
-// With --guess-bind ADDR, 4 more slots guess patiently from that address of their own (one hello
-// each, waiting for the answer): a source the flood never crowds out, so guesses are judged at
-// the pace the store allows (one per refusal delay) however the rest of the flood fares.
+// --kinds K,K,... keeps only those behaviours (default: all). With --guess-bind ADDR, 4 more
+// slots run the whole handshake with wrong tokens patiently from that address of their own.
 // Every reply is decoded: a single `ok` (a guessed token or an executed request) is a breach.
 // Traffic is bounded: --max-connects, --max-mbytes, --seconds, and a connect rate (--rate/s,
 // bursts of up to --conns). Stops at the bound or on SIGTERM/SIGINT and prints one report line:
@@ -36,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "store/handshake.h"
 #include "store/wire.h"
 
 namespace {
@@ -47,13 +50,15 @@ using gz::wire::Op;
 volatile sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
 
-enum Kind { idle, garbage, oversized, guess, no_hello, slowloris, kinds };
+enum Kind { idle, garbage, oversized, guess, no_hello, slowloris, wrong, kinds };
+const char* const kKindNames[] = {"idle", "garbage", "oversized", "guess", "no-hello", "slowloris", "wrong"};
 
 struct Options {
   std::string host;
   int port = 0;
   std::vector<std::string> binds;
   std::string guess_bind;
+  std::vector<Kind> kinds;  // empty = all
   int conns = 1000;
   double seconds = 30;
   long max_connects = 50000;
@@ -68,12 +73,14 @@ struct Slot {
   std::string out;
   size_t off = 0;
   std::string in;
+  std::string nonce;            // of this connection's hello
+  bool answered = false;        // `wrong`: the challenge was answered
   Clock::time_point next_at{};  // reconnect time (fd < 0) or next dribble (slowloris)
 };
 
 struct Report {
   long connects = 0, connected = 0, connect_failed = 0, closed_by_server = 0, refused = 0, other = 0, ok = 0,
-       guesses = 0;
+       guesses = 0, challenges = 0;
   double bytes = 0;
   std::string first_ok;
 };
@@ -92,8 +99,11 @@ class Attacker {
       : o_(o),
         slots_(static_cast<size_t>(o.conns) + (o.guess_bind.empty() ? 0 : kPatient)),
         rng_(std::random_device{}()) {
+    std::vector<Kind> mix = o.kinds;
+    if (mix.empty())
+      for (int k = 0; k < kinds; ++k) mix.push_back(static_cast<Kind>(k));
     for (size_t i = 0; i < slots_.size(); ++i)
-      slots_[i].kind = i < static_cast<size_t>(o.conns) ? static_cast<Kind>(i % kinds) : guess;
+      slots_[i].kind = i < static_cast<size_t>(o.conns) ? mix[i % mix.size()] : wrong;
     ep_ = epoll_create1(EPOLL_CLOEXEC);
     inet_pton(AF_INET, o.host.c_str(), &target_.sin_addr);
     target_.sin_family = AF_INET;
@@ -136,10 +146,10 @@ class Attacker {
       if (s.fd >= 0) ::close(s.fd);
     std::printf(
         "attacker: seconds=%.1f connects=%ld connected=%ld connect_failed=%ld closed_by_server=%ld "
-        "refused=%ld other_replies=%ld ok_replies=%ld guesses=%ld mbytes_sent=%.1f%s%s\n",
+        "refused=%ld challenges=%ld other_replies=%ld ok_replies=%ld guesses=%ld mbytes_sent=%.1f%s%s\n",
         std::chrono::duration<double>(Clock::now() - start).count(), r_.connects, r_.connected,
-        r_.connect_failed, r_.closed_by_server, r_.refused, r_.other, r_.ok, r_.guesses, r_.bytes / 1e6,
-        r_.first_ok.empty() ? "" : " first_ok=", r_.first_ok.c_str());
+        r_.connect_failed, r_.closed_by_server, r_.refused, r_.challenges, r_.other, r_.ok, r_.guesses,
+        r_.bytes / 1e6, r_.first_ok.empty() ? "" : " first_ok=", r_.first_ok.c_str());
     std::fflush(stdout);
     return r_.ok > 0 ? 3 : 0;
   }
@@ -147,19 +157,20 @@ class Attacker {
  private:
   bool within_budget() const { return r_.connects < o_.max_connects && r_.bytes < o_.max_mbytes * 1e6; }
 
-  std::string random_token() {
-    static const char* kDictionary[] = {"", "secret", "token", "gz", "password", "guozhuang", "0"};
-    std::uniform_int_distribution<int> pick(0, 9);
-    int p = pick(rng_);
-    if (p < 7) return kDictionary[p];
-    std::string t(64, '0');
-    std::uniform_int_distribution<int> hex(0, 15);
-    for (auto& c : t) c = "0123456789abcdef"[hex(rng_)];
-    return t;
+  std::string hello(Slot& s) {
+    s.nonce = gz::wire::random_bytes(gz::wire::kNonceBytes);
+    return frame(Op::hello, {s.nonce}, gz::wire::kProtocolVersion);
   }
 
-  std::string payload(Kind k) {
-    switch (k) {
+  std::string made_up_proof() {
+    std::string p(gz::wire::kProofBytes, '\0');
+    for (auto& c : p) c = static_cast<char>(rng_());
+    return p;
+  }
+
+  std::string payload(Slot& s) {
+    s.answered = false;
+    switch (s.kind) {
       case idle:
         return {};
       case garbage: {
@@ -171,17 +182,18 @@ class Attacker {
         return std::string("\x00\x00\x00\x04", 4) + std::string(16384, 'A');
       case guess:
         ++r_.guesses;
-        return frame(Op::hello, {random_token()}, gz::wire::kProtocolVersion) +
-               frame(Op::set, {"attack/owned", "1"}) + frame(Op::get, {"gzrun/attempt0/run_id"}, 100) +
+        return hello(s) + frame(Op::auth, {made_up_proof()}) + frame(Op::set, {"attack/owned", "1"}) +
+               frame(Op::get, {"gzrun/attempt0/run_id"}, 100) +
                frame(Op::add, {"gzrun/attempt0/nodes/arrived"}, 7);
+      case wrong:
+        return hello(s);  // the auth answers the challenge (decode_replies)
       case no_hello:
         return frame(Op::set, {"attack/owned", "1"}) + frame(Op::get, {"gzrun/attempt0/run_id"}, 100) +
                frame(Op::append, {"attack/appended", "x"}) + frame(Op::add, {"attack/counter"}, 1) +
                frame(Op::wait, {"gzrun/attempt0/run_id"}, 100) + frame(Op::num_keys, {});
       case slowloris:
         ++r_.guesses;
-        return frame(Op::hello, {random_token()}, gz::wire::kProtocolVersion) +
-               frame(Op::set, {"attack/owned", "1"});
+        return hello(s) + frame(Op::auth, {made_up_proof()}) + frame(Op::set, {"attack/owned", "1"});
       default:
         return {};
     }
@@ -205,7 +217,7 @@ class Attacker {
       bind(s.fd, reinterpret_cast<sockaddr*>(&b), sizeof b);
     }
     s.in.clear();
-    s.out = payload(s.kind);
+    s.out = payload(s);
     s.off = 0;
     s.connecting = true;
     int rc = ::connect(s.fd, reinterpret_cast<sockaddr*>(&target_), sizeof target_);
@@ -272,7 +284,10 @@ class Attacker {
                                 gz::wire::Direction::reply, l, m);
       if (r.status != gz::wire::DecodeStatus::ok) break;
       s.in.erase(0, r.consumed);
-      if (m.code == static_cast<uint8_t>(gz::wire::Reply::ok)) {
+      if (m.code == static_cast<uint8_t>(gz::wire::Reply::challenge)) {
+        ++r_.challenges;
+        if (s.kind == wrong && !s.answered && m.parts.size() == 4) answer(s, m);
+      } else if (m.code == static_cast<uint8_t>(gz::wire::Reply::ok)) {
         ++r_.ok;
         if (r_.first_ok.empty()) r_.first_ok = "slot_kind_" + std::to_string(s.kind);
       } else if (m.code == static_cast<uint8_t>(gz::wire::Reply::refused)) {
@@ -281,6 +296,15 @@ class Attacker {
         ++r_.other;
       }
     }
+  }
+
+  // Answer the challenge with a wrong proof. (A dictionary token's proof would need the PBKDF2 key
+  // per guess, which slows only the attacker: to the server every wrong proof is the same.)
+  void answer(Slot& s, const Message&) {
+    ++r_.guesses;
+    s.answered = true;
+    s.out += frame(Op::auth, {made_up_proof()});
+    send_some(s, s.out.size());
   }
 
   void drop(Slot& s, bool connect_failed) {
@@ -310,7 +334,8 @@ class Attacker {
   std::fprintf(
       stderr,
       "usage: rdzv_attacker --target IPV4:PORT [--bind A,B,...] [--guess-bind A] [--conns N] [--seconds S]\n"
-      "                     [--max-connects N] [--max-mbytes M] [--rate PER_S]\n");
+      "                     [--max-connects N] [--max-mbytes M] [--rate PER_S] [--kinds K,K,...]\n"
+      "       kinds: idle garbage oversized guess no-hello slowloris wrong\n");
   std::exit(2);
 }
 
@@ -346,6 +371,17 @@ int main(int argc, char** argv) {
       o.max_mbytes = std::atof(v.c_str());
     } else if (a == "--rate") {
       o.rate = std::atof(v.c_str());
+    } else if (a == "--kinds") {
+      for (size_t p = 0; p <= v.size();) {
+        size_t q = v.find(',', p);
+        if (q == std::string::npos) q = v.size();
+        const std::string name = v.substr(p, q - p);
+        p = q + 1;
+        if (name.empty()) continue;
+        auto it = std::find(std::begin(kKindNames), std::end(kKindNames), name);
+        if (it == std::end(kKindNames)) usage();
+        o.kinds.push_back(static_cast<Kind>(it - std::begin(kKindNames)));
+      }
     } else {
       usage();
     }

@@ -11,6 +11,9 @@
 #include "elastic_rendezvous.h"
 #include "gz/core/error.h"
 #include "gz/store/mem_store.h"
+#include "gz/store/prefix_store.h"
+#include "job_monitor.h"
+#include "joiners.h"
 
 using namespace gz;
 using namespace gz::launcher;
@@ -217,7 +220,90 @@ TEST(ElasticRendezvous, WaitingNodesLeaveWhenTheJobEnds) {
 }
 
 TEST(ElasticRendezvous, EntriesParseWithoutRepeats) {
-  EXPECT_EQ(ElasticRendezvous::parse_entries("1:h0:10;2:h1:11;1:h0:10;;bad;"),
-            (std::vector<std::string>{"1:h0:10", "2:h1:11"}));
-  EXPECT_TRUE(ElasticRendezvous::parse_entries("").empty());
+  EXPECT_EQ(parse_entries("1:h0:10;2:h1:11;1:h0:10;;bad;"), (std::vector<std::string>{"1:h0:10", "2:h1:11"}));
+  EXPECT_TRUE(parse_entries("").empty());
+}
+
+namespace {
+
+// A node that waited for round `round` and was killed (or gave up): its entry stays in the joined
+// list and its beat, read once, never moves again.
+void add_ghost(Store& store, int round) {
+  const int64_t seq = store.add("gzrun/seq", 1);
+  store.append(JobMonitor::round_key(round, "joined"), to_bytes(std::to_string(seq) + ":ghost:999;"));
+  store.add(joiner_beat_key(seq), 1);
+}
+
+// Elastic options with a 1 s heartbeat timeout: joiner_lease() is then its minimum, 1 s.
+LaunchOptions short_lease(const std::string& nnodes, double window_s) {
+  return parse_options({"--nnodes", nnodes, "--rdzv-join-window", std::to_string(window_s), "--rdzv-timeout",
+                        "10", "--heartbeat-timeout", "1", "prog"},
+                       1);
+}
+
+}  // namespace
+
+TEST(ElasticRendezvous, AGhostJoinerIsNeitherCountedNorMadeAMember) {
+  MemStore store;
+  auto o = short_lease("2:3", 0.3);
+  ASSERT_EQ(joiner_lease(o), std::chrono::seconds(1));
+  Node a(o, store, 0), b(o, store, 1);
+  auto fa = join_async(a), fb = join_async(b);
+  RoundInfo ra = fa.get(), rb = fb.get();
+  ASSERT_EQ(ra.nnodes, 2);
+  add_ghost(store, 1);
+  // A lost node would leave 1: the ghost waiting in round 1 does not make up for it.
+  Stopwatch sw;
+  const std::string why = a.rdzv.cannot_continue(ra, failure(JobFailure::Kind::node_lost, rb.node_rank));
+  EXPECT_NE(why.find("1 node(s) left, fewer than the minimum of 2"), std::string::npos) << why;
+  EXPECT_LT(sw.elapsed().count(), 3000) << "deciding took longer than the lease";
+  // The round ends for another reason; a and b form round 1. With the ghost, round 1 has MAX (3)
+  // entries; it must still start with the two live nodes, the ghost getting no node rank.
+  a.rdzv.advance(ra, failure(JobFailure::Kind::worker, 0));
+  b.rdzv.advance(rb, failure(JobFailure::Kind::worker, 0));
+  auto fa1 = join_async(a), fb1 = join_async(b);
+  RoundInfo a1 = fa1.get(), b1 = fb1.get();
+  EXPECT_EQ(a1.nnodes, 2);
+  EXPECT_EQ(b1.nnodes, 2);
+  EXPECT_EQ(std::set<int>({a1.node_rank, b1.node_rank}), (std::set<int>{0, 1}));
+  const std::string members = to_string(store.get(JobMonitor::round_key(1, "members"), Deadline::after(1s)));
+  EXPECT_EQ(members.find("ghost"), std::string::npos) << members;
+}
+
+TEST(ElasticRendezvous, TheMonitorAdmitsOnlyLiveJoiners) {
+  auto mem = std::make_shared<MemStore>();
+  PrefixStore store("job", mem);
+  auto o = short_lease("2:3", 0.1);
+  Node a(o, store, 0), b(o, store, 1);
+  auto fa = join_async(a), fb = join_async(b);
+  RoundInfo ra = fa.get(), rb = fb.get();
+  ASSERT_EQ(ra.nnodes, 2);
+  // Node b's gzrun heartbeats (for a's monitor) while the test runs.
+  std::atomic<bool> stop{false};
+  std::thread hb([&] {
+    while (!stop) {
+      store.add(JobMonitor::round_key(0, "hb/" + std::to_string(rb.node_rank)), 1);
+      std::this_thread::sleep_for(50ms);
+    }
+  });
+  JobMonitor mon(
+      o, [mem] { return std::make_unique<PrefixStore>("job", mem); }, "test store", false);
+  mon.start_round(0, ra.node_rank, 2);
+  // A ghost waits for round 1: the running round is not ended for it.
+  add_ghost(store, 1);
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(mon.failure().kind, JobFailure::Kind::none) << mon.failure().text;
+  // A live node waits there too: now the round ends to admit it, and only it is named.
+  Node spare(o, store, 2);
+  auto fs = join_async(spare);
+  Deadline d = Deadline::after(5s);
+  while (mon.failure().kind == JobFailure::Kind::none && !d.expired()) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(mon.failure().kind, JobFailure::Kind::admit) << mon.failure().text;
+  EXPECT_NE(mon.failure().text.find("h2:102"), std::string::npos) << mon.failure().text;
+  EXPECT_EQ(mon.failure().text.find("ghost"), std::string::npos) << mon.failure().text;
+  mon.end_round();
+  stop = true;
+  hb.join();
+  a.rdzv.end_job("test over", true);
+  EXPECT_TRUE(fs.get().job_done);
 }

@@ -76,11 +76,34 @@ TEST(GzrunAuthUnit, SeveralNodesBeyondLoopbackNeedATokenOrInsecure) {
   auto both = resolve_launch_auth(insecure, kStrong);
   EXPECT_FALSE(both.insecure);
   EXPECT_TRUE(has_warning(both, "ignored"));
-  // Several gzruns on one machine, store on loopback: no token needed, none generated (each
-  // gzrun would make a different one).
-  auto local = resolve_launch_auth(parse({"--nnodes", "2", "--node-rank", "1", "prog"}), "");
-  EXPECT_EQ(local.token, "");
-  EXPECT_FALSE(local.insecure);
+}
+
+TEST(GzrunAuthUnit, SeveralNodesOnLoopbackNeedATokenOrInsecureToo) {
+  // Several gzruns on one machine, store on loopback: every local user reaches it, and no gzrun can
+  // make the token up for the others (each would make a different one).
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--nnodes", "2", "--node-rank", "1", "prog"},
+           {"--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "prog"},
+           {"--nnodes", "1:3", "--master-addr", "localhost", "prog"}}) {
+    try {
+      resolve_launch_auth(parse(args), "");
+      FAIL() << "several nodes on loopback started without a token";
+    } catch (const InvalidArgument& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("every local user"), std::string::npos) << m;
+      EXPECT_NE(m.find("--rdzv-token-file"), std::string::npos) << m;
+      EXPECT_NE(m.find("--rdzv-insecure"), std::string::npos) << m;
+    }
+    EXPECT_EQ(resolve_launch_auth(parse(args), kStrong).token, kStrong);
+  }
+  auto elastic = parse({"--nnodes", "1:3", "--rdzv-insecure", "prog"});
+  auto a = resolve_launch_auth(elastic, "");
+  EXPECT_TRUE(a.insecure);
+  EXPECT_TRUE(has_warning(a, "every local user"));
+  // One node still gets a generated token.
+  auto one = resolve_launch_auth(parse({"prog"}), "");
+  EXPECT_TRUE(one.generated);
+  EXPECT_EQ(one.token.size(), 64u);
 }
 
 TEST(GzrunAuthUnit, TokenFile) {
@@ -126,4 +149,52 @@ TEST(GzrunAuthUnit, TokenValueIsHiddenFromPs) {
   EXPECT_STREQ(argv[3], "--rdzv_token=*******");
   EXPECT_STREQ(argv[5], "2");
   EXPECT_STREQ(argv[8], "mine");  // the program's own arguments are its business
+}
+
+TEST(GzrunAuthUnit, EtcdPasswordOnlyOverVerifiedTlsOrLoopback) {
+  auto etcd = [](std::vector<std::string> extra) {
+    std::vector<std::string> a{"--rdzv-backend", "etcd", "--rdzv-id",   "j",
+                               "--nnodes",       "2",    "--node-rank", "0"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back("prog");
+    return parse(a);
+  };
+  // Plain http beyond loopback with a password: refused, saying what to do instead.
+  auto clear = etcd({"--rdzv-endpoints", "10.0.0.1:2379,10.0.0.2:2379", "--rdzv-conf", "user=gz"});
+  try {
+    resolve_launch_auth(clear, kStrong);
+    FAIL() << "the password would go in clear text beyond loopback";
+  } catch (const InvalidArgument& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("clear text"), std::string::npos) << m;
+    EXPECT_NE(m.find("http://10.0.0.1:2379"), std::string::npos) << m;
+    EXPECT_NE(m.find("cacert"), std::string::npos) << m;
+    EXPECT_NE(m.find("--rdzv-insecure"), std::string::npos) << m;
+  }
+  // ... unless --rdzv-insecure, which warns.
+  auto forced = etcd({"--rdzv-endpoints", "10.0.0.1:2379", "--rdzv-conf", "user=gz", "--rdzv-insecure"});
+  auto f = resolve_launch_auth(forced, kStrong);
+  EXPECT_EQ(f.token, kStrong);
+  EXPECT_TRUE(has_warning(f, "clear text"));
+  // https (the certificate verified against the CA) and loopback are fine.
+  EXPECT_TRUE(resolve_launch_auth(etcd({"--rdzv-endpoints", "https://10.0.0.1:2379", "--rdzv-conf",
+                                        "user=gz,cacert=/ca.pem"}),
+                                  kStrong)
+                  .warnings.empty());
+  EXPECT_EQ(
+      resolve_launch_auth(etcd({"--rdzv-endpoints", "127.0.0.1:2379", "--rdzv-conf", "user=gz"}), kStrong)
+          .token,
+      kStrong);
+  // Beyond loopback nobody authenticates: refused; a user without the token: refused.
+  EXPECT_THROW(resolve_launch_auth(etcd({"--rdzv-endpoints", "10.0.0.1:2379"}), ""), InvalidArgument);
+  EXPECT_THROW(
+      resolve_launch_auth(etcd({"--rdzv-endpoints", "https://10.0.0.1:2379", "--rdzv-conf", "user=gz"}), ""),
+      InvalidArgument);
+  // No token is generated for etcd (etcd would not know it); a token without a user is unused.
+  auto local = resolve_launch_auth(etcd({"--rdzv-endpoints", "127.0.0.1:2379"}), "");
+  EXPECT_EQ(local.token, "");
+  EXPECT_FALSE(local.generated);
+  auto unused = resolve_launch_auth(etcd({"--rdzv-endpoints", "127.0.0.1:2379"}), kStrong);
+  EXPECT_EQ(unused.token, "");
+  EXPECT_TRUE(has_warning(unused, "not used"));
 }

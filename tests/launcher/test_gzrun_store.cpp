@@ -11,20 +11,9 @@ using namespace gz::test;
 
 namespace {
 const std::string kStoreWorker = GZ_BUILD_DIR "/tests/launcher/gzrun_test_store_worker";
+// Several gzruns share one store: they need one token, on loopback too.
+const std::map<std::string, std::string> kJobToken = {{"GZ_RDZV_TOKEN", "0123456789abcdef-gzrun-store-test"}};
 
-// A port free right now (multi-node needs a port known in advance; a rare race is tolerated by
-// the tests that use it).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return -1;
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
 }  // namespace
 
 class GzrunStore : public ::testing::TestWithParam<int> {};
@@ -66,8 +55,8 @@ TEST(GzrunStore, TwoNodesMeetAndGetDistinctRanks) {
                                     "--master-port", std::to_string(port), "--rdzv-timeout", "20",
                                     "--nproc-per-node", "2", kStoreWorker};
   };
-  GzrunProcess n0(node(0), dir);
-  GzrunProcess n1(node(1), dir);
+  GzrunProcess n0(node(0), dir, kJobToken);
+  GzrunProcess n1(node(1), dir, kJobToken);
   ASSERT_TRUE(n0.wait(40)) << n0.describe();
   ASSERT_TRUE(n1.wait(40)) << n1.describe();
   if (n0.exit_code() != 0 && n0.err().find("in use") != std::string::npos)
@@ -89,7 +78,7 @@ TEST(GzrunStore, TwoNodesMeetAndGetDistinctRanks) {
 
 TEST(GzrunStore, MissingNodeIsAClearTimeout) {
   TempDir dir;
-  GzrunProcess n0({"--nnodes", "2", "--node-rank", "0", "--master-port", "0", kStoreWorker}, dir);
+  GzrunProcess n0({"--nnodes", "2", "--node-rank", "0", "--master-port", "0", kStoreWorker}, dir, kJobToken);
   ASSERT_TRUE(n0.wait(10));
   EXPECT_EQ(n0.exit_code(), 2);  // port 0 needs one node
   int port;
@@ -106,7 +95,7 @@ TEST(GzrunStore, MissingNodeIsAClearTimeout) {
   }
   GzrunProcess alone({"--nnodes", "2", "--node-rank", "0", "--master-port", std::to_string(port), "--rdzv-timeout",
                       "2", kStoreWorker},
-                     dir);
+                     dir, kJobToken);
   ASSERT_TRUE(alone.wait(15)) << alone.describe();
   EXPECT_EQ(alone.exit_code(), 1) << alone.describe();
   EXPECT_NE(alone.err().find("1 of 2 nodes"), std::string::npos) << alone.describe();
@@ -133,8 +122,8 @@ TEST(GzrunStore, NodeZeroWaitsForTheOtherNodesBeforeExiting) {
                                     std::to_string(port), "--rdzv-timeout", "2", "sh", "-c",
                                     "if [ $NODE_RANK = 1 ]; then sleep 4; fi"};
   };
-  GzrunProcess n0(node(0), dir);
-  GzrunProcess n1(node(1), dir);
+  GzrunProcess n0(node(0), dir, kJobToken);
+  GzrunProcess n1(node(1), dir, kJobToken);
   ASSERT_TRUE(n0.wait(20)) << n0.describe();
   ASSERT_TRUE(n1.wait(20)) << n1.describe();
   if (n0.err().find("in use") != std::string::npos) GTEST_SKIP() << "port " << port << " was taken in between";
@@ -150,7 +139,7 @@ TEST(GzrunStore, SignalWhileWaitingForNodesStopsAtOnce) {
   TempDir dir;
   GzrunProcess n0({"--nnodes", "2", "--node-rank", "0", "--master-port", std::to_string(port), "--rdzv-timeout", "30",
                    kStoreWorker},
-                  dir);
+                  dir, kJobToken);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let it reach the node barrier
   ASSERT_EQ(::kill(n0.pid(), SIGINT), 0);
   ASSERT_TRUE(n0.wait(5)) << "gzrun ignored SIGINT while waiting for nodes";

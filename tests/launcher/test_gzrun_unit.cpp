@@ -265,3 +265,61 @@ TEST(GzrunProcess, DescribeStatus) {
   EXPECT_EQ(describe_status(st), "killed by signal 9 (SIGKILL)");
   EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
 }
+
+TEST(GzrunOptions, EtcdBackend) {
+  auto d = parse({"prog"});
+  EXPECT_EQ(d.rdzv_backend, "tcp");
+  EXPECT_FALSE(d.etcd());
+  auto o = parse({"--rdzv-backend", "etcd", "--rdzv-endpoints", "h1:2379,h2:2379, https://h3:2379",
+                  "--rdzv_id", "job-7", "--rdzv-conf",
+                  "user=gz,cacert=/ca.pem,cert=/c.pem,key=/k.pem,root=/jobs", "--nnodes", "2:4", "prog"});
+  EXPECT_TRUE(o.etcd());
+  EXPECT_EQ(o.rdzv_endpoints, (std::vector<std::string>{"h1:2379", "h2:2379", "https://h3:2379"}));
+  EXPECT_EQ(o.etcd_prefix(), "/jobs/job-7");
+  EXPECT_EQ(o.etcd_user, "gz");
+  EXPECT_EQ(o.etcd_cacert, "/ca.pem");
+  EXPECT_EQ(o.etcd_cert, "/c.pem");
+  EXPECT_EQ(o.etcd_key, "/k.pem");
+  // torchrun's spelling: --rdzv-endpoint names etcd, not node 0.
+  auto t = parse({"--rdzv-backend=etcd", "--rdzv-endpoint", "e1:2379", "--rdzv-id", "j", "--nnodes", "2",
+                  "--node-rank", "1", "prog"});
+  EXPECT_EQ(t.rdzv_endpoints, std::vector<std::string>{"e1:2379"});
+  EXPECT_EQ(t.master_addr, "127.0.0.1");
+  EXPECT_EQ(t.master_port, 29500);  // the program's default, not etcd's port
+  EXPECT_EQ(parse({"--rdzv-backend", "c10d", "prog"}).rdzv_backend, "tcp");
+  EXPECT_THROW(parse({"--rdzv-backend", "zookeeper", "prog"}), InvalidArgument);
+  EXPECT_THROW(parse({"--rdzv-backend", "etcd", "--rdzv-id", "j", "prog"}), InvalidArgument);  // no endpoints
+  EXPECT_THROW(parse({"--rdzv-backend", "etcd", "--rdzv-endpoints", "h:1", "prog"}),
+               InvalidArgument);                                                                // no id
+  EXPECT_THROW(parse({"--rdzv-endpoints", "h:1", "--rdzv-id", "j", "prog"}), InvalidArgument);  // tcp backend
+  EXPECT_THROW(parse({"--rdzv-backend", "etcd", "--rdzv-endpoints", "h:1", "--rdzv-id", "a/b", "prog"}),
+               InvalidArgument);
+  EXPECT_THROW(parse({"--rdzv-backend", "etcd", "--rdzv-endpoints", "h:1", "--rdzv-id", "j", "--rdzv-conf",
+                      "colour=red", "prog"}),
+               InvalidArgument);
+  EXPECT_THROW(parse({"--rdzv-backend", "etcd", "--rdzv-endpoints", "ftp://h:1", "--rdzv-id", "j", "prog"}),
+               InvalidArgument);
+}
+
+TEST(GzrunWorkerEnv, EtcdSendsWorkersToTheCluster) {
+  LaunchOptions o =
+      parse({"--rdzv-backend", "etcd", "--rdzv-endpoints", "h1:2379,h2:2379", "--rdzv-id", "j1",
+             "--rdzv-conf", "user=gz,cacert=/ca.pem", "--nnodes", "2", "--node-rank", "1", "prog"});
+  AttemptInfo a;
+  a.run_id = "5-0";
+  a.master_addr = "h0";
+  Env base({{"GZ_STORE_PORT", "1"}, {"GZ_STORE_ADDR", "stale"}});
+  auto env = worker_env(base, o, a, 0);
+  EXPECT_EQ(env["GZ_STORE_BACKEND"], "etcd");
+  EXPECT_EQ(env["GZ_STORE_ENDPOINTS"], "h1:2379,h2:2379");
+  EXPECT_EQ(env["GZ_STORE_PREFIX"], "/gz/j1");
+  EXPECT_EQ(env["GZ_STORE_USER"], "gz");
+  EXPECT_EQ(env["GZ_STORE_CACERT"], "/ca.pem");
+  EXPECT_EQ(env.count("GZ_STORE_CERT"), 0u);
+  EXPECT_EQ(env["MASTER_ADDR"], "h0");
+  // The TCP backend never inherits a stray etcd setting from gzrun's environment.
+  LaunchOptions t = parse({"prog"});
+  auto tenv = worker_env(Env({{"GZ_STORE_BACKEND", "etcd"}, {"GZ_STORE_ENDPOINTS", "x:1"}}), t, a, 0);
+  EXPECT_EQ(tenv.count("GZ_STORE_BACKEND"), 0u);
+  EXPECT_EQ(tenv.count("GZ_STORE_ENDPOINTS"), 0u);
+}

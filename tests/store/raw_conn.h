@@ -12,9 +12,28 @@
 #include <string>
 
 #include "gz/core/deadline.h"
+#include "store/handshake.h"
 #include "store/wire.h"
 
 namespace gz::test {
+
+/// @brief A hello (protocol version 2: a client nonce; a fixed one unless given).
+inline std::string hello_frame(const std::string& nonce = std::string(32, 'n'),
+                               int64_t version = wire::kProtocolVersion) {
+  wire::Message m;
+  m.code = static_cast<uint8_t>(wire::Op::hello);
+  m.num = version;
+  m.parts = {nonce};
+  return wire::encode(m);
+}
+
+/// @brief An auth frame carrying `proof` (a wrong one unless computed from the challenge).
+inline std::string auth_frame(const std::string& proof = std::string(32, 'p')) {
+  wire::Message m;
+  m.code = static_cast<uint8_t>(wire::Op::auth);
+  m.parts = {proof};
+  return wire::encode(m);
+}
 
 class RawConn {
  public:
@@ -63,20 +82,47 @@ class RawConn {
     return closed_;
   }
   bool closed() const { return closed_; }
+  /// One whole frame (reply direction), or code 0 when none came within `limit`.
+  wire::Message read_frame(Duration limit) {
+    Deadline d = Deadline::after(limit);
+    for (;;) {
+      wire::Message m;
+      wire::Limits l;
+      auto r = wire::decode(reinterpret_cast<const uint8_t*>(buf_.data()), buf_.size(),
+                            wire::Direction::reply, l, m);
+      if (r.status == wire::DecodeStatus::ok) {
+        buf_.erase(0, r.consumed);
+        return m;
+      }
+      if (r.status != wire::DecodeStatus::need_more || d.expired() || closed_) return wire::Message{};
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, d.remaining_ms()) <= 0) continue;
+      char b[4096];
+      ssize_t n = ::recv(fd_, b, sizeof b, 0);
+      if (n <= 0) {
+        closed_ = true;
+        continue;
+      }
+      buf_.append(b, static_cast<size_t>(n));
+    }
+  }
+  /// The whole handshake with `token` (a client's, done by hand); returns the server's last reply.
+  wire::Message handshake(const std::string& token, Duration limit = Duration(3000)) {
+    const std::string nonce = wire::random_bytes(wire::kNonceBytes);
+    send(hello_frame(nonce));
+    wire::Message ch = read_frame(limit);
+    if (ch.code != static_cast<uint8_t>(wire::Reply::challenge) || ch.parts.size() != 4) return ch;
+    const std::string key = wire::handshake_key(token, ch.parts[1]);
+    send(auth_frame(wire::handshake_proof(key, wire::Prover::client, ch.parts[3], nonce, ch.parts[0])));
+    return read_frame(limit);
+  }
   int fd() const { return fd_; }
 
  private:
   int fd_ = -1;
   bool closed_ = false;
+  std::string buf_;  // read_frame's bytes not yet returned
 };
-
-inline std::string hello_frame(const std::string& token = {}, int64_t version = wire::kProtocolVersion) {
-  wire::Message m;
-  m.code = static_cast<uint8_t>(wire::Op::hello);
-  m.num = version;
-  m.parts = {token};
-  return wire::encode(m);
-}
 
 /// @brief The first reply frame in `bytes` (code 0 when there is none).
 inline wire::Message first_reply(const std::string& bytes) {

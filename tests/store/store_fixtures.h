@@ -10,10 +10,12 @@
 #include <memory>
 #include <string>
 
+#include "gz/store/etcd_store.h"
 #include "gz/store/file_store.h"
 #include "gz/store/mem_store.h"
 #include "gz/store/prefix_store.h"
 #include "gz/store/tcp_store.h"
+#include "store/etcd_cluster.h"
 
 namespace gz::test {
 
@@ -76,6 +78,16 @@ inline StoreEnv make_store_env(const std::string& kind) {
       TcpStoreOptions co;
       co.timeout = std::chrono::seconds(10);
       return std::make_shared<PrefixStore>("run/3", std::make_shared<TcpStore>("127.0.0.1", port, co));
+    };
+  } else if (kind == "etcd" || kind == "prefix_etcd") {
+    // One etcd member for the whole process; each store under a fresh prefix of its own.
+    if (test::etcd_binary().empty()) return e;  // the suite skips
+    const EtcdStoreOptions o = shared_etcd().client_options();
+    const bool prefixed = kind == "prefix_etcd";
+    e.client = [o, prefixed]() -> std::shared_ptr<Store> {
+      auto s = std::make_shared<EtcdStore>(o);
+      if (prefixed) return std::make_shared<PrefixStore>("run/3", s);
+      return s;
     };
   }
   return e;

@@ -1,4 +1,4 @@
-// The pieces of the store's authentication, alone: judging a hello (handshake.h), slots and
+// The pieces of the store's authentication, alone: judging the handshake (handshake.h), slots and
 // gates of unauthenticated connections (admission.h), the abuse log, and tokens (rdzv_auth.h).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -18,36 +18,59 @@ namespace gz {
 namespace {
 
 using namespace std::chrono_literals;
+using test::auth_frame;
 using test::hello_frame;
-using wire::HelloVerdict;
+using wire::HandshakeVerdict;
 
-wire::HelloResult judge(const std::string& bytes, const std::string& token = "tok") {
-  return wire::judge_hello(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), token);
+const uint8_t* u8(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
+wire::HandshakeResult hello(const std::string& bytes) { return wire::judge_hello(u8(bytes), bytes.size()); }
+wire::HandshakeResult auth(const std::string& bytes, const std::string& expected = std::string(32, 'e')) {
+  return wire::judge_auth(u8(bytes), bytes.size(), expected);
 }
 
 TEST(Handshake, VerdictsOfCompleteHellos) {
-  EXPECT_EQ(judge(hello_frame("tok")).verdict, HelloVerdict::accept);
-  EXPECT_EQ(judge(hello_frame("tok")).consumed, hello_frame("tok").size());
-  EXPECT_EQ(judge(hello_frame("tok2")).verdict, HelloVerdict::wrong_token);
-  EXPECT_EQ(judge(hello_frame("")).verdict, HelloVerdict::wrong_token);
-  EXPECT_EQ(judge(hello_frame("anything"), "").verdict, HelloVerdict::accept);  // no token configured
-  EXPECT_EQ(judge(hello_frame("tok", 7)).verdict, HelloVerdict::wrong_protocol);
-  // The refusal text never repeats the token presented.
-  EXPECT_EQ(judge(hello_frame("guess-123")).detail.find("guess-123"), std::string::npos);
+  const std::string nonce(wire::kNonceBytes, 'c');
+  auto h = hello(hello_frame(nonce));
+  EXPECT_EQ(h.verdict, HandshakeVerdict::accept);
+  EXPECT_EQ(h.consumed, hello_frame(nonce).size());
+  EXPECT_EQ(h.nonce, nonce);
+  EXPECT_EQ(hello(hello_frame(nonce, 1)).verdict,
+            HandshakeVerdict::wrong_protocol);  // version 1 sent the token
+  EXPECT_EQ(hello(hello_frame("short")).verdict, HandshakeVerdict::malformed);
+  EXPECT_EQ(hello(hello_frame("short")).consumed, 0u);
+  // An auth before any hello is out of turn.
+  EXPECT_EQ(hello(auth_frame()).verdict, HandshakeVerdict::unexpected);
 }
 
-TEST(Handshake, IncompleteHelloNeedsMoreUntilTheBudget) {
-  std::string h = hello_frame("tok");
+TEST(Handshake, VerdictsOfCompleteAuths) {
+  const std::string expected(wire::kProofBytes, 'e');
+  EXPECT_EQ(auth(auth_frame(expected)).verdict, HandshakeVerdict::accept);
+  EXPECT_EQ(auth(auth_frame(expected)).consumed, auth_frame(expected).size());
+  EXPECT_EQ(auth(auth_frame(std::string(32, 'x'))).verdict, HandshakeVerdict::wrong_token);
+  EXPECT_EQ(auth(auth_frame("")).verdict, HandshakeVerdict::wrong_token);
+  EXPECT_NE(auth(auth_frame("")).detail.find("no rendezvous token"), std::string::npos);
+  // A server without a token takes any well-formed auth.
+  EXPECT_EQ(auth(auth_frame("anything"), "").verdict, HandshakeVerdict::accept);
+  // A second hello is out of turn; the refusal text never repeats a proof.
+  EXPECT_EQ(auth(hello_frame()).verdict, HandshakeVerdict::unexpected);
+  EXPECT_EQ(auth(auth_frame("guess-123")).detail.find("guess-123"), std::string::npos);
+}
+
+TEST(Handshake, IncompleteMessagesNeedMoreUntilTheBudget) {
+  std::string h = hello_frame();
+  EXPECT_EQ(h.size(), wire::kMaxHelloFrameBytes);
   for (size_t n = 0; n < h.size(); ++n)
-    EXPECT_EQ(judge(h.substr(0, n)).verdict, HelloVerdict::need_more) << n;
-  // A maximal token is still a hello; one byte more is not.
-  std::string longest(kMaxRdzvTokenBytes, 'x');
-  EXPECT_EQ(hello_frame(longest).size(), wire::kMaxHelloFrameBytes);
-  EXPECT_EQ(judge(hello_frame(longest)).verdict, HelloVerdict::wrong_token);
-  EXPECT_EQ(judge(hello_frame(longest + "x")).verdict, HelloVerdict::oversized);
+    EXPECT_EQ(hello(h.substr(0, n)).verdict, HandshakeVerdict::need_more) << n;
+  std::string a = auth_frame(std::string(wire::kProofBytes, 'e'));
+  EXPECT_EQ(a.size(), wire::kMaxAuthFrameBytes);
+  for (size_t n = 0; n < a.size(); ++n)
+    EXPECT_EQ(auth(a.substr(0, n)).verdict, HandshakeVerdict::need_more) << n;
+  // One byte more than a message may have is refused from the header.
+  EXPECT_EQ(hello(hello_frame(std::string(wire::kNonceBytes + 1, 'n'))).verdict, HandshakeVerdict::oversized);
+  EXPECT_EQ(auth(auth_frame(std::string(wire::kProofBytes + 1, 'p'))).verdict, HandshakeVerdict::oversized);
 }
 
-TEST(Handshake, RequestsBeforeHelloAreRefusedWhateverTheirShape) {
+TEST(Handshake, RequestsBeforeAuthenticationAreRefusedWhateverTheirShape) {
   for (auto op : {wire::Op::get, wire::Op::set, wire::Op::add, wire::Op::append, wire::Op::wait,
                   wire::Op::check, wire::Op::compare_set, wire::Op::delete_key, wire::Op::num_keys}) {
     wire::Message m;
@@ -57,21 +80,22 @@ TEST(Handshake, RequestsBeforeHelloAreRefusedWhateverTheirShape) {
                    : (op == wire::Op::set || op == wire::Op::append) ? 2
                                                                      : 1;
     for (size_t i = 0; i < arity; ++i) m.parts.push_back("k");
-    auto r = judge(wire::encode(m));
-    EXPECT_EQ(r.verdict, HelloVerdict::not_hello) << wire::code_name(m.code) << ": " << r.detail;
+    for (const auto& r : {hello(wire::encode(m)), auth(wire::encode(m))})
+      EXPECT_EQ(r.verdict, HandshakeVerdict::unexpected) << wire::code_name(m.code) << ": " << r.detail;
   }
-  // A large set before hello is judged on its header alone.
+  // A large set before authentication is judged on its header alone.
   wire::Message big;
   big.code = static_cast<uint8_t>(wire::Op::set);
   big.parts = {"k", std::string(4096, 'v')};
-  EXPECT_EQ(judge(wire::encode(big).substr(0, 4)).verdict, HelloVerdict::oversized);
+  EXPECT_EQ(hello(wire::encode(big).substr(0, 4)).verdict, HandshakeVerdict::oversized);
+  EXPECT_EQ(auth(wire::encode(big).substr(0, 4)).verdict, HandshakeVerdict::oversized);
 }
 
 TEST(Handshake, OversizedIsDecidedFromTheHeaderAlone) {
   // 4 bytes announcing 60 MB: refused before a single body byte arrives.
   std::string header("\x00\x00\x00\x04", 4);
-  auto r = judge(header);
-  EXPECT_EQ(r.verdict, HelloVerdict::oversized);
+  auto r = hello(header);
+  EXPECT_EQ(r.verdict, HandshakeVerdict::oversized);
   EXPECT_NE(r.detail.find("67108864"), std::string::npos) << r.detail;
 }
 
@@ -85,8 +109,33 @@ TEST(Handshake, NeverNeedsMoreThanTheBudget) {
       uint32_t len = static_cast<uint32_t>(std::rand() % 400);
       for (int i = 0; i < 4; ++i) junk[static_cast<size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
     }
-    EXPECT_NE(judge(junk).verdict, HelloVerdict::need_more) << trial;
+    EXPECT_NE(hello(junk).verdict, HandshakeVerdict::need_more) << trial;
+    EXPECT_NE(auth(junk).verdict, HandshakeVerdict::need_more) << trial;
   }
+}
+
+TEST(Handshake, ProofsBindSideNameAndBothNonces) {
+  const std::string key = wire::handshake_key("0123456789abcdef-token", std::string(wire::kSaltBytes, 's'));
+  EXPECT_EQ(key.size(), 32u);
+  // The same (token, salt) gives the same key; another salt or token another one.
+  EXPECT_EQ(wire::handshake_key("0123456789abcdef-token", std::string(wire::kSaltBytes, 's')), key);
+  EXPECT_NE(wire::handshake_key("0123456789abcdef-token", std::string(wire::kSaltBytes, 't')), key);
+  EXPECT_NE(wire::handshake_key("0123456789abcdef-tokeN", std::string(wire::kSaltBytes, 's')), key);
+  const std::string cn(32, 'c'), sn(32, 's');
+  const std::string p = wire::handshake_proof(key, wire::Prover::client, "gzrun", cn, sn);
+  EXPECT_EQ(p.size(), wire::kProofBytes);
+  EXPECT_TRUE(wire::proofs_equal(p, wire::handshake_proof(key, wire::Prover::client, "gzrun", cn, sn)));
+  // Any change of side, name or nonce changes the proof: none can be replayed elsewhere.
+  for (const auto& other :
+       {wire::handshake_proof(key, wire::Prover::server, "gzrun", cn, sn),
+        wire::handshake_proof(key, wire::Prover::client, "gzrun2", cn, sn),
+        wire::handshake_proof(key, wire::Prover::client, "gzrun", std::string(32, 'C'), sn),
+        wire::handshake_proof(key, wire::Prover::client, "gzrun", cn, std::string(32, 'S'))})
+    EXPECT_FALSE(wire::proofs_equal(p, other));
+  // Nothing of the token shows in the key or the proof.
+  EXPECT_EQ(key.find("token"), std::string::npos);
+  EXPECT_EQ(p.find("token"), std::string::npos);
+  EXPECT_NE(wire::random_bytes(32), wire::random_bytes(32));
 }
 
 TEST(Admission, PerSourceLimitEvictsThatSourcesOldest) {
@@ -124,19 +173,34 @@ TEST(Admission, TotalLimitTakesFromTheBiggestSource) {
   EXPECT_EQ(b.admit(5, "s5"), std::vector<uint64_t>{1});
 }
 
-TEST(Admission, GateAfterAFailureAndForgetting) {
+TEST(Admission, RefusedConnectionsGoFirst) {
   wire::AdmissionLimits l;
-  l.failure_delay = 100ms;
+  l.max_pending = 4;
+  l.max_pending_per_source = 10;
   wire::Admission a(l);
-  auto t0 = Clock::now();
-  EXPECT_LE(a.gate("x"), t0);
-  a.failed("x", t0);
-  EXPECT_EQ(a.gate("x"), t0 + 100ms);
-  EXPECT_LE(a.gate("y"), t0);
-  a.forget_idle(t0 + 50ms);
-  EXPECT_EQ(a.sources(), 1u);  // gate still closed: remembered
-  a.forget_idle(t0 + 150ms);
-  EXPECT_EQ(a.sources(), 0u);
+  EXPECT_TRUE(a.admit(1, "honest").empty());
+  for (uint64_t id = 2; id <= 4; ++id) EXPECT_TRUE(a.admit(id, "flood").empty());
+  // The flood's connections are refused as they come: they linger only to deliver the reason,
+  // are no longer counted against their source, and are the first to go.
+  a.refused(2, "flood");
+  a.refused(3, "flood");
+  EXPECT_EQ(a.pending_from("flood"), 1u);
+  EXPECT_EQ(a.refused_count(), 2u);
+  EXPECT_EQ(a.admit(5, "flood"), std::vector<uint64_t>{2});
+  EXPECT_EQ(a.admit(6, "flood"), std::vector<uint64_t>{3});
+  // Nothing refused left: now the source waiting with the most gives up its oldest, and the
+  // honest client (the oldest of all) keeps its slot.
+  EXPECT_EQ(a.admit(7, "flood"), std::vector<uint64_t>{4});
+  EXPECT_EQ(a.pending_from("honest"), 1u);
+  // A refused connection that closes by itself frees its slot; unknown ids are ignored.
+  a.refused(5, "flood");
+  a.release(5, "flood");
+  a.release(99, "nobody");
+  EXPECT_EQ(a.refused_count(), 0u);
+  EXPECT_EQ(a.pending(), 3u);
+  a.release(1, "honest");
+  a.forget_idle();
+  EXPECT_EQ(a.sources(), 1u);
 }
 
 TEST(AbuseLog, FirstRefusalPerSourceThenSummaries) {

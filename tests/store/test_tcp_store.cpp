@@ -1,12 +1,11 @@
 // TcpStore server/client: shutdown, tokens, connect retry, client deadlines, limits and
 // malformed input from raw sockets.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
@@ -37,13 +36,9 @@ TcpStoreOptions client_opts(Duration timeout = 5s, const std::string& token = {}
 
 using test::RawConn;
 
-std::string hello(const std::string& token = {}) {
-  wire::Message m;
-  m.code = static_cast<uint8_t>(wire::Op::hello);
-  m.num = wire::kProtocolVersion;
-  m.parts = {token};
-  return wire::encode(m);
-}
+/// The whole handshake with a server without a token (its auth accepts any proof): hello and an
+/// empty auth, pipelined.
+std::string hello() { return test::hello_frame() + test::auth_frame(""); }
 
 /// The server still answers a well-behaved client.
 void expect_serves(int port) {
@@ -143,10 +138,15 @@ TEST(TcpStore, TokenAcceptedAndRefused) {
     } catch (const TimeoutError& e) {
       FAIL() << "refusal must not look like a timeout: " << e.what();
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("rendezvous token refused"), std::string::npos) << e.what();
+      // Without a token the server refuses the client; with another one the client refuses the
+      // server (it cannot prove the client's token), before sending anything derived from it.
+      const std::string why =
+          bad.empty() ? "rendezvous token refused" : "did not prove that it knows the rendezvous token";
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   }
   EXPECT_EQ(to_string(good.get("k", Deadline::after(1s))), "v");
+  EXPECT_EQ(server.stats().wrong_token, 1u);  // only the client without a token reached the auth
 }
 
 TEST(TcpStore, RawClientWithoutHelloIsDisconnected) {
@@ -228,17 +228,29 @@ class StuckServer {
       if (c < 0) continue;
       conns_.push_back(c);
       ++accepted_;
-      std::string hello(4 + 13 + 4, '\0');  // header + fixed fields + one empty token part
-      size_t got = 0;
-      while (got < hello.size()) {
-        ssize_t n = ::recv(c, &hello[got], hello.size() - got, 0);
-        if (n <= 0) break;
-        got += static_cast<size_t>(n);
-      }
-      wire::Message ok;
-      ok.code = static_cast<uint8_t>(wire::Reply::ok);
-      std::string f = wire::encode(ok);
-      (void)!::send(c, f.data(), f.size(), MSG_NOSIGNAL);
+      // The handshake of a server without a token: hello (a nonce), challenge (no proof), auth
+      // (an empty proof from a client without a token), ok.
+      auto read_exactly = [c](size_t n) {
+        std::string b(n, '\0');
+        size_t got = 0;
+        while (got < n) {
+          ssize_t k = ::recv(c, &b[got], n - got, 0);
+          if (k <= 0) break;
+          got += static_cast<size_t>(k);
+        }
+      };
+      auto reply = [c](wire::Reply code, std::vector<std::string> parts) {
+        wire::Message m;
+        m.code = static_cast<uint8_t>(code);
+        m.parts = std::move(parts);
+        std::string f = wire::encode(m);
+        (void)!::send(c, f.data(), f.size(), MSG_NOSIGNAL);
+      };
+      read_exactly(wire::kMaxHelloFrameBytes);
+      reply(wire::Reply::challenge,
+            {std::string(wire::kNonceBytes, 's'), std::string(wire::kSaltBytes, 'x'), "", ""});
+      read_exactly(wire::kHeaderBytes + wire::kMinBodyBytes + 4);
+      reply(wire::Reply::ok, {});
     }
   }
   int fd_ = -1;
@@ -332,10 +344,10 @@ TEST(TcpStore, MalformedInputNeverKillsTheServer) {
   o.max_value_bytes = 4096;
   TcpStoreServer server(o);
   std::vector<std::string> attacks = {
-      std::string(1000, '\xff'),                                   // garbage, huge length
-      std::string("\x00\x00\x00\x00", 4),                          // zero-length body
-      std::string("\x05\x00\x00\x00\x01\x02", 6),                  // body shorter than a header
-      hello() + std::string("\xff\xff\xff\x7f", 4),                // oversized announced length
+      std::string(1000, '\xff'),                                                 // garbage, huge length
+      std::string("\x00\x00\x00\x00", 4),                                        // zero-length body
+      std::string("\x05\x00\x00\x00\x01\x02", 6),                                // body shorter than a header
+      hello() + std::string("\xff\xff\xff\x7f", 4),                              // oversized announced length
       hello() + std::string("\x0d\x00\x00\x00\x63", 5) + std::string(12, '\0'),  // unknown op 99
   };
   // Right size but a part length overrunning the frame.

@@ -17,13 +17,14 @@ Message random_message(std::mt19937& rng, bool request) {
     static const std::vector<std::pair<Op, int>> ops = {{Op::hello, 1},       {Op::set, 2},  {Op::get, 1},
                                                         {Op::add, 1},         {Op::compare_set, 3},
                                                         {Op::wait, -1},       {Op::check, -1},
-                                                        {Op::delete_key, 1},  {Op::num_keys, 0}};
+                                                        {Op::delete_key, 1},  {Op::num_keys, 0},
+                                                        {Op::append, 2},      {Op::auth, 1}};
     auto [op, n] = ops[rng() % ops.size()];
     m.code = static_cast<uint8_t>(op);
     if (n < 0) n = static_cast<int>(rng() % 5);
     m.parts.resize(static_cast<size_t>(n));
   } else {
-    m.code = static_cast<uint8_t>(128 + rng() % 5);
+    m.code = static_cast<uint8_t>(128 + rng() % 6);
     m.parts.resize(rng() % 4);
   }
   m.num = static_cast<int64_t>((static_cast<uint64_t>(rng()) << 32) | rng());

@@ -9,6 +9,7 @@
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
 #include "gz/store/store.h"
+#include "joiners.h"
 #include "output_relay.h"  // say()
 
 namespace gz::launcher {
@@ -20,8 +21,6 @@ using std::chrono::steady_clock;
 // compare_set with an expectation no key ever holds returns the value, or the expectation itself
 // when the key is missing: a read of an optional key in one round trip.
 const Bytes kAbsent = to_bytes(std::string("\x01gzrun-absent"));
-
-long long seq_of(const std::string& entry) { return std::atoll(entry.substr(0, entry.find(':')).c_str()); }
 
 std::string join_entries(const std::vector<std::string>& entries) {
   std::string out;
@@ -42,23 +41,6 @@ std::string names_of(const std::vector<std::string>& entries) {
 
 ElasticRendezvous::ElasticRendezvous(const LaunchOptions& options, Store& store, std::string me)
     : o_(options), s_(store), me_(std::move(me)) {}
-
-std::vector<std::string> ElasticRendezvous::parse_entries(const std::string& text) {
-  std::vector<std::string> out;
-  std::vector<long long> seen;
-  for (size_t b = 0; b < text.size();) {
-    size_t e = text.find(';', b);
-    if (e == std::string::npos) e = text.size();
-    std::string entry = text.substr(b, e - b);
-    b = e + 1;
-    if (entry.empty() || entry.find(':') == std::string::npos) continue;
-    const long long seq = seq_of(entry);
-    if (std::find(seen.begin(), seen.end(), seq) != seen.end()) continue;
-    seen.push_back(seq);
-    out.push_back(entry);
-  }
-  return out;
-}
 
 std::string ElasticRendezvous::peek(const std::string& key) {
   Bytes v = s_.compare_set(key, kAbsent, kAbsent);
@@ -83,6 +65,46 @@ void ElasticRendezvous::close_round(int round, const std::vector<std::string>& j
   s_.compare_set(JobMonitor::round_key(round, "members"), Bytes{}, to_bytes(join_entries(members)));
 }
 
+RoundInfo ElasticRendezvous::placed(int q, const std::string& members, const std::vector<std::string>& list,
+                                    int node_rank) {
+  RoundInfo r;
+  r.round = q;
+  r.node_rank = node_rank;
+  r.nnodes = static_cast<int>(list.size());
+  const std::string restarts = peek(JobMonitor::round_key(q, "restarts"));
+  r.restarts = restarts.empty() ? 0 : std::atoi(restarts.c_str());
+  if (job_.empty()) {
+    // The job's id: the pid of round 0's first node, the same for every node and round.
+    const std::vector<std::string> first =
+        parse_entries(q == 0 ? members : peek(JobMonitor::round_key(0, "members")));
+    job_ = first.empty() ? std::string("0") : first.front().substr(first.front().rfind(':') + 1);
+  }
+  r.run_id = job_ + "-" + std::to_string(q);
+  r.master_addr = host_of(list.front());  // used where no store host is the obvious one (etcd)
+  say("elastic round " + std::to_string(q) + ": node " + std::to_string(r.node_rank) + " of " +
+      std::to_string(r.nnodes) + " (" + names_of(list) + ")");
+  return r;
+}
+
+bool ElasticRendezvous::try_close(int q, JoinerBeats& beats, JoinWindow& window, int& joined) {
+  // Nodes that gave up or were killed while waiting stay in the list: count the live ones.
+  std::vector<std::string> list = parse_entries(peek(JobMonitor::round_key(q, "joined")));
+  if (static_cast<int>(list.size()) >= o_.min_nodes) beats.observe(s_, list);
+  list = beats.alive(list, entry_);
+  joined = static_cast<int>(list.size());
+  if (joined < o_.min_nodes) {
+    window.open = false;
+    return false;
+  }
+  const auto now = steady_clock::now();
+  if (!window.open) window.start = now;
+  window.open = true;
+  const auto waited = std::chrono::milliseconds(static_cast<long long>(o_.join_window_s * 1000));
+  if (joined < o_.max_nodes && now - window.start < waited) return false;
+  close_round(q, list);
+  return true;
+}
+
 RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
   Stopwatch sw;
   const Deadline deadline =
@@ -99,10 +121,11 @@ RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
   if (q > 0 && q > current_round())
     say("waiting to join the job at round " + std::to_string(q) + " (round " + std::to_string(q - 1) +
         " runs)");
-  // When this gzrun first saw MIN nodes in round q (the join window runs from there).
-  steady_clock::time_point window_start{};
-  bool window_open = false;
+  JoinWindow window;
+  JoinerBeats beats(joiner_lease(o_));
   for (;;) {
+    // While waiting, beat: only joiners seen beating may become members (joiners.h).
+    s_.add(joiner_beat_key(seq_), 1);
     const std::string ended = peek("gzrun/ended");
     if (!ended.empty()) {
       if (ended.rfind("done|", 0) == 0) {
@@ -117,28 +140,11 @@ RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
     if (!members.empty()) {
       std::vector<std::string> list = parse_entries(members);
       auto it = std::find(list.begin(), list.end(), entry_);
-      if (it != list.end()) {
-        RoundInfo r;
-        r.round = q;
-        r.node_rank = static_cast<int>(it - list.begin());
-        r.nnodes = static_cast<int>(list.size());
-        const std::string restarts = peek(JobMonitor::round_key(q, "restarts"));
-        r.restarts = restarts.empty() ? 0 : std::atoi(restarts.c_str());
-        if (job_.empty()) {
-          // The job's id: the pid of round 0's first node, the same for every node and round.
-          const std::vector<std::string> first =
-              parse_entries(q == 0 ? members : peek(JobMonitor::round_key(0, "members")));
-          job_ = first.empty() ? std::string("0") : first.front().substr(first.front().rfind(':') + 1);
-        }
-        r.run_id = job_ + "-" + std::to_string(q);
-        say("elastic round " + std::to_string(q) + ": node " + std::to_string(r.node_rank) + " of " +
-            std::to_string(r.nnodes) + " (" + names_of(list) + ")");
-        return r;
-      }
+      if (it != list.end()) return placed(q, members, list, static_cast<int>(it - list.begin()));
       // Round q started without this node (it came too late, or q was full): wait for the next.
       ++q;
       append_me(q);
-      window_open = false;
+      window.open = false;
       say("waiting to join the job at round " + std::to_string(q) + " (round " + std::to_string(q - 1) +
           " runs with " + std::to_string(list.size()) + " node(s))");
       continue;
@@ -146,30 +152,13 @@ RoundInfo ElasticRendezvous::join(const Cancelled& cancelled) {
     const int cur = current_round();
     int joined = 0;
     if (cur == q) {
-      std::vector<std::string> list = parse_entries(peek(JobMonitor::round_key(q, "joined")));
-      joined = static_cast<int>(list.size());
-      const auto now = steady_clock::now();
-      if (joined >= o_.max_nodes) {
-        close_round(q, list);
-        continue;
-      }
-      if (joined >= o_.min_nodes) {
-        if (!window_open) window_start = now;
-        window_open = true;
-        if (now - window_start >=
-            std::chrono::milliseconds(static_cast<long long>(o_.join_window_s * 1000))) {
-          close_round(q, list);
-          continue;
-        }
-      } else {
-        window_open = false;
-      }
+      if (try_close(q, beats, window, joined)) continue;
     } else if (cur > q) {
       // The job moved past q while this node waited for it (q was never formed): go to the current one.
       q = cur;
       while (!peek(JobMonitor::round_key(q, "members")).empty()) ++q;
       append_me(q);
-      window_open = false;
+      window.open = false;
       continue;
     }
     if (cancelled && cancelled()) GZ_THROW(Aborted, "cancelled while waiting for the nodes of round ", q);
@@ -198,9 +187,14 @@ std::string ElasticRendezvous::cannot_continue(const RoundInfo& r, const JobFail
   const int left = r.nnodes - 1;
   // Nodes waiting for the next round that are not r's own members (those may have joined already).
   const std::vector<std::string> members = parse_entries(peek(JobMonitor::round_key(r.round, "members")));
-  int waiting = 0;
+  std::vector<std::string> candidates;
   for (const auto& e : parse_entries(peek(JobMonitor::round_key(r.round + 1, "joined"))))
-    if (std::find(members.begin(), members.end(), e) == members.end()) ++waiting;
+    if (std::find(members.begin(), members.end(), e) == members.end()) candidates.push_back(e);
+  if (left >= o_.min_nodes) return "";
+  // Only joiners that still beat count (one that gave up or was killed would never come); wait
+  // at most the lease to see enough of them.
+  const int waiting = static_cast<int>(
+      wait_for_alive(s_, candidates, static_cast<size_t>(o_.min_nodes - left), joiner_lease(o_)).size());
   if (left + waiting >= o_.min_nodes) return "";
   return "node " + std::to_string(f.node) + " lost: " + std::to_string(left) + " node(s) left" +
          (waiting ? " and " + std::to_string(waiting) + " waiting" : "") + ", fewer than the minimum of " +

@@ -2,11 +2,13 @@
 // node ranks are assigned there, and nodes that come later are admitted at the next round.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "job_monitor.h"
+#include "joiners.h"
 #include "options.h"
 #include "round_info.h"
 
@@ -29,10 +31,14 @@ namespace gz::launcher {
 ///
 /// Run ids (GZ_RUN_ID, the workers' key prefix) are "<pid of round 0's node 0>-<r>".
 ///
-/// A round r is complete when gzrun/round is r and either MAX nodes joined it, or at least MIN
-/// did and the join window passed since the observer first saw MIN. Nodes that joined after the
-/// members were written are not in them: they join r+1 and wait there, which the running round's
-/// monitors notice (JobMonitor, admit record) so that every node moves to r+1 together.
+///   gzrun/waiting/<seq>       counter each waiting gzrun adds 1 to on every poll (joiners.h)
+///
+/// A round r is complete when gzrun/round is r and either MAX live nodes joined it, or at least
+/// MIN did and the join window passed since the observer first saw MIN. Live: the joiner's beat
+/// was seen to move within the lease (joiners.h), so a node that gave up or was killed while
+/// waiting is never made a member, nor counted as waiting. Nodes that joined after the members
+/// were written are not in them: they join r+1 and wait there, which the running round's monitors
+/// notice (JobMonitor, admit record) so that every node moves to r+1 together.
 class ElasticRendezvous {
  public:
   using Cancelled = std::function<bool()>;
@@ -49,14 +55,12 @@ class ElasticRendezvous {
   /// record its restart count (f counts unless it is admit). Idempotent across nodes.
   void advance(const RoundInfo& r, const JobFailure& f);
   /// @brief Why the job cannot go on after `f` ended round `r` (a lost node leaves fewer than MIN,
-  /// counting nodes already waiting), or "" when it can.
+  /// counting live nodes already waiting: up to the lease is spent seeing them beat), or "" when it
+  /// can.
   std::string cannot_continue(const RoundInfo& r, const JobFailure& f);
   /// @brief Record that the job is over (first call wins), so waiting nodes leave: exit 0 when
   /// `success`, else with `reason`. Store errors are ignored (the job ends anyway).
   void end_job(const std::string& reason, bool success);
-
-  /// @brief "seq:host:pid" entries of a joined/members value (dropping repeats of a seq).
-  static std::vector<std::string> parse_entries(const std::string& text);
 
  private:
   /// @brief Value of key, "" when missing: one round trip.
@@ -65,6 +69,16 @@ class ElasticRendezvous {
   void append_me(int round);
   /// @brief Write round r's members (first writer wins) from its joined list.
   void close_round(int round, const std::vector<std::string>& joined);
+  /// @brief This node's place in round q, whose members (value and parsed) include it at `node_rank`.
+  RoundInfo placed(int q, const std::string& members, const std::vector<std::string>& list, int node_rank);
+  /// @brief When this gzrun first saw MIN live nodes in a round (the join window runs from there).
+  struct JoinWindow {
+    bool open = false;
+    std::chrono::steady_clock::time_point start{};
+  };
+  /// @brief Round q is being formed: count its live joiners (`joined`) and close it when complete
+  /// (MAX live, or MIN live for the join window). Returns true when it closed.
+  bool try_close(int q, JoinerBeats& beats, JoinWindow& window, int& joined);
 
   const LaunchOptions& o_;
   Store& s_;

@@ -9,6 +9,7 @@
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
 #include "gz/store/store.h"
+#include "joiners.h"
 #include "output_relay.h"  // say()
 
 namespace gz::launcher {
@@ -48,8 +49,13 @@ JobFailure JobFailure::decode(const std::string& record) {
 }
 
 JobMonitor::JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where,
-                       bool hosts_store)
-    : o_(options), connect_(std::move(connect)), where_(std::move(store_where)), hosts_store_(hosts_store) {
+                       bool hosts_store, std::string store_kind)
+    : o_(options),
+      connect_(std::move(connect)),
+      where_(std::move(store_where)),
+      kind_(std::move(store_kind)),
+      hosts_store_(hosts_store),
+      waiting_(joiner_lease(options)) {
   if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw SystemError("pipe2 for the job monitor", errno);
 }
 
@@ -156,7 +162,8 @@ void JobMonitor::tick() {
     s.add(round_key(round_, "hb/" + std::to_string(node_rank_)), 1);
     const std::string fkey = round_key(round_, "failure");
     const bool known = failure().failed();
-    if (!known && s.check({fkey})) learn(JobFailure::decode(to_string(s.get(fkey, Deadline::after(timeout)))));
+    if (!known && s.check({fkey}))
+      learn(JobFailure::decode(to_string(s.get(fkey, Deadline::after(timeout)))));
     last_ok_ = steady_clock::now();
     if (known || failure().failed()) return;
     for (auto& [node, peer] : peers_) {
@@ -187,7 +194,7 @@ void JobMonitor::tick() {
     JobFailure f;
     f.kind = JobFailure::Kind::store_lost;
     f.node = 0;
-    f.text = "lost the store host (" + where_ + "): no answer for " + format_duration(silent) +
+    f.text = "lost the " + kind_ + " (" + where_ + "): no answer for " + format_duration(silent) +
              " (last error: " + e.what() + ")";
     learn(f);
   }
@@ -254,17 +261,15 @@ bool JobMonitor::admit_waiting(Store& s) {
   if (nnodes_ >= o_.max_nodes) return false;
   const std::string joined = round_key(round_ + 1, "joined");
   if (!s.check({joined}) || s.check({round_key(round_, "exit/arrived")})) return false;
+  // Only joiners that still beat: one that gave up or was killed while waiting would end the
+  // round for nothing (and is never made a member of the next).
+  const auto list = parse_entries(to_string(s.get(joined, Deadline::after(ms_of(o_.heartbeat_timeout_s)))));
+  waiting_.observe(s, list);
+  const auto alive = waiting_.alive(list);
+  if (alive.empty()) return false;
   std::string who;
-  const std::string list = to_string(s.get(joined, Deadline::after(ms_of(o_.heartbeat_timeout_s))));
-  for (size_t b = 0; b < list.size();) {
-    size_t e = list.find(';', b);
-    if (e == std::string::npos) e = list.size();
-    std::string entry = list.substr(b, e - b);  // "seq:host:pid"
-    auto c = entry.find(':');
-    if (!entry.empty())
-      who += (who.empty() ? "" : ", ") + (c == std::string::npos ? entry : entry.substr(c + 1));
-    b = e + 1;
-  }
+  for (const std::string& entry : alive)  // "seq:host:pid"
+    who += (who.empty() ? "" : ", ") + entry.substr(entry.find(':') + 1);
   JobFailure f;
   f.kind = JobFailure::Kind::admit;
   f.text = "node(s) waiting to join (" + who + "): new round with more nodes (" + std::to_string(nnodes_) +
@@ -278,8 +283,8 @@ int JobMonitor::advance_round(int round) {
   Bytes stored = store().compare_set("gzrun/round", to_bytes(expected), to_bytes(std::to_string(round + 1)));
   const std::string now = to_string(stored);
   if (now != std::to_string(round + 1))
-    GZ_THROW(Error, "the job's round in the store is ", now, ", expected ", round + 1,
-             " after round ", round, " (another gzrun moved it)");
+    GZ_THROW(Error, "the job's round in the store is ", now, ", expected ", round + 1, " after round ", round,
+             " (another gzrun moved it)");
   return round + 1;
 }
 

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "joiners.h"
 #include "options.h"
 
 namespace gz {
@@ -41,15 +42,18 @@ struct JobFailure {
 ///   gzrun/round<r>/failure      first failure of round r ("kind|node|text"), first writer wins
 ///   gzrun/round<r>/acked/<node> set when that node's gzrun saw round r's failure (the store host
 ///                               waits for the nodes that still heartbeat)
-///   gzrun/round<r+1>/joined     elastic: nodes waiting for the next round (read to admit them)
+///   gzrun/round<r+1>/joined     elastic: nodes waiting for the next round (admitted while their
+///                               beat, gzrun/waiting/<seq>, moves: joiners.h)
 ///   gzrun/round<r>/exit/arrived nodes whose workers all succeeded (no admission after the first)
 class JobMonitor {
  public:
   /// @brief `connect` makes a fresh store client whose every operation is bounded by the
   /// heartbeat timeout (the monitor owns it; only the monitor's thread uses it).
   using Connect = std::function<std::unique_ptr<Store>()>;
-  /// @brief `store_where` names the store host in messages; `hosts_store`: this gzrun runs it.
-  JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where, bool hosts_store);
+  /// @brief `store_where` names the store host in messages; `hosts_store`: this gzrun runs it;
+  /// `store_kind` says what is lost when it stops answering ("store host", "etcd cluster").
+  JobMonitor(const LaunchOptions& options, Connect connect, std::string store_where, bool hosts_store,
+             std::string store_kind = "store host");
   ~JobMonitor();
   JobMonitor(const JobMonitor&) = delete;
   JobMonitor& operator=(const JobMonitor&) = delete;
@@ -89,6 +93,7 @@ class JobMonitor {
   const LaunchOptions& o_;
   Connect connect_;
   std::string where_;
+  std::string kind_;
   bool hosts_store_ = false;
   std::unique_ptr<Store> store_;
   int pipe_[2] = {-1, -1};
@@ -109,6 +114,7 @@ class JobMonitor {
     std::chrono::steady_clock::time_point changed{};
   };
   std::map<int, Peer> peers_;
+  JoinerBeats waiting_;  ///< beats of the nodes waiting for the next round (admit only live ones)
   std::chrono::steady_clock::time_point last_ok_{};
   bool store_lost_ = false;
 };

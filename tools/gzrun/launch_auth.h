@@ -12,7 +12,7 @@ namespace gz::launcher {
 
 /// @brief The outcome of resolve_launch_auth().
 struct LaunchAuth {
-  std::string token;       ///< empty: none (a store on loopback shared by several nodes, or insecure)
+  std::string token;       ///< empty: none (--rdzv-insecure)
   bool insecure = false;   ///< --rdzv-insecure in effect: no token
   bool generated = false;  ///< gzrun made the token (one node, none given)
   std::vector<std::string> warnings;  ///< to print at start
@@ -27,8 +27,11 @@ bool store_beyond_loopback(const LaunchOptions& o);
 std::string store_bind_addr(const LaunchOptions& o);
 
 /// @brief The token, in this order: --rdzv-token-file, --rdzv-token, GZ_RDZV_TOKEN (`env_token`);
-/// else one generated for a single node; else, for several nodes beyond loopback, --rdzv-insecure
-/// or a gz::InvalidArgument that says what to do (gzrun exits 2 with it).
+/// else one generated for a single node; else, for several nodes (on loopback too: every local
+/// user reaches it), --rdzv-insecure or a gz::InvalidArgument that says what to do (gzrun exits 2
+/// with it). With --rdzv-backend etcd the token is the --rdzv-conf user's password, and
+/// check_etcd_options() decides (a password only over verified https or to loopback; beyond
+/// loopback some client authentication; else --rdzv-insecure, which warns).
 LaunchAuth resolve_launch_auth(const LaunchOptions& o, const std::string& env_token);
 
 /// @brief Overwrite the value of --rdzv-token in gzrun's own argv (what ps and /proc/PID/cmdline

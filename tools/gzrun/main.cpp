@@ -20,6 +20,7 @@
 #include "options.h"
 #include "output_relay.h"
 #include "launch_auth.h"
+#include "preflight.h"
 #include "process.h"
 #include "store_host.h"
 #include "supervisor.h"
@@ -45,6 +46,19 @@ std::string make_dirs(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path + ": not a directory";
   return "";
+}
+
+// --preflight: 0 = go on (or, alone, nothing flagged), 4 = flagged (strict, or alone), 1 = the
+// check itself failed.
+int preflight_step(const LaunchOptions& o, StoreHost& store) {
+  PreflightOptions p;
+  p.strict = o.preflight_strict;
+  try {
+    return run_preflight(o, store, p);
+  } catch (const gz::Error& e) {
+    say(std::string("error: --preflight: ") + e.what());
+    return 1;
+  }
 }
 
 int run(int argc, char** argv) {
@@ -76,7 +90,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   try {
-    cfg.program_path = resolve_program(o.program, env.get("PATH", ""));
+    if (!o.program.empty()) cfg.program_path = resolve_program(o.program, env.get("PATH", ""));
   } catch (const gz::Error& e) {
     say(std::string("error: ") + e.what());
     return 2;
@@ -107,6 +121,10 @@ int run(int argc, char** argv) {
     say(std::string("error: ") + e.what());
     return 1;
   }
+  if (o.preflight) {  // the pre-flight check (preflight.h): before any worker starts
+    const int rc = preflight_step(o, store);
+    if (rc != 0 || o.program.empty()) return rc;
+  }
 
   // Two pipes per worker: make room for large --nproc-per-node within the hard limit.
   rlimit nofile{};
@@ -136,7 +154,10 @@ int run(int argc, char** argv) {
     auto me = cfg.hostname + ":" + std::to_string(getpid());
     cfg.begin_round = [&store, &elastic, &o, me](int, const SupervisorConfig::Cancelled& c) {
       if (!elastic) elastic = std::make_unique<ElasticRendezvous>(o, store.client(), me);
-      return elastic->join(c);
+      RoundInfo r = elastic->join(c);
+      // TcpStore: MASTER_ADDR stays --master-addr (the store host). etcd: node 0's host.
+      if (!o.etcd()) r.master_addr.clear();
+      return r;
     };
     cfg.next_round = [&elastic](const RoundInfo& r, const JobFailure& f) {
       elastic->advance(r, f);
@@ -157,14 +178,25 @@ int run(int argc, char** argv) {
       r.run_id = store.meet(round, c);
       return r;
     };
+    if (o.etcd())
+      // The end marker in etcd (where a store outlives the job): a new job with this --rdzv-id is refused.
+      cfg.end_job = [&store](const std::string& reason, bool success) {
+        try {
+          store.client().compare_set("gzrun/ended", gz::Bytes{},
+                                     gz::to_bytes((success ? "done|" : "failed|") + reason));
+        } catch (const std::exception&) {
+          // the job ends anyway
+        }
+      };
   }
   cfg.after_success = [&store](const RoundInfo& r, const SupervisorConfig::Cancelled& c,
                                const std::function<bool()>& failed) { return store.finish(r, c, failed); };
   // Several nodes: failures, lost nodes and restarts are decided job-wide through the store.
   if (o.nnodes > 1) {
-    const std::string where = o.elastic ? store.where() : "node 0 at " + store.where();
+    const std::string where = o.elastic || o.etcd() ? store.where() : "node 0 at " + store.where();
     monitor = std::make_unique<JobMonitor>(
-        o, [&store] { return store.monitor_client(); }, where, store.hosts_store());
+        o, [&store] { return store.monitor_client(); }, where, store.hosts_store(),
+        o.etcd() ? "etcd cluster" : "store host");
     cfg.monitor = monitor.get();
     if (!o.elastic)
       cfg.next_round = [m = monitor.get()](const RoundInfo& r, const JobFailure&) {

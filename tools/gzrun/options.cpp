@@ -11,12 +11,13 @@
 
 #include "gz/core/env.h"    // parse_int, parse_double
 #include "gz/core/error.h"  // InvalidArgument
+#include "gz/store/etcd_store.h"  // parse_etcd_endpoints
 #include "gz/store/rdzv_auth.h"  // check_rdzv_token
 
 namespace gz::launcher {
 namespace {
 
-enum class Kind { flag, value };
+enum class Kind { flag, value, optional };  // optional: --opt or --opt=value, never a separate value
 
 struct Spec {
   const char* name;  // canonical dash spelling without the leading "--"
@@ -24,14 +25,33 @@ struct Spec {
 };
 
 constexpr Spec kSpecs[] = {
-    {"nproc-per-node", Kind::value}, {"nnodes", Kind::value},       {"node-rank", Kind::value},
-    {"master-addr", Kind::value},    {"master-port", Kind::value},  {"log-dir", Kind::value},
-    {"rdzv-timeout", Kind::value},   {"max-restarts", Kind::value}, {"grace-period", Kind::value},
-    {"rdzv-endpoint", Kind::value},  {"standalone", Kind::flag},    {"help", Kind::flag},
-    {"version", Kind::flag},         {"heartbeat-timeout", Kind::value}, {"heartbeat-interval", Kind::value},
+    {"nproc-per-node", Kind::value},
+    {"nnodes", Kind::value},
+    {"node-rank", Kind::value},
+    {"master-addr", Kind::value},
+    {"master-port", Kind::value},
+    {"log-dir", Kind::value},
+    {"rdzv-timeout", Kind::value},
+    {"max-restarts", Kind::value},
+    {"grace-period", Kind::value},
+    {"rdzv-endpoint", Kind::value},
+    {"standalone", Kind::flag},
+    {"help", Kind::flag},
+    {"version", Kind::flag},
+    {"heartbeat-timeout", Kind::value},
+    {"heartbeat-interval", Kind::value},
     // Rendezvous authentication (launch_auth.h).
-    {"rdzv-token", Kind::value},     {"rdzv-token-file", Kind::value}, {"rdzv-insecure", Kind::flag},
+    {"rdzv-token", Kind::value},
+    {"rdzv-token-file", Kind::value},
+    {"rdzv-insecure", Kind::flag},
     {"rdzv-join-window", Kind::value},
+    // The store backend (etcd): apply_backend_option().
+    {"rdzv-backend", Kind::value},
+    {"rdzv-endpoints", Kind::value},
+    {"rdzv-id", Kind::value},
+    {"rdzv-conf", Kind::value},
+    // The pre-flight check (preflight.h): --preflight or --preflight=warn|strict.
+    {"preflight", Kind::optional},
 };
 
 const Spec* find_spec(const std::string& name) {
@@ -58,6 +78,88 @@ double parse_seconds(const std::string& v, const std::string& opt, bool allow_ze
 void set_port(LaunchOptions& o, const std::string& v, const std::string& opt) {
   o.master_port = parse_bounded(v, opt, 0, 65535);
   o.master_port_given = true;
+}
+
+// ---- The store backend (etcd) -------------------------------------------------------------------
+
+void apply_backend_option(LaunchOptions& o, const std::string& name, const std::string& v) {
+  if (name == "rdzv-backend") {
+    if (v == "tcp" || v == "c10d" || v == "static") {
+      o.rdzv_backend = "tcp";
+    } else if (v == "etcd" || v == "etcd-v3") {
+      o.rdzv_backend = "etcd";
+    } else {
+      GZ_THROW(InvalidArgument, "--rdzv-backend '", v,
+               "': expected tcp (gzrun's own store; also c10d, static) or etcd");
+    }
+  } else if (name == "rdzv-endpoints") {
+    o.rdzv_endpoints = parse_etcd_endpoints(v);
+  } else if (name == "rdzv-id") {
+    const bool ok = !v.empty() && v.size() <= 128 && std::all_of(v.begin(), v.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+    });
+    if (!ok) GZ_THROW(InvalidArgument, "--rdzv-id '", v, "': 1-128 letters, digits, '-', '_' or '.'");
+    o.rdzv_id = v;
+  } else if (name == "rdzv-conf") {
+    // KEY=VALUE,KEY=VALUE (torchrun's form).
+    size_t b = 0;
+    while (b < v.size()) {
+      size_t e = v.find(',', b);
+      if (e == std::string::npos) e = v.size();
+      const std::string item = v.substr(b, e - b);
+      b = e + 1;
+      if (item.empty()) continue;
+      const size_t eq = item.find('=');
+      const std::string key = item.substr(0, eq), val = eq == std::string::npos ? "" : item.substr(eq + 1);
+      if (eq == std::string::npos || val.empty())
+        GZ_THROW(InvalidArgument, "--rdzv-conf '", item, "': expected KEY=VALUE");
+      if (key == "user") {
+        o.etcd_user = val;
+      } else if (key == "cacert") {
+        o.etcd_cacert = val;
+      } else if (key == "cert") {
+        o.etcd_cert = val;
+      } else if (key == "key") {
+        o.etcd_key = val;
+      } else if (key == "root") {
+        if (val[0] != '/' || val.back() == '/' || val.size() < 2)
+          GZ_THROW(InvalidArgument, "--rdzv-conf root='", val, "': must start with '/' and not end with one");
+        o.etcd_root = val;
+      } else {
+        GZ_THROW(InvalidArgument, "--rdzv-conf: unknown key '", key,
+                 "' (known: user, cacert, cert, key, root)");
+      }
+    }
+  }
+}
+
+void validate_backend(LaunchOptions& o) {
+  if (!o.etcd()) {
+    if (!o.rdzv_endpoints.empty() || !o.rdzv_id.empty() || !o.etcd_user.empty() || !o.etcd_cacert.empty() ||
+        !o.etcd_cert.empty() || !o.etcd_key.empty())
+      GZ_THROW(InvalidArgument, "--rdzv-endpoints, --rdzv-id and --rdzv-conf are for --rdzv-backend etcd");
+    return;
+  }
+  if (o.rdzv_endpoints.empty() && !o.rdzv_endpoint_text.empty()) {
+    // torchrun's spelling: --rdzv-backend etcd --rdzv-endpoint HOST:PORT names etcd, not node 0.
+    o.rdzv_endpoints = parse_etcd_endpoints(o.rdzv_endpoint_text);
+    o.master_addr_given = false;
+    o.master_addr = "127.0.0.1";
+    if (o.master_port_from_endpoint) {
+      o.master_port_given = false;
+      o.master_port = 0;
+    }
+  }
+  if (o.rdzv_endpoints.empty())
+    GZ_THROW(InvalidArgument,
+             "--rdzv-backend etcd needs --rdzv-endpoints HOST:2379,HOST:2379,... (the etcd members)");
+  if (o.rdzv_id.empty())
+    GZ_THROW(InvalidArgument,
+             "--rdzv-backend etcd needs --rdzv-id JOB: the same on every node, new for every job "
+             "(the job's keys live under ",
+             o.etcd_root, "/JOB in etcd)");
+  if (o.standalone)
+    GZ_THROW(InvalidArgument, "--standalone hosts its own store: it cannot use --rdzv-backend etcd");
 }
 
 void apply(LaunchOptions& o, const std::string& name, const std::string& v, int auto_nproc) {
@@ -93,12 +195,14 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
   } else if (name == "master-port") {
     set_port(o, v, name);
   } else if (name == "rdzv-endpoint") {
+    o.rdzv_endpoint_text = v;  // with --rdzv-backend etcd: the etcd endpoint(s) (validate())
     auto colon = v.rfind(':');
     if (colon == std::string::npos || colon == 0)
       GZ_THROW(InvalidArgument, "--rdzv-endpoint must be HOST:PORT, got '", v, "'");
     o.master_addr = v.substr(0, colon);
     o.master_addr_given = true;
     set_port(o, v.substr(colon + 1), name);
+    o.master_port_from_endpoint = true;
   } else if (name == "log-dir") {
     if (v.empty()) GZ_THROW(InvalidArgument, "--log-dir must not be empty");
     o.log_dir = v;
@@ -122,12 +226,24 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
     o.rdzv_token_file = v;
   } else if (name == "rdzv-join-window") {
     o.join_window_s = parse_seconds(v, name, true);
+  } else if (name == "preflight") {
+    if (!v.empty() && v != "warn" && v != "strict")
+      GZ_THROW(InvalidArgument, "--preflight takes no value, =warn or =strict; got '", v, "'");
+    o.preflight = true;
+    o.preflight_strict = v == "strict";
+  } else {
+    apply_backend_option(o, name, v);
   }
 }
 
 void validate(LaunchOptions& o) {
   if (o.help || o.version) return;
-  if (o.program.empty()) GZ_THROW(InvalidArgument, "no program given (usage: gzrun [options] [--] PROGRAM [ARGS...])");
+  validate_backend(o);
+  if (o.program.empty() && !o.preflight)
+    GZ_THROW(InvalidArgument, "no program given (usage: gzrun [options] [--] PROGRAM [ARGS...])");
+  if (o.preflight && o.elastic)
+    GZ_THROW(InvalidArgument, "--preflight needs a fixed --nnodes N (node ranks known in advance), not ",
+             o.min_nodes, ":", o.max_nodes);
   if (o.standalone) {
     // torchrun's --standalone: one node, a free local port, no endpoint to agree on.
     if (o.nnodes != 1) GZ_THROW(InvalidArgument, "--standalone runs on one node, but --nnodes is ", o.nnodes);
@@ -201,6 +317,10 @@ LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc
       if (c == '_') c = '-';
     const Spec* spec = find_spec(body);
     if (!spec) GZ_THROW(InvalidArgument, "unknown option '", a, "' (see gzrun --help)");
+    if (spec->kind == Kind::optional) {
+      apply(o, body, has_value ? value : "", auto_nproc);
+      continue;
+    }
     if (spec->kind == Kind::flag) {
       if (has_value) GZ_THROW(InvalidArgument, "option --", body, " takes no value");
       if (body == "standalone") o.standalone = true;
@@ -252,9 +372,10 @@ int detect_auto_nproc() {
 std::string usage_text() {
   return R"(usage: gzrun [options] [--] PROGRAM [ARGS...]
 
-Starts PROGRAM once per local worker, hosts the rendezvous store (on node rank 0) and supervises
-the workers: their output is relayed line by line prefixed with "[rank] ", the first failure stops
-the whole group (SIGTERM, then SIGKILL after the grace period).
+Starts PROGRAM once per local worker, hosts the rendezvous store (on node rank 0; with
+--rdzv-backend etcd an etcd cluster is the store) and supervises the workers: their output is
+relayed line by line prefixed with "[rank] ", the first failure stops the whole group (SIGTERM,
+then SIGKILL after the grace period).
 
 options (underscores work too: --nproc_per_node; so does --opt=value):
   --nproc-per-node N|auto  workers on this node (auto: GPUs if /dev/nvidiaN exist, else cores); default 1
@@ -289,19 +410,40 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            (keep it mode 600). Same as GZ_RDZV_TOKEN in the environment
   --rdzv-token TOKEN       the token on the command line (shown by ps until gzrun hides it; in
                            shell history: prefer the file or the variable)
-  --rdzv-insecure          no token although the store is reachable beyond loopback (warns):
-                           only on a network where everyone who can reach the port is trusted
+  --rdzv-insecure          no token although several nodes share the store (warns): only on
+                           a network (and machine) where everyone who can reach the port is trusted
+  --rdzv-backend tcp|etcd  the job's store: tcp (default; also c10d, static) = gzrun's own store
+                           on node 0, which the job cannot lose; etcd = an etcd cluster (v3 API),
+                           nobody hosts it and losing any one host does not end the job
+  --rdzv-endpoints LIST    etcd: the members, h1:2379,h2:2379,https://h3:2379 (--rdzv-endpoint
+                           A:P works too, as in torchrun)
+  --rdzv-id JOB            etcd: the job's name, the same on every node and new for every job
+                           (its keys live under /gz/JOB; removed when the job succeeded)
+  --rdzv-conf K=V,...      etcd: user=NAME (the etcd user; its password is the rendezvous token),
+                           cacert=FILE (CA of the members' https certificates), cert=FILE and
+                           key=FILE (client certificate), root=/gz (key root). The password only
+                           goes over https with a verified certificate or to loopback, unless
+                           --rdzv-insecure; beyond loopback the job must authenticate (user or
+                           client certificate) unless --rdzv-insecure
+  --preflight[=strict]     before the job (or alone, without PROGRAM) measure every node: link
+                           bandwidth and round trip to its ring neighbours and a sample of other
+                           nodes, GFLOP/s per local rank, free /dev/shm and memory; node 0 prints
+                           a table flagging outliers (below half the median). =strict: do not
+                           start the job when a node is flagged (exit 4). About 0.3 s of compute
+                           per node and 4 MiB per probed pair (docs/debugging-slow.md)
   -h, --help               this text
   --version                print the version
 
 worker environment: RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK ROLE_RANK
   MASTER_ADDR MASTER_PORT GZ_LAUNCHER=gzrun GZ_STORE_HOSTED=1 GZ_STORE_ADDR GZ_STORE_PORT GZ_NNODES GZ_RUN_ID
   GZ_RESTART_COUNT TORCHELASTIC_RESTART_COUNT GZ_RDZV_TIMEOUT_S, OMP_NUM_THREADS (unless set)
-  and GZ_RDZV_TOKEN (GZ_RDZV_INSECURE=1 with --rdzv-insecure). Workers read stdin from /dev/null.
+  and GZ_RDZV_TOKEN (GZ_RDZV_INSECURE=1 with --rdzv-insecure). With etcd GZ_STORE_BACKEND=etcd
+  GZ_STORE_ENDPOINTS GZ_STORE_PREFIX [GZ_STORE_USER GZ_STORE_CACERT GZ_STORE_CERT GZ_STORE_KEY]
+  replace GZ_STORE_ADDR/PORT. Workers read stdin from /dev/null.
 
 rendezvous token: on one node gzrun generates a random token for its workers unless one is
-given. With several nodes whose store is reachable beyond loopback (--master-addr not 127.x)
-every node needs the same token (--rdzv-token-file, GZ_RDZV_TOKEN or --rdzv-token), or
+given. With several nodes (also several gzruns on one machine: every local user reaches a
+loopback port) every node needs the same token (--rdzv-token-file, GZ_RDZV_TOKEN or --rdzv-token), or
 --rdzv-insecure; without either gzrun stops at once (exit 2). The token never appears on the
 workers' command lines.
 
@@ -310,6 +452,8 @@ exit status:
   1        a worker failed (non-zero exit or killed by a signal) and no restarts were left,
            or the launch itself failed (store port busy, nodes did not meet in time, ...)
   2        bad command line or PROGRAM not found
+  4        --preflight flagged a node: with =strict the job was not started; without PROGRAM
+           (the check alone) any flagged node
   128+N    gzrun received signal N (SIGINT/SIGTERM/SIGHUP), forwarded it to the workers and
            stopped them
 

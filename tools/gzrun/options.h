@@ -47,8 +47,30 @@ struct LaunchOptions {
   std::string rdzv_token;
   std::string rdzv_token_file;
   bool rdzv_insecure = false;
+  // ---- The job's store backend (torchrun's option names). Default: gzrun's TcpStore, hosted by
+  // node 0 (elastic: by the host owning --master-addr). "etcd": an etcd cluster, so that no node
+  // hosts the store and losing any one host does not end the job (see docs/reliability.md).
+  std::string rdzv_backend = "tcp";  ///< --rdzv-backend: "tcp" (also c10d, static) or "etcd"
+  std::vector<std::string>
+      rdzv_endpoints;   ///< --rdzv-endpoints (etcd members); with etcd also --rdzv-endpoint
+  std::string rdzv_id;  ///< --rdzv-id: the job's name, keys under "<root>/<id>" in etcd
+  /// @brief --rdzv-conf user=NAME,cacert=FILE,cert=FILE,key=FILE,root=/gz: the etcd user whose
+  /// password is the rendezvous token; TLS files for https:// endpoints; the key root.
+  std::string etcd_user, etcd_cacert, etcd_cert, etcd_key, etcd_root = "/gz";
+  std::string rdzv_endpoint_text;  ///< --rdzv-endpoint as given (with etcd: the endpoints)
+  bool master_port_from_endpoint = false;
+  bool etcd() const { return rdzv_backend == "etcd"; }
+  /// @brief The job's key prefix in etcd: "<root>/<rdzv-id>".
+  std::string etcd_prefix() const { return etcd_root + "/" + rdzv_id; }
+
   bool help = false;
   bool version = false;
+  // --- the pre-flight check (preflight.h) ---
+  /// @brief --preflight[=warn|strict]: measure every node before the job (or alone without a
+  /// PROGRAM); strict refuses to start it when a node is flagged.
+  bool preflight = false;
+  bool preflight_strict = false;
+  // --- end pre-flight ---
   std::string program;            ///< as given (resolved through PATH later)
   std::vector<std::string> args;  ///< arguments after PROGRAM, untouched
 

@@ -16,6 +16,9 @@ struct RoundInfo {
   int nnodes = 1;
   int restarts = 0;    ///< failure restarts the job used before this round (job-wide)
   std::string run_id;  ///< the same on every node of the round (workers' store prefix)
+  /// @brief The workers' MASTER_ADDR for this round when it is not --master-addr (elastic jobs on
+  /// etcd: the host of the round's node 0, where the program's rank 0 runs); "" = --master-addr.
+  std::string master_addr;
   /// @brief Elastic only: the job finished before this node was admitted (nothing to run).
   bool job_done = false;
 };

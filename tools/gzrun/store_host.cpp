@@ -13,26 +13,27 @@
 #include <cstring>
 #include <vector>
 
+#include "etcd_backend.h"
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
+#include "gz/store/etcd_store.h"
 #include "gz/store/store.h"
+#include "gz/store/tcp_store.h"
 #include "launch_auth.h"   // store_bind_addr()
 #include "output_relay.h"  // say()
 
-#if GZ_HAVE_TCP_STORE
-#include "gz/store/store.h"
-#include "gz/store/tcp_store.h"
-#endif
-
 namespace gz::launcher {
 
+namespace {
+// The name gzrun's store proves in every handshake (TcpStoreServerOptions::name): a gzrun never
+// takes another store that happens to share the token (a program's own store, say) for its job's.
+const char* const kStoreName = "gzrun";
+}  // namespace
+
 struct StoreHost::Impl {
-#if GZ_HAVE_TCP_STORE
+  std::unique_ptr<EtcdStore> etcd;  // --rdzv-backend etcd: this gzrun's client (nobody hosts)
   std::unique_ptr<TcpStoreServer> server;
   std::unique_ptr<TcpStore> client;
-#else
-  int placeholder_fd = -1;  // holds the port until the store implementation is linked
-#endif
 };
 
 StoreHost::StoreHost(const LaunchOptions& options, std::string token)
@@ -42,15 +43,9 @@ StoreHost::StoreHost(const LaunchOptions& options, std::string token)
 }
 
 StoreHost::~StoreHost() {
-#if GZ_HAVE_TCP_STORE
   impl_->client.reset();
   if (impl_->server) impl_->server->stop();
-#else
-  if (impl_->placeholder_fd >= 0) ::close(impl_->placeholder_fd);
-#endif
 }
-
-bool StoreHost::available() { return GZ_HAVE_TCP_STORE != 0; }
 
 void check_port_free(const std::string& addr, int port, const std::string& what) {
   if (port == 0) return;
@@ -115,6 +110,13 @@ int probe_free_port(const std::string& addr) {
 }
 
 void StoreHost::start() {
+  if (o_.etcd()) {
+    // The store is the etcd cluster: nothing to host. One node without --master-port: a free
+    // port for the program's rank 0, as below.
+    port_ = 0;
+    if (program_port_ == 0) program_port_ = probe_free_port(store_bind_addr(o_));
+    return;
+  }
   if (o_.elastic) {
     // No node ranks before the rendezvous: the store runs where --master-addr points.
     if (!is_local_address(o_.master_addr)) return;
@@ -134,6 +136,7 @@ void StoreHost::start() {
     } catch (const SystemError& e) {
       if (e.code() != EADDRINUSE) throw;
       say("store port " + std::to_string(want) + " is taken on this host: joining the store there");
+      joined_busy_port_ = true;
       return true;
     }
   };
@@ -141,12 +144,12 @@ void StoreHost::start() {
   // MASTER_PORT is the program's (torch's rank 0 binds it): gzrun only checks it is free.
   check_port_free(bind_addr, o_.master_port, "the program's MASTER_PORT (its rank 0 binds it)");
   hosts_ = true;
-#if GZ_HAVE_TCP_STORE
   TcpStoreServerOptions so;
   so.bind_addr = bind_addr;
   so.port = want;
   so.token = token_;
   so.allow_insecure = o_.rdzv_insecure;
+  so.name = kStoreName;
   try {
     impl_->server = std::make_unique<TcpStoreServer>(so);
   } catch (const Error& e) {
@@ -158,29 +161,6 @@ void StoreHost::start() {
                 (o_.nnodes > 1 ? " (MASTER_PORT+1)" : "") + ": " + e.what());
   }
   port_ = impl_->server->port();
-#else
-  // Store implementation not linked in this build: hold the port so the workers at least get
-  // a valid, reserved MASTER_PORT.
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw SystemError("socket()", errno);
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(want));
-  inet_pton(AF_INET, bind_addr.c_str(), &sa.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 128) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw SystemError("cannot listen on port " + std::to_string(want), err);
-  }
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  port_ = ntohs(sa.sin_port);
-  impl_->placeholder_fd = fd;
-  say("warning: this build has no TcpStore implementation; port " + std::to_string(port_) +
-      " is reserved but serves nothing");
-#endif
   if (program_port_ == 0) {
     // One node, no --master-port: a port free now for the program's rank 0 (torchrun
     // --standalone does the same); the store holds its own, so the two never coincide.
@@ -189,12 +169,12 @@ void StoreHost::start() {
   }
 }
 
-#if GZ_HAVE_TCP_STORE
 namespace {
 std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, const std::string& host, int port,
                                          const std::string& token) {
   TcpStoreOptions co;
   co.token = token;
+  co.server_name = kStoreName;
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_s * 1000));
   auto client = std::make_unique<TcpStore>(host, port, co);
   // Connecting may take the whole rendezvous timeout (nodes start at different times); each
@@ -203,37 +183,53 @@ std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, const std::stri
   return client;
 }
 }  // namespace
-#endif
 
 std::string StoreHost::client_host() const {
   return (hosts_ && !o_.master_addr_given) ? std::string("127.0.0.1") : o_.master_addr;
 }
 
-std::string StoreHost::where() const { return client_host() + ":" + std::to_string(port_); }
+std::string StoreHost::where() const {
+  return o_.etcd() ? etcd_where(o_) : client_host() + ":" + std::to_string(port_);
+}
 
 Store& StoreHost::client() {
-#if GZ_HAVE_TCP_STORE
-  if (!impl_->client) impl_->client = connect_client(o_, client_host(), port_, token_);
+  if (o_.etcd()) {
+    if (!impl_->etcd) {
+      // Reaching etcd may take the whole rendezvous timeout; each operation then the heartbeat's.
+      EtcdStoreOptions e = etcd_store_options(o_, token_, o_.rdzv_insecure);
+      e.timeout = std::chrono::milliseconds(static_cast<long long>(o_.rdzv_timeout_s * 1000));
+      impl_->etcd = std::make_unique<EtcdStore>(e);
+      impl_->etcd->set_timeout(
+          std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000)));
+    }
+    return *impl_->etcd;
+  }
+  if (impl_->client) return *impl_->client;
+  try {
+    impl_->client = connect_client(o_, client_host(), port_, token_);
+  } catch (const Error& e) {
+    if (!joined_busy_port_) throw;
+    // The port was busy, so this gzrun took it for another gzrun of the job hosting the store:
+    // what answers there did not prove it (another job's store or program holds the port).
+    GZ_THROW(Error, "store port ", port_,
+             " (MASTER_PORT+1) on this host is taken, but not by this job's store: ", e.what(),
+             ". Jobs that share a host need --master-port values at least 2 apart (each uses MASTER_PORT "
+             "and MASTER_PORT+1)");
+  }
   return *impl_->client;
-#else
-  GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
-#endif
 }
 
 std::unique_ptr<Store> StoreHost::monitor_client() const {
-#if GZ_HAVE_TCP_STORE
+  if (o_.etcd()) return std::make_unique<EtcdStore>(etcd_store_options(o_, token_, o_.rdzv_insecure));
   TcpStoreOptions co;
   co.token = token_;
+  co.server_name = kStoreName;
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000));
   return std::make_unique<TcpStore>(client_host(), port_, co);
-#else
-  GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
-#endif
 }
 
 bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelled& cancelled,
                              const std::function<bool()>& job_failed) {
-#if GZ_HAVE_TCP_STORE
   Store& s = client();
   Stopwatch sw;
   Deadline deadline =
@@ -241,42 +237,60 @@ bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelle
   const std::string released = name + "/released";
   int64_t arrived = s.add(name + "/arrived", 1);
   if (arrived == nnodes) s.set(released, to_bytes("1"));
-  while (!s.check({released})) {
+  // Waits in the store (woken by the release) in slices, so signals and failures are seen.
+  auto released_within = [&](Duration slice) {
+    try {
+      s.wait({released}, Deadline::after(std::min(slice, std::max(deadline.remaining(), Duration(1)))));
+      return true;
+    } catch (const TimeoutError&) {
+      return s.check({released});  // throws when the store itself does not answer (its own timeout)
+    }
+  };
+  while (!released_within(Duration(250))) {
     if (job_failed && job_failed()) return false;
     if (cancelled && cancelled())
       GZ_THROW(Aborted, "node ", o_.node_rank, ": cancelled while waiting for the other nodes (", name, ")");
     if (deadline.expired()) {
       int64_t now = s.add(name + "/arrived", 0);
       GZ_THROW(TimeoutError, "node ", o_.node_rank, ": only ", now, " of ", nnodes, " nodes reached ", name,
-               " within --rdzv-timeout (", format_duration(sw.elapsed()), ", store at ", o_.master_addr, ":",
-               port_, ")");
+               " within --rdzv-timeout (", format_duration(sw.elapsed()), ", store at ",
+               o_.etcd() ? where() : o_.master_addr + ":" + std::to_string(port_), ")");
     }
-    ::usleep(20000);  // short: node starts are not latency-critical, signals must stay responsive
   }
   return true;
-#else
-  GZ_THROW(Error, "--nnodes ", o_.nnodes, " needs the TcpStore, which this build lacks");
-#endif
 }
 
 std::string StoreHost::meet(int attempt, const Cancelled& cancelled) {
   std::string local_id = std::to_string(::getpid()) + "-" + std::to_string(attempt);
+  if (o_.etcd() && attempt == 0) {
+    // etcd outlives jobs: a job that reuses an --rdzv-id would meet the old job's keys.
+    Store& s = client();
+    if (s.check({"gzrun/ended"}))
+      GZ_THROW(Error, "a job with --rdzv-id ", o_.rdzv_id, " already ran to its end in etcd (",
+               to_string(s.get("gzrun/ended", Deadline::after(std::chrono::seconds(5)))),
+               "): give this job a new --rdzv-id, or remove the old job's keys (etcdctl del --prefix ",
+               o_.etcd_prefix(), "/)");
+  }
   if (o_.nnodes == 1) return local_id;
-#if GZ_HAVE_TCP_STORE
   const std::string name = "gzrun/attempt" + std::to_string(attempt);
   Store& s = client();
   if (o_.node_rank == 0) s.set(name + "/run_id", to_bytes(local_id));
   node_barrier(name + "/nodes", o_.nnodes, cancelled);
-  return to_string(impl_->client->get(name + "/run_id", Deadline::after(std::chrono::seconds(30))));
-#else
-  node_barrier("", o_.nnodes, cancelled);
-  return local_id;
-#endif
+  return to_string(s.get(name + "/run_id", Deadline::after(std::chrono::seconds(30))));
 }
 
 StoreHost::Finish StoreHost::finish(const RoundInfo& round, const Cancelled& cancelled,
                                     const std::function<bool()>& job_failed) {
-  if (o_.nnodes == 1) return Finish::done;
+  if (o_.nnodes == 1) {
+    if (o_.etcd()) {
+      try {
+        remove_job_keys();
+      } catch (const Error& e) {
+        say(std::string("warning: while removing the job's keys from etcd: ") + e.what());
+      }
+    }
+    return Finish::done;
+  }
   // Per round: a node whose workers succeeded waits here, and takes part in the restart when
   // another node's round fails meanwhile.
   const std::string name = "gzrun/round" + std::to_string(round.round) + "/exit";
@@ -287,17 +301,16 @@ StoreHost::Finish StoreHost::finish(const RoundInfo& round, const Cancelled& can
     say(std::string("error: this node's workers succeeded, but: ") + e.what());
     return Finish::others_did_not_finish;
   }
-#if GZ_HAVE_TCP_STORE
   // Everyone finished. The host must not stop the server while another node still polls for
   // the release: each node checks out, and the store host waits (briefly) for all check-outs.
   try {
-    client().add(name + "/departed", 1);
+    const int64_t departed = client().add(name + "/departed", 1);
     if (hosts_ && !(cancelled && cancelled())) await_departures(round.round, round.nnodes, 10);
+    if (o_.etcd() && departed == round.nnodes) remove_job_keys();
   } catch (const Error& e) {
     // The job is done; a store hiccup while leaving is not worth failing it.
     say(std::string("warning: while leaving the store: ") + e.what());
   }
-#endif
   return Finish::done;
 }
 
@@ -305,6 +318,15 @@ void StoreHost::await_departures(int round, int nnodes, double seconds) {
   const std::string key = "gzrun/round" + std::to_string(round) + "/exit/departed";
   Deadline deadline = Deadline::after(std::chrono::milliseconds(static_cast<long long>(seconds * 1000)));
   while (client().add(key, 0) < nnodes && !deadline.expired()) ::usleep(10000);
+}
+
+void StoreHost::remove_job_keys() {
+  // etcd keeps a job's keys after it ended (no store dies with it): the last node out removes
+  // them, leaving only the end marker, so a node that comes later learns the job is over and a
+  // new job that reuses the --rdzv-id is refused (meet()).
+  const int64_t n = impl_->etcd->delete_all();
+  impl_->etcd->set("gzrun/ended", to_bytes("done|every worker exited 0"));
+  say("removed the job's " + std::to_string(n) + " keys from etcd (" + o_.etcd_prefix() + "/)");
 }
 
 }  // namespace gz::launcher

@@ -1,5 +1,5 @@
-// The rendezvous store as gzrun sees it: hosted on node rank 0, and the place where the nodes'
-// gzruns meet before every attempt.
+// The rendezvous store as gzrun sees it: hosted on node rank 0 (or, with --rdzv-backend etcd, an
+// etcd cluster nobody hosts), and the place where the nodes' gzruns meet before every attempt.
 #pragma once
 
 #include <functional>
@@ -28,7 +28,8 @@ class StoreHost {
   /// the server holds the listening socket, so there is no window for another process to take it).
   /// Throws gz::Error naming the port when one is busy. Other nodes: nothing to do. Elastic, busy
   /// store port on the owning host: another gzrun of the job there hosts it (several gzruns on one
-  /// machine), this one is a client.
+  /// machine), this one is a client; client() then fails clearly when what holds the port does
+  /// not prove it is the job's store (the handshake: token and name).
   void start();
   /// @brief Whether this gzrun runs the store server (it must outlive the job's use of it).
   bool hosts_store() const { return hosts_; }
@@ -63,8 +64,6 @@ class StoreHost {
   std::unique_ptr<Store> monitor_client() const;
   /// @brief "ADDR:PORT" of the store, for messages.
   std::string where() const;
-  /// @brief Whether this build can host a store (the TcpStore implementation is linked).
-  static bool available();
 
  private:
   struct Impl;
@@ -74,11 +73,14 @@ class StoreHost {
                     const std::function<bool()>& job_failed = nullptr);
   /// @brief The address clients use: loopback for node 0 when no address was named.
   std::string client_host() const;
+  /// @brief etcd: the job is over on every node; remove its keys but the end marker.
+  void remove_job_keys();
   const LaunchOptions& o_;
   std::string token_;
   int port_ = 0;
   bool hosts_ = false;
   int program_port_ = 0;
+  bool joined_busy_port_ = false;  ///< elastic: the store port was busy here, taken for the job's store
   std::unique_ptr<Impl> impl_;
 };
 

@@ -207,7 +207,7 @@ void Supervisor::start_workers() {
   a.run_id = round_.run_id;
   a.node_rank = round_.node_rank;
   a.nnodes = round_.nnodes;
-  a.master_addr = c_.master_addr;
+  a.master_addr = round_.master_addr.empty() ? c_.master_addr : round_.master_addr;
   a.master_port = c_.master_port;
   a.store_port = c_.store_port;
   a.cores = c_.cores;

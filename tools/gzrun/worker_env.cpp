@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "etcd_backend.h"
+
 namespace gz::launcher {
 
 std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptions& o, const AttemptInfo& a,
@@ -27,8 +29,13 @@ std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptio
   env["MASTER_PORT"] = s(a.master_port);
   env["GZ_LAUNCHER"] = "gzrun";
   env["GZ_STORE_HOSTED"] = "1";
-  env["GZ_STORE_ADDR"] = a.master_addr;
-  env["GZ_STORE_PORT"] = s(a.store_port);
+  if (o.etcd()) {
+    add_etcd_worker_env(o, env);  // no store host: every worker reaches the etcd cluster
+  } else {
+    for (const char* v : {"GZ_STORE_BACKEND", "GZ_STORE_ENDPOINTS", "GZ_STORE_PREFIX"}) env.erase(v);
+    env["GZ_STORE_ADDR"] = a.master_addr;
+    env["GZ_STORE_PORT"] = s(a.store_port);
+  }
   env["GZ_NNODES"] = s(nnodes);
   if (o.elastic) {
     env["GZ_MIN_NODES"] = s(o.min_nodes);

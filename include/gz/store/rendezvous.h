@@ -38,7 +38,14 @@ std::string slurm_first_host(const std::string& nodelist);
 
 /// @brief How to rendezvous.
 struct InitOptions {
-  /// @brief "" or "env://" (launcher variables), "tcp://host:port", "file:///path".
+  /// @brief "" or "env://" (launcher variables), "tcp://host:port", "file:///path", or
+  /// "etcd://host:2379,host:2379/prefix" (an etcd cluster, see gz/store/etcd_store.h).
+  ///
+  /// env:// with GZ_STORE_BACKEND=etcd (gzrun --rdzv-backend etcd sets it) uses the etcd cluster
+  /// GZ_STORE_ENDPOINTS under GZ_STORE_PREFIX. With etcd (either way) GZ_STORE_USER names the etcd
+  /// user whose password is the rendezvous token, GZ_STORE_CACERT / GZ_STORE_CERT / GZ_STORE_KEY
+  /// are the TLS files for https:// endpoints, and `insecure` allows what EtcdStoreOptions'
+  /// security rule forbids.
   std::string init_method;
   int rank = -1;        ///< required with tcp:// and file:// unless the environment has it
   int world_size = -1;  ///< likewise

@@ -11,29 +11,36 @@ namespace gz {
 /// @brief Server options.
 ///
 /// A server that listens beyond loopback (any bind address but 127.0.0.0/8, ::1, localhost)
-/// refuses to start without a token unless `allow_insecure` says so. Before a client has
-/// presented the token it may send one small hello and nothing else; it gets `auth_timeout` to
-/// do so, and unauthenticated connections are bounded in all and per source address (the oldest
-/// are closed first, authenticated ones never).
+/// refuses to start without a token unless `allow_insecure` says so. Every connection starts with
+/// a mutual challenge-response on the token (the token itself never travels; details in
+/// docs/multi-node.md); until it succeeds a client may send its two small handshake messages and
+/// nothing else, within `auth_timeout`. Unauthenticated connections are bounded in all and per
+/// source (an address; on loopback, the local user owning the peer's socket): refused ones are
+/// closed first, then the oldest of the source waiting with the most, authenticated ones never. A
+/// correct proof is accepted as soon as it arrives, whatever others sent before it.
 struct TcpStoreServerOptions {
   std::string bind_addr = "127.0.0.1";
-  int port = 0;  ///< 0 = pick a free port; port() tells which.
-  std::string token;                   ///< empty = no authentication (loopback, or allow_insecure)
+  int port = 0;       ///< 0 = pick a free port; port() tells which.
+  std::string token;  ///< empty = no authentication (loopback, or allow_insecure)
+  /// @brief What this server is, proved together with the token in every handshake (at most
+  /// 128 bytes): a client that expects another name (TcpStoreOptions::server_name) refuses it.
+  std::string name;
   bool allow_insecure = false;         ///< listen beyond loopback without a token (trusted networks only)
   size_t max_value_bytes = 64u << 20;  ///< larger messages are rejected
   size_t max_total_bytes = 1u << 30;   ///< total stored bytes cap
   size_t max_clients = 4096;           ///< authenticated connections
-  Duration auth_timeout{5000};         ///< time from accept to a valid hello
+  Duration auth_timeout{5000};         ///< time from accept to a valid auth
   size_t max_pending_auth = 256;       ///< unauthenticated connections, all sources together
-  size_t max_pending_per_source = 32;  ///< unauthenticated connections per source address (IPv6: /64)
-  Duration auth_failure_delay{100};    ///< after a refused token, that source's next hello waits this long
+  /// @brief Unauthenticated connections waiting per source: an address (IPv6: its /64), or on
+  /// loopback a local user.
+  size_t max_pending_per_source = 32;
 };
 
 /// @brief Counters of a running server (for tests, benchmarks and diagnostics).
 struct TcpStoreServerStats {
   uint64_t accepted = 0;          ///< connections accepted
-  uint64_t authenticated = 0;     ///< hellos accepted
-  uint64_t wrong_token = 0;       ///< hellos refused for their token
+  uint64_t authenticated = 0;     ///< handshakes accepted
+  uint64_t wrong_token = 0;       ///< auths refused for their proof (another token, or none)
   uint64_t bad_hello = 0;         ///< first messages refused otherwise (not a hello, malformed, version)
   uint64_t oversized = 0;         ///< first messages refused for their announced size, unread
   uint64_t auth_timeouts = 0;     ///< connections closed for sending no valid hello in time
@@ -64,13 +71,23 @@ class TcpStoreServer {
 
 /// @brief Client options.
 struct TcpStoreOptions {
-  std::string token;                     ///< at most kMaxRdzvTokenBytes (gz/store/rdzv_auth.h)
+  /// @brief At most kMaxRdzvTokenBytes (gz/store/rdzv_auth.h). With a token the client uses only
+  /// a server that proves it knows the same token, and never sends the token or anything derived
+  /// from it before that proof.
+  std::string token;
+  /// @brief The server's name (TcpStoreServerOptions::name) this client expects; empty = any.
+  std::string server_name;
   Duration timeout = default_timeout();  ///< connect + per-request default
 };
 
-/// @brief A Store backed by a TcpStoreServer. Connect retries until options.timeout, also when
-/// the server closes the connection before answering hello (it sheds unauthenticated load that
-/// way); a hello refused in words (token, protocol, too many clients) fails at once.
+/// @brief A Store backed by a TcpStoreServer.
+///
+/// Connecting retries until options.timeout when the server closes the connection without a
+/// word (it sheds unauthenticated load that way) or does not answer. It fails at once, with
+/// gz::Error naming the server, when the server refuses in words (token, protocol, too many
+/// clients), answers with something that is not the store protocol, does not prove the token
+/// (a server without one, or with another one: something else listens on that port) or names
+/// itself otherwise than options.server_name.
 class TcpStore : public Store {
  public:
   TcpStore(const std::string& host, int port, const TcpStoreOptions& options = {});

@@ -75,6 +75,9 @@ class HistoryLogger : public Callback {
   void on_step_end(Trainer& t) override;
   void on_evaluate(Trainer& t) override;
   void on_train_end(Trainer& t) override;
+  /// @brief One more row of `kind` in history.jsonl and TensorBoard (tags kind/key), for other
+  /// built-in callbacks (the straggler report). Main process only; a no-op elsewhere.
+  void log(Trainer& t, const std::string& kind, const std::map<std::string, double>& values);
 
  private:
   void write(const std::string& kind, Trainer& t, const std::map<std::string, double>& values);

@@ -39,6 +39,16 @@ struct AveragingConfig {
 };
 // --- end communication algorithms ---
 
+/// @brief The straggler report (the `straggler:` block; modes ddp and horovod; gz/train/straggler.h).
+struct StragglerConfig {
+  int64_t every = 10;               ///< steps per window, 0 = off (env GZ_STRAGGLER_EVERY overrides)
+  int64_t windows = 3;              ///< windows in a row a rank must be late before it is named
+  double threshold_ms = 5;          ///< late means at least this many ms/step behind ...
+  double threshold_fraction = 0.2;  ///< ... and at least this fraction of the step
+  double min_window_ms = 1000;      ///< windows span at least this long (more steps when steps are short)
+  bool link_probe = true;           ///< probe host links when communication dominates the step
+};
+
 /// @brief Everything gz-train needs to run one job. Defaults make a small single-process run.
 struct TrainConfig {
   // data
@@ -103,6 +113,7 @@ struct TrainConfig {
   // ZeRO (mode ddp): 0 = plain DDP; 1 = optimizer state sharded over the ranks (each keeps 1/world
   // of it); 2 = gradients sharded too. Same results as 0; checkpoints stay unsharded.
   int64_t zero_stage = 0;
+  StragglerConfig straggler;  ///< the straggler report (gz/train/straggler.h)
 };
 
 /// @brief Parse a YAML file (may be empty) then apply `--key value` / `--key=value` flags.

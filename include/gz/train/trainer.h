@@ -86,6 +86,8 @@ class Trainer {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   bool is_main() const { return rank_ == 0; }
+  /// @brief The communicator of modes ddp and horovod (nullptr in single and dp modes).
+  comm::CommPtr group() const { return group_; }
   /// @brief Sum `values` over ranks in place (identity in single mode).
   void allreduce_sum(std::vector<double>& values);
   /// @brief Seconds since train() began.

@@ -21,6 +21,7 @@
 #include <mutex>
 
 #include "comm/gloo/lazy_mesh.h"
+#include "comm/gloo/net_address.h"
 #include "comm/gloo/store_adapter.h"
 #include "comm/gloo/sync_mesh.h"
 #include "comm/reduce/reduce.h"
@@ -426,16 +427,33 @@ class GlooCommunicator : public Communicator {
   // Larger all-reduces, reduce-scatter and all-gather run the pipelined ring on the synchronous mesh.
   bool ring() const { return sync_ && sync_->limits().segment > 0; }
 
-  // run() for an op on the synchronous mesh: fn(&peer) names the peer it is working with; when it
-  // fails, that connection is shut down too, so the peer fails now rather than at its deadline.
+  // run() for an op on the synchronous mesh: fn(&peer) names the peer it is working with. A
+  // failure poisons the whole mesh (sync_mesh.h), so every peer fails now rather than at its
+  // deadline and no rank goes on with a mesh that is out of step. When the op's deadline passed
+  // (the watchdog shut the mesh down mid-call), that is what it says.
   template <typename F>
   void run_sync(const char* op, F&& fn) {
     int peer = -1;
+    Stopwatch sw;
+    const Duration budget = op_timeout();
     try {
       run(
-          op, -1, [&] { fn(&peer); }, &peer);
-    } catch (...) {
-      sync_->fail(peer);
+          op, -1,
+          [&] {
+            try {
+              fn(&peer);
+            } catch (const ::gloo::Exception& e) {
+              if (!sync_->expired() || aborted()) throw;
+              throw TimeoutError(
+                  detail::concat(op_failure(op, peer, sw.elapsed()), " (deadline ", format_duration(budget),
+                                 " for the whole op; ", peer >= 0 ? "rank " + std::to_string(peer) : "a peer",
+                                 " is dead, stuck, slow or trickling; Gloo: ", e.what(), ")"),
+                  peer);
+            }
+          },
+          &peer);
+    } catch (const std::exception& e) {
+      sync_->poison(e.what());
       throw;
     }
   }

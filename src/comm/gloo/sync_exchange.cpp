@@ -16,6 +16,7 @@ void sync_exchange_allreduce(SyncMesh& mesh, void* data, size_t count, size_t el
   if (bytes > mesh.limits().exchange_max)
     GZ_THROW(InvalidArgument, "gloo sync exchange: ", bytes, " bytes > ", mesh.limits().exchange_max);
   *peer = -1;
+  const SyncMesh::Op op = mesh.begin(deadline);  // the deadline holds for the whole exchange
   // Write to every peer first (each message fits what its socket may queue unread), then read
   // every peer. One inbox per peer suffices: data lands in an inbox only while its owner reads,
   // and a peer's next message waits in the kernel until then.

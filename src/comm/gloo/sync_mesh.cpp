@@ -1,5 +1,5 @@
-// The Gloo backend's synchronous mesh: connection, socket ownership, deadlines and abort (see
-// sync_mesh.h). The algorithms over it are in sync_exchange.cpp and sync_ring.cpp.
+// The Gloo backend's synchronous mesh: connection, socket ownership, deadlines (the watchdog),
+// poison and abort (see sync_mesh.h). The algorithms over it are in sync_exchange.cpp and sync_ring.cpp.
 #include "comm/gloo/sync_mesh.h"
 
 #include <fcntl.h>
@@ -11,8 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
+#include <map>
 #include <sstream>
+#include <thread>
 
 #include "comm/gloo/store_adapter.h"
 #include "gz/core/error.h"
@@ -176,8 +179,88 @@ uint8_t* SyncMesh::inbox_data(int peer, Kind kind) {
   return kind == kExchange ? links_[peer].exchange_mem.data() : links_[peer].ring_mem.data();
 }
 
-void SyncMesh::arm(int peer, Deadline deadline) {
+// One thread for every mesh of the process: sleeps until the earliest deadline of a running op and
+// shuts that op's mesh down if it is still registered then. Leaked on purpose (never joined): it
+// may be needed until the very end of the process.
+class Watchdog {
+ public:
+  static Watchdog& instance() {
+    static Watchdog* w = new Watchdog();
+    return *w;
+  }
+  uint64_t arm(SyncMesh* mesh, Clock::time_point at) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t ticket = ++next_;
+    timers_.emplace(ticket, Timer{mesh, at});
+    cv_.notify_one();
+    return ticket;
+  }
+  // After this returns the watchdog no longer touches the ticket's mesh (expire() runs under mu_).
+  void disarm(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    timers_.erase(ticket);
+  }
+
+ private:
+  struct Timer {
+    SyncMesh* mesh;
+    Clock::time_point at;
+  };
+  Watchdog() {
+    std::thread([this] { run(); }).detach();
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      auto first = timers_.end();
+      for (auto it = timers_.begin(); it != timers_.end(); ++it)
+        if (first == timers_.end() || it->second.at < first->second.at) first = it;
+      if (first == timers_.end()) {
+        cv_.wait(lock);
+      } else if (Clock::now() >= first->second.at) {
+        first->second.mesh->expire();
+        timers_.erase(first);
+      } else {
+        cv_.wait_until(lock, first->second.at);
+      }
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Timer> timers_;
+  uint64_t next_ = 0;
+};
+
+SyncMesh::Op::~Op() {
+  if (ticket_) Watchdog::instance().disarm(ticket_);
+}
+
+void SyncMesh::check_usable() {
   if (aborted_.load()) GZ_THROW(Aborted, "gloo sync mesh aborted");
+  if (poisoned_.load()) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    GZ_THROW(PeerError, "gloo sync mesh: rank ", rank_, ": unusable since an earlier op failed on it (",
+             poison_reason_, "); every rank's mesh is shut down: abort and recreate the communicator");
+  }
+}
+
+SyncMesh::Op SyncMesh::begin(Deadline deadline) {
+  check_usable();
+  return Op(Watchdog::instance().arm(this, deadline.at()));
+}
+
+void SyncMesh::expire() noexcept {
+  expired_ = true;
+  shut_down_sockets();
+}
+
+void SyncMesh::shut_down_sockets() noexcept {
+  for (Link& l : links_)
+    if (l.fd >= 0) shutdown(l.fd, SHUT_RDWR);
+}
+
+void SyncMesh::arm(int peer, Deadline deadline) {
+  check_usable();
   Link& l = links_[peer];
   // At least 1 ms (0 would mean "no timeout"); re-set only when it moves by more than 1 ms.
   const long long ms = std::max<long long>(1, deadline.remaining().count());
@@ -191,8 +274,16 @@ void SyncMesh::arm(int peer, Deadline deadline) {
   l.timeout_ms = ms;
 }
 
-void SyncMesh::fail(int peer) noexcept {
-  if (peer >= 0 && peer < size_ && links_[peer].fd >= 0) shutdown(links_[peer].fd, SHUT_RDWR);
+void SyncMesh::poison(const std::string& reason) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (poisoned_.exchange(true)) return;
+    try {
+      poison_reason_ = reason;
+    } catch (...) {
+    }
+  }
+  shut_down_sockets();
 }
 
 void SyncMesh::abort(const std::string& reason) noexcept {
@@ -201,8 +292,7 @@ void SyncMesh::abort(const std::string& reason) noexcept {
   // A reader blocked in recv() holds its pair's lock: shut every socket down first (blocked
   // reads and writes return at once), then Gloo's error state (which takes that lock) fails every
   // later op on the pair.
-  for (Link& l : links_)
-    if (l.fd >= 0) shutdown(l.fd, SHUT_RDWR);
+  shut_down_sockets();
   for (Link& l : links_) {
     if (!l.pair) continue;
     try {

@@ -65,11 +65,19 @@ SyncLimits agree_sync_limits(const std::vector<std::string>& records);
 /// destroyed or fail() shuts it down: every failed op calls fail() on the peer it failed on, so
 /// that peer sees the connection close as it would have without the duplicate).
 ///
-/// Deadlines: arm() sets the socket timeouts (SO_RCVTIMEO/SO_SNDTIMEO) to what is left of the op's
-/// deadline, so a blocked read ends as Gloo's "Read timeout". abort() shuts every socket down
-/// (shutdown(2)): a thread blocked in a synchronous read is not woken by Gloo's error state (which
-/// waits for the pair's lock the reader holds) but returns from recv() at once; then every pair
-/// is put into its error state.
+/// Deadlines are absolute for the whole op: begin() registers the op's deadline with a process-wide
+/// watchdog thread, which shuts every socket of the mesh down when the deadline passes with the op
+/// still running (a blocked read or write returns at once). Socket timeouts alone (arm() still sets
+/// SO_RCVTIMEO/SO_SNDTIMEO to what is left) bound each system call, not the op: a peer trickling
+/// a byte per call could stretch an op without end.
+///
+/// Failures poison the whole mesh: after a failed op (its own error, its deadline, a peer's
+/// failure) poison() shuts every socket down, so every peer's op that still needs this rank fails
+/// at once instead of at its own deadline, and every later op here fails at once with the reason.
+/// A peer whose op had already received everything may still complete it (there is no commit
+/// round); its next op fails. abort() shuts every socket down too (a thread blocked in a
+/// synchronous read is not woken by Gloo's error state, which waits for the pair's lock the
+/// reader holds), then puts every pair into its error state.
 ///
 /// Slots: a message carries the slot of the bound buffer it lands in. Each (kind, direction) has
 /// its own slot, so a send buffer (which Gloo unregisters by slot when it is destroyed) never
@@ -105,15 +113,35 @@ class SyncMesh {
   /// @brief Ring segments this rank may have written to `peer` beyond what it has read (>= 1).
   size_t window(int peer) const { return links_[peer].window; }
 
+  /// @brief The watchdog's registration of one op (begin()); unregisters when it goes away.
+  class Op {
+   public:
+    Op(Op&& o) noexcept : ticket_(o.ticket_) { o.ticket_ = 0; }
+    ~Op();
+    Op(const Op&) = delete;
+    Op& operator=(const Op&) = delete;
+
+   private:
+    friend class SyncMesh;
+    explicit Op(uint64_t ticket) : ticket_(ticket) {}
+    uint64_t ticket_;
+  };
+  /// @brief Start an op that must end by `deadline`: past it, the watchdog shuts the mesh down
+  /// (expired() then tells). Throws Aborted after abort(), PeerError once poisoned.
+  [[nodiscard]] Op begin(Deadline deadline);
   /// @brief Before a blocking call on the pair to `peer`: its socket timeouts become what is left
-  /// of `deadline` (at least 1 ms). Throws Aborted after abort().
+  /// of `deadline` (at least 1 ms). Throws Aborted after abort(), PeerError once poisoned.
   void arm(int peer, Deadline deadline);
-  /// @brief After an op failed on the pair to `peer`: shut its connection down, so the peer fails
-  /// now instead of at its own deadline.
-  void fail(int peer) noexcept;
+  /// @brief After an op failed: shut every connection down (each peer fails now, not at its own
+  /// deadline) and fail every later op here with `reason`. The first reason is kept.
+  void poison(const std::string& reason) noexcept;
+  /// @brief Whether an op's deadline passed while it ran (the watchdog shut the mesh down).
+  bool expired() const { return expired_.load(); }
   /// @brief Any thread: wake a blocked op (shutdown of every socket) and fail every later one.
   void abort(const std::string& reason) noexcept;
   bool aborted() const { return aborted_.load(); }
+  /// @brief The mesh's own descriptor of the pair's socket to `peer` (for fault injection in tests).
+  int socket(int peer) const { return links_[peer].fd; }
 
  private:
   struct Link {
@@ -126,14 +154,20 @@ class SyncMesh {
   };
   void adopt_pairs();
   void adopt_socket(int peer);
+  void check_usable();
+  void shut_down_sockets() noexcept;
+  friend class Watchdog;
+  /// @brief The watchdog, at the deadline of a running op.
+  void expire() noexcept;
 
   int rank_;
   int size_;
   SyncLimits limits_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   std::vector<Link> links_;  // by rank; links_[rank_] unused
-  std::mutex abort_mu_;
-  std::atomic<bool> aborted_{false};
+  std::mutex abort_mu_;      // also guards poison_reason_
+  std::atomic<bool> aborted_{false}, poisoned_{false}, expired_{false};
+  std::string poison_reason_;
 };
 
 /// @brief In place: data (count elements of elem_size bytes, at most limits().exchange_max bytes)

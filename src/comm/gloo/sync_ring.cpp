@@ -40,6 +40,7 @@ void sync_ring(SyncMesh& mesh, void* data, size_t elem_size, const std::vector<s
                int* peer) {
   const int rank = mesh.rank(), size = mesh.size();
   const int right = (rank + 1) % size, left = (rank - 1 + size) % size;
+  const SyncMesh::Op op = mesh.begin(deadline);  // the deadline holds for the whole ring
   auto* base = static_cast<uint8_t*>(data);
   const size_t seg_elems = mesh.limits().segment / elem_size;
   if (seg_elems == 0) GZ_THROW(InvalidArgument, "gloo sync ring: no segment size agreed");

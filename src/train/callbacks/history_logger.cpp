@@ -49,6 +49,10 @@ void HistoryLogger::on_evaluate(Trainer& t) {
   write("eval", t, t.state().metrics);
 }
 
+void HistoryLogger::log(Trainer& t, const std::string& kind, const std::map<std::string, double>& values) {
+  if (t.is_main() && jsonl_.is_open()) write(kind, t, values);
+}
+
 void HistoryLogger::on_train_end(Trainer& t) {
   if (!t.is_main()) return;
   jsonl_.flush();

@@ -1,0 +1,138 @@
+// The trainer's phase marks (data, forward, backward, optimizer, comm, eval, checkpoint) as the
+// straggler report and the flight recorder's dumps see them, in DDP and Horovod mode; and the
+// report's per-window rows in history.jsonl. One process, one rank: the phase mark is process-wide,
+// so ranks as threads would mix their marks (the multi-process report runs in
+// tests/train/straggler_gzrun.sh and multihost_straggler.sh).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gz/comm/shm.h"
+#include "gz/core/phase.h"
+#include "gz/store/mem_store.h"
+#include "gz/torch/ddp.h"
+#include "gz/torch/distributed_optimizer.h"
+#include "gz/train/config.h"
+#include "gz/train/trainer.h"
+#include "support/run_ranks.h"
+
+namespace gz::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> flags(const std::string& mode, const fs::path& dir) {
+  return {"--dataset",     "synthetic", "--train_data", "256",       "--test_data",   "64",
+          "--net_type",    "cnn",       "--input_size", "8",         "--num_classes", "4",
+          "--batch_size",  "16",        "--max_steps",  "12",        "--save_steps",  "6",
+          "--num_workers", "0",         "--progress",   "false",     "--tensorboard", "false",
+          "--mode",        mode,        "--work_dir",   dir.string()};
+}
+
+// Steps seen by a callback: where the mark stands when a step has ended.
+struct StepProbe : Callback {
+  std::vector<PhaseMark> at_end;
+  std::vector<int64_t> steps;
+  void on_step_end(Trainer& t) override {
+    at_end.push_back(current_phase());
+    steps.push_back(t.state().step);
+  }
+};
+
+class TrainerPhases : public ::testing::TestWithParam<std::string> {};
+
+// Mutation check: dropping any one mark (e.g. the data mark in train_step, DDP's comm mark in
+// finalize_backward or Horovod mode's in synchronize) leaves that phase at 0 and fails here.
+TEST_P(TrainerPhases, EveryPhaseOfTheLoopIsMarkedWithItsStep) {
+  const fs::path dir = fs::temp_directory_path() / ("gz_phases_" + GetParam() + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto store = std::make_shared<MemStore>();
+  Trainer t(parse_config("", flags(GetParam(), dir)), comm::create_shm_communicator(0, 1, store));
+  auto probe = std::make_shared<StepProbe>();
+  t.add_callback(probe);
+  const PhaseTotals before = phase_totals();
+  t.train();
+  const PhaseTotals after = phase_totals();
+  for (Phase p : {Phase::data, Phase::forward, Phase::backward, Phase::optimizer, Phase::comm, Phase::eval,
+                  Phase::checkpoint})
+    EXPECT_GT(after.of(p) - before.of(p), 0) << phase_name(p) << " was never marked";
+  ASSERT_EQ(probe->at_end.size(), 12u);
+  for (size_t k = 0; k < probe->at_end.size(); ++k) {
+    EXPECT_EQ(probe->at_end[k].step, probe->steps[k] - 1) << "the mark carries the step being trained";
+    EXPECT_NE(probe->at_end[k].phase, Phase::forward) << "a step ends outside its compute phases";
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TrainerPhases, ::testing::Values("ddp", "horovod"));
+
+// The front ends mark their own exposed waits: DDP's wait for the gradient buckets at the end of
+// backward, Horovod mode's synchronize(). Mutation check: removing the ScopedPhase in
+// Reducer::finalize_backward or DistributedOptimizer::synchronize leaves comm at 0 here.
+TEST(TrainerPhases, DdpAndHorovodModeMarkTheirWaitForGradientsAsComm) {
+  auto store = std::make_shared<MemStore>();
+  auto group = comm::create_shm_communicator(0, 1, store);
+  auto model = std::make_shared<torch::nn::LinearImpl>(8, 4);
+  const auto x = torch::randn({5, 8});
+  {
+    DistributedDataParallel ddp(model, group);
+    set_phase(Phase::backward);
+    const PhaseTotals before = phase_totals();
+    ddp.forward([&] { return model->forward(x); }).sum().backward();
+    const PhaseTotals after = phase_totals();
+    EXPECT_GT(after.of(Phase::comm) - before.of(Phase::comm), 0) << "DDP";
+    EXPECT_EQ(current_phase().phase, Phase::backward) << "the mark is restored after the wait";
+  }
+  {
+    NamedParameters named;
+    for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+    DistributedOptimizer hvd(sgd, named, DistributedOptimizerOptions{}, group);
+    hvd.zero_grad();
+    model->forward(x).sum().backward();
+    set_phase(Phase::optimizer);
+    const PhaseTotals before = phase_totals();
+    hvd.synchronize();
+    const PhaseTotals after = phase_totals();
+    EXPECT_GT(after.of(Phase::comm) - before.of(Phase::comm), 0) << "Horovod mode";
+    EXPECT_EQ(current_phase().phase, Phase::optimizer);
+  }
+  set_phase(Phase::idle);
+}
+
+// Two ranks (threads): the straggler report's all-gather runs every 4 steps and rank 0 writes one
+// "straggler" row per window with every rank's figures; straggler.every 0 writes none. (The
+// numbers themselves are meaningless here: the threads share one phase mark.)
+TEST(TrainerPhases, StragglerRowsInTheHistory) {
+  for (const std::string every : {"4", "0"}) {
+    const fs::path dir =
+        fs::temp_directory_path() / ("gz_straggler_rows_" + every + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    test::run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+      auto f = flags("ddp", dir / std::to_string(rank));
+      f.insert(f.end(),
+               {"--straggler.every", every, "--straggler.min_window_ms", "0", "--tensorboard", "true"});
+      Trainer t(parse_config("", f), comm::create_shm_communicator(rank, 2, store));
+      t.train();
+    });
+    std::ifstream in(dir / "0" / "history.jsonl");
+    int rows = 0;
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["kind"] != "straggler") continue;
+      ++rows;
+      for (const char* k : {"rank0/comm_ms", "rank1/data_ms", "rank1/late_ms", "step_ms", "late_rank"})
+        EXPECT_TRUE(j.contains(k)) << k << " in " << line;
+    }
+    // Windows after step 1: steps 5 and 9 (12 steps).
+    EXPECT_EQ(rows, every == "4" ? 2 : 0) << "straggler.every " << every;
+    fs::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace gz::train
