@@ -22,5 +22,7 @@ void set_bucket_scope(std::shared_ptr<comm::Communicator> group, size_t min_byte
 
 /// @brief Bytes handed out from alloc_buffer() by scopes so far (tests, benchmarks).
 size_t shared_bucket_bytes();
+/// @brief Bytes handed out from alloc_buffer() by scopes and not freed yet (tests).
+size_t live_shared_bucket_bytes();
 
 }  // namespace gz::python

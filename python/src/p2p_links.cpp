@@ -126,6 +126,7 @@ void P2PLinks::Link::run(const P2PLinks& owner) {
         co.backend = owner.backend_;
         co.rank = sending ? 0 : 1;
         co.size = 2;
+        co.name = "p2p" + std::to_string(src) + "-" + std::to_string(dst);  // flight-recorder dumps
         // Bounded by this op's deadline: a peer that never comes fails it in time.
         co.timeout = std::max(Duration(1), std::min(owner.timeout_, job.opts.deadline->remaining()));
         co.store = std::make_shared<PrefixStore>("gz_p2p/" + std::to_string(src) + "-" + std::to_string(dst),

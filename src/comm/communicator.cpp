@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 
+#include "gz/comm/flight_dump.h"
 #include "gz/core/error.h"
 #include "gz/core/log.h"
 
@@ -14,7 +15,107 @@ namespace {
 void check_buf(const void* p, size_t count, const char* op, const char* name) {
   if (count > 0 && p == nullptr) GZ_THROW(InvalidArgument, op, ": ", name, " is null with count ", count);
 }
+
+OpInfo op_info(OpKind kind, DType dtype, ReduceOp reduce, size_t count, int root, int tag) {
+  OpInfo i;
+  i.kind = kind;
+  i.dtype = dtype;
+  i.reduce = reduce;
+  i.count = count;
+  i.root = root;
+  i.tag = tag;
+  return i;
+}
+
+OpInfo task_info() {
+  OpInfo i;
+  i.task = true;
+  return i;
+}
 }  // namespace
+
+// ---------------------------------------------------------------- flight recorder
+
+FlightRecorder* Communicator::init_flight_recorder() noexcept {
+  std::lock_guard<std::mutex> lock(fr_mu_);
+  if (fr_state_.load() == 0) {
+    int8_t state = 2;
+    try {
+      const size_t cap =
+          fr_capacity_ >= 0 ? static_cast<size_t>(fr_capacity_) : FlightRecorder::capacity_from_env();
+      if (cap > 0) {
+        fr_ = std::make_unique<FlightRecorder>(cap, rank(), size());
+        FlightIdentity id = fr_identity_;
+        id.backend = backend();
+        if (id.name.empty()) id.name = id.backend;
+        fr_->set_identity(std::move(id));
+        state = 1;
+      }
+    } catch (const std::exception& e) {
+      GZ_LOG(warn, "flight recorder off for this communicator: ", e.what());
+      fr_.reset();
+    }
+    fr_state_.store(state, std::memory_order_release);
+  }
+  return fr_.get();
+}
+
+void Communicator::set_flight_recorder_capacity(size_t ops) {
+  std::lock_guard<std::mutex> lock(fr_mu_);
+  fr_capacity_ = static_cast<long long>(ops);
+}
+
+void Communicator::set_flight_identity(const std::string& name, std::vector<int> ranks,
+                                       Communicator* parent) {
+  FlightRecorder* up = parent ? parent->flight_recorder() : nullptr;
+  {
+    std::lock_guard<std::mutex> lock(fr_mu_);
+    fr_identity_.name = name;
+    fr_identity_.ranks = std::move(ranks);
+    fr_identity_.parent = up ? up->id() : 0;
+    if (fr_) {
+      FlightIdentity id = fr_identity_;
+      id.backend = backend();
+      fr_->set_identity(std::move(id));
+    }
+  }
+  name_flight_parts(name);
+}
+
+std::string Communicator::flight_name() const {
+  std::lock_guard<std::mutex> lock(fr_mu_);
+  return fr_identity_.name;
+}
+
+// One record per op: running now, done or failed (with the error's text) when fn returns. The
+// try block costs nothing unless the op throws.
+template <typename Fn>
+void Communicator::recorded(const OpInfo& info, uint64_t issued, Fn&& fn) {
+  FlightRecorder* fr = flight_recorder();
+  if (fr == nullptr) {
+    fn();
+    return;
+  }
+  const uint64_t h = fr->begin(current_seq_, info, issued);
+  try {
+    fn();
+  } catch (...) {
+    fr->fail(h, std::current_exception());
+    throw;
+  }
+  fr->finish(h);
+}
+
+std::shared_ptr<Communicator> Communicator::new_group(const std::vector<int>& ranks) {
+  auto group = do_new_group(ranks);
+  const uint64_t n = ++groups_made_;
+  if (group) {
+    std::string name = flight_name();
+    if (name.empty()) name = backend();
+    group->set_flight_identity(name + "/g" + std::to_string(n), ranks, this);
+  }
+  return group;
+}
 
 Communicator::~Communicator() {
   // A backend that did not call shutdown_executor() leaves its queued ops here: fail them (there
@@ -53,6 +154,8 @@ void Communicator::fail_queued(const std::string& why) {
     std::lock_guard<std::mutex> lock(q_mu_);
     dropped.swap(queue_);
     in_flight_ -= dropped.size();
+    if (fr_state_.load() == 1)
+      for (size_t i = 0; i < dropped.size(); ++i) fr_->dequeued();
     if (in_flight_ == 0) idle_cv_.notify_all();
   }
   for (auto& item : dropped)
@@ -112,21 +215,24 @@ std::shared_ptr<void> Communicator::do_alloc_buffer(size_t bytes) {
 void Communicator::allreduce(void* data, size_t count, DType dtype, ReduceOp op, const OpOptions& opts) {
   check_buf(data, count, "allreduce", "data");
   begin_sync(opts);
-  do_allreduce(data, count, dtype, op);
+  recorded(op_info(OpKind::allreduce, dtype, op, count, -1, 0), 0,
+           [&] { do_allreduce(data, count, dtype, op); });
 }
 
 void Communicator::broadcast(void* data, size_t count, DType dtype, int root, const OpOptions& opts) {
   check_buf(data, count, "broadcast", "data");
   check_rank(root, "broadcast root");
   begin_sync(opts);
-  do_broadcast(data, count, dtype, root);
+  recorded(op_info(OpKind::broadcast, dtype, ReduceOp::sum, count, root, 0), 0,
+           [&] { do_broadcast(data, count, dtype, root); });
 }
 
 void Communicator::allgather(const void* send, void* recv, size_t count, DType dtype, const OpOptions& opts) {
   check_buf(send, count, "allgather", "send");
   check_buf(recv, count, "allgather", "recv");
   begin_sync(opts);
-  do_allgather(send, recv, count, dtype);
+  recorded(op_info(OpKind::allgather, dtype, ReduceOp::sum, count, -1, 0), 0,
+           [&] { do_allgather(send, recv, count, dtype); });
 }
 
 void Communicator::allgatherv(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
@@ -138,7 +244,8 @@ void Communicator::allgatherv(const void* send, void* recv, const std::vector<si
   check_buf(send, counts[rank()], "allgatherv", "send");
   check_buf(recv, total, "allgatherv", "recv");
   begin_sync(opts);
-  do_allgatherv(send, recv, counts, dtype);
+  recorded(op_info(OpKind::allgatherv, dtype, ReduceOp::sum, total, -1, 0), 0,
+           [&] { do_allgatherv(send, recv, counts, dtype); });
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op,
@@ -146,19 +253,21 @@ void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_coun
   check_buf(send, recv_count, "reduce_scatter", "send");
   check_buf(recv, recv_count, "reduce_scatter", "recv");
   begin_sync(opts);
-  do_reduce_scatter(send, recv, recv_count, dtype, op);
+  recorded(op_info(OpKind::reduce_scatter, dtype, op, recv_count, -1, 0), 0,
+           [&] { do_reduce_scatter(send, recv, recv_count, dtype, op); });
 }
 
 void Communicator::reduce(void* data, size_t count, DType dtype, ReduceOp op, int root, const OpOptions& opts) {
   check_buf(data, count, "reduce", "data");
   check_rank(root, "reduce root");
   begin_sync(opts);
-  do_reduce(data, count, dtype, op, root);
+  recorded(op_info(OpKind::reduce, dtype, op, count, root, 0), 0,
+           [&] { do_reduce(data, count, dtype, op, root); });
 }
 
 void Communicator::barrier(const OpOptions& opts) {
   begin_sync(opts);
-  do_barrier();
+  recorded(op_info(OpKind::barrier, DType::u8, ReduceOp::sum, 0, -1, 0), 0, [&] { do_barrier(); });
 }
 
 void Communicator::send(const void* data, size_t count, DType dtype, int peer, const OpOptions& opts) {
@@ -166,7 +275,8 @@ void Communicator::send(const void* data, size_t count, DType dtype, int peer, c
   check_rank(peer, "send peer");
   if (peer == rank()) GZ_THROW(InvalidArgument, "send: rank ", rank(), " cannot send to itself");
   begin_sync(opts);
-  do_send(data, count, dtype, peer, opts.tag);
+  recorded(op_info(OpKind::send, dtype, ReduceOp::sum, count, peer, opts.tag), 0,
+           [&] { do_send(data, count, dtype, peer, opts.tag); });
 }
 
 void Communicator::recv(void* data, size_t count, DType dtype, int peer, const OpOptions& opts) {
@@ -174,18 +284,23 @@ void Communicator::recv(void* data, size_t count, DType dtype, int peer, const O
   check_rank(peer, "recv peer");
   if (peer == rank()) GZ_THROW(InvalidArgument, "recv: rank ", rank(), " cannot receive from itself");
   begin_sync(opts);
-  do_recv(data, count, dtype, peer, opts.tag);
+  recorded(op_info(OpKind::recv, dtype, ReduceOp::sum, count, peer, opts.tag), 0,
+           [&] { do_recv(data, count, dtype, peer, opts.tag); });
 }
 
-WorkPtr Communicator::enqueue(std::function<void()> fn, Deadline deadline) {
+WorkPtr Communicator::enqueue(std::function<void()> fn, Deadline deadline, const OpInfo& info,
+                              uint64_t issued) {
   check_aborted();
   auto work = std::make_shared<Work>(deadline);
+  FlightRecorder* fr = flight_recorder();
   {
     std::lock_guard<std::mutex> lock(q_mu_);
     if (stop_) GZ_THROW(Aborted, "communicator is shutting down");
     if (!executor_.joinable()) executor_ = std::thread([this] { executor_loop(); });
     queue_.emplace_back(std::move(fn), work);
     ++in_flight_;
+    // Under q_mu_, so the recorder's queue and ours hold the same ops in the same order.
+    if (fr) fr->enqueued(info, issued);
   }
   q_cv_.notify_one();
   return work;
@@ -198,6 +313,7 @@ void Communicator::executor_loop() {
     if (queue_.empty()) return;  // stop_ and drained
     auto item = std::move(queue_.front());
     queue_.pop_front();
+    if (FlightRecorder* fr = flight_recorder()) fr->dequeued();
     lock.unlock();
     std::exception_ptr err;
     try {
@@ -220,40 +336,46 @@ void Communicator::executor_loop() {
 }
 
 // Async ops take their deadline when issued and their sequence number when they run, which is
-// issue order (one queue).
+// issue order (one queue). Their flight record starts when they run; it keeps the issue time.
 WorkPtr Communicator::allreduce_async(void* data, size_t count, DType dtype, ReduceOp op, const OpOptions& opts) {
   check_buf(data, count, "allreduce", "data");
   const Deadline dl = opts.resolve(timeout_);
+  const OpInfo info = op_info(OpKind::allreduce, dtype, op, count, -1, 0);
+  const uint64_t issued = flight_ticks();
   return enqueue(
       [=] {
         start_op(dl, opts.tag);
-        do_allreduce(data, count, dtype, op);
+        recorded(info, issued, [&] { do_allreduce(data, count, dtype, op); });
       },
-      dl);
+      dl, info, issued);
 }
 
 WorkPtr Communicator::broadcast_async(void* data, size_t count, DType dtype, int root, const OpOptions& opts) {
   check_buf(data, count, "broadcast", "data");
   check_rank(root, "broadcast root");
   const Deadline dl = opts.resolve(timeout_);
+  const OpInfo info = op_info(OpKind::broadcast, dtype, ReduceOp::sum, count, root, 0);
+  const uint64_t issued = flight_ticks();
   return enqueue(
       [=] {
         start_op(dl, opts.tag);
-        do_broadcast(data, count, dtype, root);
+        recorded(info, issued, [&] { do_broadcast(data, count, dtype, root); });
       },
-      dl);
+      dl, info, issued);
 }
 
 WorkPtr Communicator::allgather_async(const void* send, void* recv, size_t count, DType dtype, const OpOptions& opts) {
   check_buf(send, count, "allgather", "send");
   check_buf(recv, count, "allgather", "recv");
   const Deadline dl = opts.resolve(timeout_);
+  const OpInfo info = op_info(OpKind::allgather, dtype, ReduceOp::sum, count, -1, 0);
+  const uint64_t issued = flight_ticks();
   return enqueue(
       [=] {
         start_op(dl, opts.tag);
-        do_allgather(send, recv, count, dtype);
+        recorded(info, issued, [&] { do_allgather(send, recv, count, dtype); });
       },
-      dl);
+      dl, info, issued);
 }
 
 WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op,
@@ -261,16 +383,20 @@ WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv, size_t 
   check_buf(send, recv_count, "reduce_scatter", "send");
   check_buf(recv, recv_count, "reduce_scatter", "recv");
   const Deadline dl = opts.resolve(timeout_);
+  const OpInfo info = op_info(OpKind::reduce_scatter, dtype, op, recv_count, -1, 0);
+  const uint64_t issued = flight_ticks();
   return enqueue(
       [=] {
         start_op(dl, opts.tag);
-        do_reduce_scatter(send, recv, recv_count, dtype, op);
+        recorded(info, issued, [&] { do_reduce_scatter(send, recv, recv_count, dtype, op); });
       },
-      dl);
+      dl, info, issued);
 }
 
+// An opaque function: its ops record themselves as they run; while it waits in the queue the
+// dump shows it as a "task".
 WorkPtr Communicator::submit(std::function<void()> fn, const OpOptions& opts) {
-  return enqueue(std::move(fn), opts.resolve(timeout_));
+  return enqueue(std::move(fn), opts.resolve(timeout_), task_info(), flight_ticks());
 }
 
 void Communicator::abort(const std::string& reason) {
@@ -283,6 +409,7 @@ void Communicator::abort(const std::string& reason) {
   // Queued ops finish now; the running one is woken by the backend and finishes as it returns.
   fail_queued(reason);
   do_abort(reason);
+  if (fr_state_.load() == 1) request_flight_dump(DumpReason::failure, 0, "abort: " + reason);
 }
 
 void finish_or_abort(Communicator& comm, Work& work, const std::string& why) noexcept {

@@ -142,6 +142,13 @@ InterMaker inter_maker(const CommOptions& o, const Env& env, bool hosts_differ) 
 #endif
 }
 
+// The flight recorder's name of a communicator the factory built (the same on every rank: each
+// rank counts its own calls on the same store).
+CommPtr named(CommPtr comm, const std::string& name) {
+  comm->set_flight_identity(name);
+  return comm;
+}
+
 }  // namespace
 
 std::vector<std::string> available_backends() {
@@ -182,6 +189,7 @@ CommPtr create_communicator(const CommOptions& options) {
   const int64_t gen = options.store->add("factory/calls/" + std::to_string(rank), 1);
   auto store = std::make_shared<PrefixStore>("comm" + std::to_string(gen), options.store);
   auto sub = [&](const std::string& p) { return std::make_shared<PrefixStore>(p, store); };
+  const std::string name = options.name.empty() ? "comm" + std::to_string(gen) : options.name;
 
   std::string node_id = options.node_id;
   if (node_id.empty()) node_id = env.get("GZ_NODE_ID", "");
@@ -201,30 +209,34 @@ CommPtr create_communicator(const CommOptions& options) {
                  for (const auto& n : layout.ranks_of_node) u.push_back(ids[n.front()]);
                  return u;
                }()), "); use 'auto' or 'gloo'");
-    return make_shm(rank, size, sub("shm"), options.timeout);
+    return named(make_shm(rank, size, sub("shm"), options.timeout), name);
   }
   if (backend == "gloo") {
 #ifdef GZ_HAVE_GLOO
-    return create_gloo_communicator(rank, size, sub("gloo"), gloo_options(options, env, multi_node, hosts_differ));
+    return named(create_gloo_communicator(rank, size, sub("gloo"),
+                                          gloo_options(options, env, multi_node, hosts_differ)),
+                 name);
 #endif
   }
   if (backend == "mpi") {
 #ifdef GZ_HAVE_MPI
     MpiOptions m;
     m.timeout = options.timeout;
-    return create_mpi_communicator(rank, size, m);
+    return named(create_mpi_communicator(rank, size, m), name);
 #endif
   }
   if (backend == "nccl") {
 #ifdef GZ_HAVE_NCCL
-    return create_nccl_communicator(rank, size, sub("nccl"), options.timeout);
+    return named(create_nccl_communicator(rank, size, sub("nccl"), options.timeout), name);
 #endif
   }
-  if (backend == "auto" && !multi_node) return make_shm(rank, size, sub("shm"), options.timeout);
+  if (backend == "auto" && !multi_node) return named(make_shm(rank, size, sub("shm"), options.timeout), name);
   if (backend == "auto" || backend == "hier") {
     Duration t = options.timeout;
     CommMaker local = [t](int r, int s, std::shared_ptr<Store> st) { return make_shm(r, s, std::move(st), t); };
-    return create_hierarchical_communicator(rank, layout, sub("hier"), local, inter_maker(options, env, hosts_differ), t);
+    return named(create_hierarchical_communicator(rank, layout, sub("hier"), local,
+                                                  inter_maker(options, env, hosts_differ), t),
+                 name);
   }
   no_backend(backend);
 }

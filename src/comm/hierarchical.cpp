@@ -58,7 +58,7 @@ class HierarchicalCommunicator : public Communicator {
   int size() const override { return static_cast<int>(layout_.node_of_rank.size()); }
   std::string backend() const override { return "hier(" + local_->backend() + "+" + inter_.backend + ")"; }
 
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override {
     check_aborted();
     if (flat_) return flat_->new_group(ranks);
     // No mesh over all ranks: the group connects only its members, under a name every rank
@@ -173,6 +173,30 @@ class HierarchicalCommunicator : public Communicator {
   }
 
   void do_abort(const std::string& reason) override { poison(reason); }
+
+  // Dumps tell the parts apart: "<name>/node<k>" (this node's ranks), "<name>/rail<j>" (local
+  // rank j of every node; rail 0 = the node leaders), "<name>/flat"; members in this group's ranks.
+  void name_flight_parts(const std::string& name) override {
+    local_->set_flight_identity(name + "/node" + std::to_string(node_), layout_.ranks_of_node[node_], this);
+    if (flat_) {
+      std::vector<int> all(size());
+      for (int r = 0; r < size(); ++r) all[r] = r;
+      flat_->set_flight_identity(name + "/flat", all, this);
+    }
+    const auto& mine = layout_.ranks_of_node[node_];
+    const int j = static_cast<int>(std::find(mine.begin(), mine.end(), rank_) - mine.begin());
+    auto rail_members = [&](int k) {
+      std::vector<int> m;
+      for (const auto& n : layout_.ranks_of_node)
+        if (k < static_cast<int>(n.size())) m.push_back(n[k]);
+      std::sort(m.begin(), m.end());
+      return m;
+    };
+    if (rail_)
+      rail_->set_flight_identity(name + "/rail" + std::to_string(uniform_ ? j : 0),
+                                 rail_members(uniform_ ? j : 0), this);
+    if (leaders_ && leaders_ != rail_) leaders_->set_flight_identity(name + "/rail0", rail_members(0), this);
+  }
 
  private:
   void allreduce_impl(void* data, size_t count, DType dtype, ReduceOp op) {
@@ -510,9 +534,11 @@ CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std
     if (g && j == 0) leaders = g;
     if (g && static_cast<int>(j) == local_rank) rail = g;
   }
-  return std::make_shared<HierarchicalCommunicator>(rank, layout, std::move(local), std::move(flat),
-                                                    std::move(leaders), std::move(rail), inter, std::move(store),
-                                                    timeout);
+  auto hier = std::make_shared<HierarchicalCommunicator>(rank, layout, std::move(local), std::move(flat),
+                                                         std::move(leaders), std::move(rail), inter,
+                                                         std::move(store), timeout);
+  hier->set_flight_identity("hier");  // names its parts; the factory renames it
+  return hier;
 }
 
 CommPtr create_hierarchical_communicator(int rank, const NodeLayout& layout, std::shared_ptr<Store> store,

@@ -10,9 +10,6 @@ bool reduce_rows(comm::Communicator& group, GradBucket& bucket) {
   return true;
 }
 
-namespace {
-// Bytes a row-sparse exchange handed to the wire: every rank's rows (index + row) after the last
-// reduce_rows(), or the dense bucket when it went dense.
 uint64_t rows_wire_bytes(const GradBucket& bucket) {
   const auto& buf = bucket.buffer;
   const int64_t dense = buf.numel() * static_cast<int64_t>(buf.element_size());
@@ -20,7 +17,6 @@ uint64_t rows_wire_bytes(const GradBucket& bucket) {
   if (n < 0) return static_cast<uint64_t>(dense);
   return static_cast<uint64_t>(n * (dense / std::max<int64_t>(bucket.rows.size(0), 1) + 8));
 }
-}  // namespace
 
 CommHook allreduce_hook(std::shared_ptr<CommStats> stats) {
   return [stats](comm::Communicator& group, GradBucket& bucket) {

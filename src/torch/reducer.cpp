@@ -7,14 +7,20 @@
 
 #include <algorithm>
 #include <exception>
-#include <map>
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
 #include "gz/core/phase.h"
+#include "gz/torch/bucket_plan.h"
 #include "gz/torch/row_sparse.h"
 #include "gz/torch/tensor_adapter.h"
 
+// How: a post hook on each parameter's gradient accumulator copies the gradient into its bucket's
+// persistent flat buffer (or binds .grad to its view of it); a bucket whose gradients are all ready
+// is reduced asynchronously on the group's progress thread while backward goes on, buckets in index
+// order on every rank. A callback queued on the autograd engine waits for all buckets at the end of
+// backward. Buckets start in reverse registration order and are rebuilt once, from the
+// gradient-ready order rank 0 (or the lowest active rank) observed in the first iteration.
 namespace gz {
 
 // Fires after AccumulateGrad wrote the parameter's .grad. The signature is the same in LibTorch
@@ -77,51 +83,16 @@ void Reducer::install_hooks() {
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
-  // Fill per dtype: each bucket holds one dtype; the first bucket of a dtype is small so
-  // communication starts early in backward. A gradient that would overflow the open bucket starts
-  // the next one: no bucket waits for a big late gradient beyond its cap (only a gradient bigger
-  // than the cap makes a bucket bigger, alone). A row-sparse gradient gets a bucket of its own.
-  size_t dense_bytes = 0;
+  // One dtype per bucket; a row-sparse gradient travels in a bucket of its own (gz/torch/bucket_plan.h).
+  std::vector<BucketItem> items(params_.size());
   for (size_t i = 0; i < params_.size(); ++i)
-    if (!row_sparse_[i]) dense_bytes += params_[i].numel() * params_[i].element_size();
-  const size_t bucket_cap = std::min(
-      options_.bucket_bytes,
-      std::max(options_.first_bucket_bytes, dense_bytes / std::max<size_t>(options_.min_buckets, 1)));
-  std::vector<std::vector<size_t>> layout;
-  std::map<c10::ScalarType, size_t> open;  // dtype -> open bucket index
-  std::map<c10::ScalarType, size_t> open_bytes;
-  std::map<c10::ScalarType, bool> first_done;
-  for (size_t i : order) {
-    auto st = params_[i].scalar_type();
-    const size_t bytes = params_[i].numel() * params_[i].element_size();
-    if (row_sparse_[i]) {
-      // Earlier buckets close first, so buckets still launch in the order gradients become ready.
-      for (auto& [t, b] : open) first_done[t] = true;
-      open.clear();
-      layout.push_back({i});
-      continue;
-    }
-    auto it = open.find(st);
-    size_t cap = first_done[st] ? bucket_cap : options_.first_bucket_bytes;
-    if (it != open.end() && open_bytes[st] + bytes > cap) {
-      open.erase(it);
-      it = open.end();
-      first_done[st] = true;
-      cap = bucket_cap;
-    }
-    if (it == open.end()) {
-      layout.emplace_back();
-      it = open.emplace(st, layout.size() - 1).first;
-      open_bytes[st] = 0;
-    }
-    layout[it->second].push_back(i);
-    open_bytes[st] += bytes;
-    if (open_bytes[st] >= cap) {
-      open.erase(st);
-      first_done[st] = true;
-    }
-  }
-  allocate_buckets(layout);
+    items[i] = {static_cast<size_t>(params_[i].numel() * params_[i].element_size()),
+                static_cast<uint64_t>(params_[i].scalar_type()), row_sparse_[i] != 0};
+  BucketLimits limits;
+  limits.first_bucket_bytes = options_.first_bucket_bytes;
+  limits.bucket_bytes = options_.bucket_bytes;
+  limits.min_buckets = options_.min_buckets;
+  allocate_buckets(plan_buckets(items, order, limits));
 }
 
 void Reducer::allocate_buckets(const std::vector<std::vector<size_t>>& layout) {
@@ -188,8 +159,17 @@ std::vector<std::vector<size_t>> Reducer::bucket_layout() const {
 }
 
 void Reducer::set_comm_hook(CommHook hook) {
+  if (!hook_owner_.empty())
+    GZ_THROW(Error, "DistributedDataParallel: the comm hook belongs to ", hook_owner_,
+             "; a hook registered now would replace it and leave that optimizer nothing to step");
   if (iter_active_) GZ_THROW(Error, "DistributedDataParallel: cannot change the comm hook during backward");
   options_.comm_hook = hook ? std::move(hook) : allreduce_hook();
+}
+
+void Reducer::own_comm_hook(CommHook hook, std::string owner) {
+  if (iter_active_) GZ_THROW(Error, "DistributedDataParallel: cannot change the comm hook during backward");
+  options_.comm_hook = hook ? std::move(hook) : allreduce_hook();
+  hook_owner_ = std::move(owner);
 }
 
 void Reducer::set_join_mode(bool on) {
@@ -233,22 +213,24 @@ void Reducer::on_grad_ready(size_t index) {
   if (!iter_active_) begin_iteration();
   if (ready_[index]) return;
   if (timeline_) timeline_->instant("ddp", "ready " + names_[index]);
-  mark_ready(index, false);
+  mark_ready(index, true);
   used_.data_ptr<uint8_t>()[index] = 1;
   launch_ready_buckets();
 }
 
-void Reducer::mark_ready(size_t index, bool zero) {
+void Reducer::mark_ready(size_t index, bool observed) {
   torch::NoGradGuard no_grad;
   ready_[index] = 1;
-  if (!rebuilt_ && !zero) ready_order_.push_back(index);
+  if (!rebuilt_ && observed) ready_order_.push_back(index);
   if (transient_) {
-    mark_ready_transient(index, zero);
+    mark_ready_transient(index);
     return;
   }
+  // A parameter without a gradient in this backward still contributes the one it holds (accumulated
+  // under no_sync(), as PyTorch's Reducer does), or zeros.
   auto& view = views_[index];
   const auto& g = params_[index].grad();
-  if (zero || !g.defined()) {
+  if (!g.defined()) {
     view.zero_();
   } else if (g.is_sparse()) {
     // A sparse gradient (nn::Embedding with sparse(true)) where .grad was unset: densified into the
@@ -343,7 +325,12 @@ void Reducer::finalize_backward() {
              ". Construct DDP with find_unused_parameters = true, or make every parameter "
              "contribute to the loss (other ranks may now time out waiting for these buckets)");
   }
-  for (size_t i : missing) mark_ready(i, true);
+  // A missing parameter that holds a gradient (accumulated in no_sync() micro-steps) counts as
+  // used: every rank then writes the average back.
+  for (size_t i : missing) {
+    if (params_[i].grad().defined()) used_.data_ptr<uint8_t>()[i] = 1;
+    mark_ready(i, false);
+  }
   launch_ready_buckets();
   torch::Tensor used_global;
   if (options_.find_unused_parameters) {
@@ -502,7 +489,7 @@ void Reducer::set_bucket_plan(BucketPlan plan) {
   ready_order_.clear();
 }
 
-void Reducer::mark_ready_transient(size_t index, bool zero) {
+void Reducer::mark_ready_transient(size_t index) {
   auto& bk = buckets_[bucket_of_[index]];
   auto& p = params_[index];
   if (!bk.grad.buffer.defined()) {
@@ -513,7 +500,7 @@ void Reducer::mark_ready_transient(size_t index, bool zero) {
   }
   auto slot = bk.grad.buffer.narrow(0, offsets_[index], p.numel());
   auto& g = p.mutable_grad();
-  if (zero || !g.defined())
+  if (!g.defined())
     slot.zero_();
   else
     slot.view(p.sizes()).copy_(g);

@@ -61,6 +61,67 @@ bool is_row_sparse_candidate(const torch::Tensor& grad, const RowSparseOptions& 
          options.max_candidate_density * static_cast<double>(grad.size(0));
 }
 
+namespace {
+// Every rank's row count (st.counts), checked; returns their sum.
+int64_t gather_counts(comm::Communicator& group, int64_t k, int64_t rows, RowSparseState& st) {
+  const int n = group.size();
+  st.counts.assign(static_cast<size_t>(n), 0);
+  group.allgather(&k, st.counts.data(), 1, DType::i64);
+  int64_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    if (st.counts[r] < 0 || st.counts[r] > rows)
+      GZ_THROW(PeerError, "allreduce_row_sparse: rank ", group.rank(), ": rank ", r, " reports ",
+               st.counts[r], " rows of a ", rows, "-row gradient (ranks disagree on the parameter)");
+    total += st.counts[r];
+  }
+  return total;
+}
+
+// Every rank sums the same gathered blocks in rank order from zero, so all end with the same bits:
+// clear this rank's rows (the others are zero already), then add rank 0's rows, rank 1's, ...
+// Returns which rows any rank touched.
+std::vector<uint8_t> sum_blocks(comm::Communicator& group, const torch::Tensor& grad,
+                                const RowSparseState& st, const std::vector<int64_t>& mine,
+                                const std::vector<size_t>& bytes, size_t rb) {
+  const int64_t rows = grad.size(0);
+  auto* base = static_cast<uint8_t*>(grad.data_ptr());
+  for (int64_t r : mine) std::memset(base + static_cast<size_t>(r) * rb, 0, rb);
+  std::vector<uint8_t> hit(static_cast<size_t>(rows), 0);
+  auto row_shape = grad.sizes().vec();
+  size_t off = 0;
+  for (int r = 0; r < group.size(); ++r) {
+    const int64_t kr = st.counts[r];
+    if (kr > 0) {
+      auto* idx = reinterpret_cast<const int64_t*>(st.recv.data() + off);
+      for (int64_t i = 0; i < kr; ++i) {
+        if (idx[i] < 0 || idx[i] >= rows)
+          GZ_THROW(PeerError, "allreduce_row_sparse: rank ", group.rank(), ": row index ", idx[i],
+                   " from rank ", r, " outside [0, ", rows, ")");
+        hit[static_cast<size_t>(idx[i])] = 1;
+      }
+      row_shape[0] = kr;
+      auto index = torch::from_blob(const_cast<int64_t*>(idx), {kr}, torch::kLong);
+      auto src = torch::from_blob(const_cast<uint8_t*>(st.recv.data()) + off + kr * sizeof(int64_t),
+                                  row_shape, grad.options());
+      grad.index_add_(0, index, src);
+    }
+    off += bytes[r];
+  }
+  return hit;
+}
+
+// Divide the touched rows (the others are zero).
+void divide_rows(const torch::Tensor& grad, const std::vector<uint8_t>& hit, double divisor) {
+  if (divisor == 1) return;
+  std::vector<int64_t> touched;
+  for (size_t r = 0; r < hit.size(); ++r)
+    if (hit[r]) touched.push_back(static_cast<int64_t>(r));
+  if (touched.empty()) return;
+  auto u = torch::from_blob(touched.data(), {static_cast<int64_t>(touched.size())}, torch::kLong);
+  grad.index_copy_(0, u, grad.index_select(0, u).div_(divisor));
+}
+}  // namespace
+
 bool allreduce_row_sparse(comm::Communicator& group, const torch::Tensor& grad, double divisor,
                           RowSparseState& st, const RowSparseOptions& options) {
   check_grad(grad, "allreduce_row_sparse");
@@ -76,16 +137,8 @@ bool allreduce_row_sparse(comm::Communicator& group, const torch::Tensor& grad, 
   const int64_t rows = grad.size(0);
   const size_t rb = rows ? static_cast<size_t>(grad.numel() / rows) * grad.element_size() : 0;
   auto mine = nonzero_rows(grad);
-  int64_t k = static_cast<int64_t>(mine.size());
-  st.counts.assign(static_cast<size_t>(n), 0);
-  group.allgather(&k, st.counts.data(), 1, DType::i64);
-  int64_t total = 0;
-  for (int r = 0; r < n; ++r) {
-    if (st.counts[r] < 0 || st.counts[r] > rows)
-      GZ_THROW(PeerError, "allreduce_row_sparse: rank ", group.rank(), ": rank ", r, " reports ",
-               st.counts[r], " rows of a ", rows, "-row gradient (ranks disagree on the parameter)");
-    total += st.counts[r];
-  }
+  const int64_t k = static_cast<int64_t>(mine.size());
+  const int64_t total = gather_counts(group, k, rows, st);
   const double wire = static_cast<double>(total) * static_cast<double>(rb + sizeof(int64_t));
   const double dense = static_cast<double>(grad.numel()) * static_cast<double>(grad.element_size());
   if (wire > options.max_wire_ratio * dense) {
@@ -98,7 +151,7 @@ bool allreduce_row_sparse(comm::Communicator& group, const torch::Tensor& grad, 
   auto block = [&](int64_t kr) {
     return static_cast<size_t>(kr) * sizeof(int64_t) + round8(static_cast<size_t>(kr) * rb);
   };
-  auto* base = static_cast<uint8_t*>(grad.data_ptr());
+  const auto* base = static_cast<const uint8_t*>(grad.data_ptr());
   // Never empty: a rank without rows still hands the collective a valid pointer (to 0 bytes), and
   // memcpy from an empty vector's null data() is undefined.
   st.send.assign(std::max<size_t>(block(k), 8), 0);
@@ -110,39 +163,7 @@ bool allreduce_row_sparse(comm::Communicator& group, const torch::Tensor& grad, 
   for (int r = 0; r < n; ++r) all += bytes[r] = block(st.counts[r]);
   st.recv.resize(std::max<size_t>(all, 8));  // valid even when no rank has a row
   group.allgatherv(st.send.data(), st.recv.data(), bytes, DType::u8);
-
-  // Every rank sums the same blocks in rank order from zero, so all end with the same bits: clear
-  // this rank's rows (the others are zero already), then add rank 0's rows, rank 1's, ...
-  for (int64_t r : mine) std::memset(base + static_cast<size_t>(r) * rb, 0, rb);
-  std::vector<uint8_t> hit(static_cast<size_t>(rows), 0);
-  auto row_shape = grad.sizes().vec();
-  size_t off = 0;
-  for (int r = 0; r < n; ++r) {
-    const int64_t kr = st.counts[r];
-    if (kr > 0) {
-      auto* idx = reinterpret_cast<int64_t*>(st.recv.data() + off);
-      for (int64_t i = 0; i < kr; ++i) {
-        if (idx[i] < 0 || idx[i] >= rows)
-          GZ_THROW(PeerError, "allreduce_row_sparse: rank ", group.rank(), ": row index ", idx[i],
-                   " from rank ", r, " outside [0, ", rows, ")");
-        hit[static_cast<size_t>(idx[i])] = 1;
-      }
-      row_shape[0] = kr;
-      auto index = torch::from_blob(idx, {kr}, torch::kLong);
-      auto src = torch::from_blob(st.recv.data() + off + kr * sizeof(int64_t), row_shape, grad.options());
-      grad.index_add_(0, index, src);
-    }
-    off += bytes[r];
-  }
-  if (divisor != 1) {
-    std::vector<int64_t> touched;
-    for (int64_t r = 0; r < rows; ++r)
-      if (hit[static_cast<size_t>(r)]) touched.push_back(r);
-    if (!touched.empty()) {
-      auto u = torch::from_blob(touched.data(), {static_cast<int64_t>(touched.size())}, torch::kLong);
-      grad.index_copy_(0, u, grad.index_select(0, u).div_(divisor));
-    }
-  }
+  divide_rows(grad, sum_blocks(group, grad, st, mine, bytes, rb), divisor);
   st.last_rows = total;
   return true;
 }

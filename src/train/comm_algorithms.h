@@ -31,6 +31,8 @@ class CommAlgorithms {
   void sync_replicas();
   /// @brief Bytes handed to collectives for gradients / parameters since construction.
   uint64_t bytes() const { return stats_->bytes.load(); }
+  /// @brief The counter behind bytes(), for other gradient traffic (ZeRO's).
+  const std::shared_ptr<CommStats>& stats() const { return stats_; }
 
  private:
   std::shared_ptr<CommStats> stats_ = std::make_shared<CommStats>();

@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <optional>
 #include <random>
 
 #include "gz/core/env.h"
@@ -16,44 +14,19 @@
 #include "gz/core/phase.h"
 #include "gz/torch/autocast.h"
 #include "gz/torch/collectives.h"
-#include "gz/torch/data_parallel.h"
-#include "gz/torch/ddp.h"
-#include "gz/torch/distributed_optimizer.h"
 #include "gz/torch/fused_adamw.h"
-#include "gz/torch/grad_scaler.h"
 #include "gz/torch/process_group.h"
-#include "gz/torch/zero_redundancy_optimizer.h"
-#include "gz/train/checkpoint.h"
-#include "gz/train/data_loader.h"
 #include "gz/train/data/factory.h"
+#include "gz/train/data_loader.h"
 #include "gz/train/elastic_batch.h"
 #include "gz/train/scheduler.h"
 #include "gz/train/straggler.h"
 #include "comm_algorithms.h"
+#include "trainer_impl.h"
 
 namespace gz::train {
 
 namespace fs = std::filesystem;
-
-struct Trainer::Impl {
-  std::shared_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<DistributedDataParallel> ddp;
-  std::shared_ptr<ZeroRedundancyOptimizer> zero;  // zero_stage > 0: `optimizer` is this wrapper
-  std::unique_ptr<DistributedOptimizer> hvd;
-  std::unique_ptr<DataParallel> dp;
-  std::unique_ptr<LrScheduler> scheduler;
-  std::unique_ptr<CheckpointManager> checkpoints;
-  std::unique_ptr<GradScaler> scaler;
-  torch::Device device{torch::kCPU};
-  Stopwatch clock;
-  bool set_up = false;
-  int64_t last_eval_step = -1;
-  BatchPlan plan;
-  // Compression, local SGD, async averaging (comm_algorithms.h); eval time for the time-to-accuracy logs.
-  CommAlgorithms comm;
-  double eval_seconds = 0;
-  int64_t first_step = 0;
-};
 
 namespace {
 
@@ -101,12 +74,13 @@ std::string fmt(double v, int prec = 4) {
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, comm::CommPtr group) : config_(std::move(config)), impl_(std::make_unique<Impl>()) {
-  if (config_.mode != "single") {
+  impl_->mode = parse_parallel_mode(config_.mode);
+  if (needs_group(impl_->mode)) {
     if (!group && gz::is_initialized()) group = gz::default_group();
-    if (!group && config_.mode != "dp")
+    if (!group)
       GZ_THROW(InvalidArgument, "mode '", config_.mode, "' needs a process group: run under gzrun or call gz::init()");
   }
-  group_ = config_.mode == "single" || config_.mode == "dp" ? nullptr : group;
+  group_ = needs_group(impl_->mode) ? group : nullptr;
   if (group_) {
     rank_ = group_->rank();
     world_ = group_->size();
@@ -132,8 +106,8 @@ void Trainer::set_default_callbacks(bool on) { default_callbacks_ = on; }
 void Trainer::set_crash_at_step(int64_t step) { crash_at_step_ = step; }
 
 torch::optim::Optimizer& Trainer::optimizer() {
-  if (!impl_->optimizer) GZ_THROW(Error, "Trainer::optimizer() before train()");
-  return *impl_->optimizer;
+  if (!impl_->strategy) GZ_THROW(Error, "Trainer::optimizer() before train()");
+  return impl_->strategy->optimizer();
 }
 const LrScheduler& Trainer::scheduler() const {
   if (!impl_->scheduler) GZ_THROW(Error, "Trainer::scheduler() before train()");
@@ -149,6 +123,22 @@ void Trainer::allreduce_sum(std::vector<double>& values) {
   if (!group_ || world_ == 1 || values.empty()) return;
   auto t = torch::from_blob(values.data(), {static_cast<int64_t>(values.size())}, torch::kFloat64);
   gz::allreduce(t, comm::ReduceOp::sum, group_);
+}
+
+void Trainer::build_strategy() {
+  const auto& c = config_;
+  StrategyOptions so;
+  so.mode = impl_->mode;
+  so.group = group_;
+  so.ddp.comm_hook = impl_->comm.ddp_hook(c);
+  so.zero_stage = static_cast<int>(c.zero_stage);
+  so.zero.stats = impl_->comm.stats();  // ZeRO's reduce-scatters and all-gathers are the gradient traffic
+  so.horovod = impl_->comm.horovod_options(c);
+  so.accumulation = impl_->plan.accumulation;
+  so.dp_devices.assign(static_cast<size_t>(c.dp_replicas), impl_->device);
+  // Collective in ddp/horovod mode: rank 0's parameters reach every rank.
+  impl_->strategy = make_strategy(so, model_, impl_->optimizer);
+  if (impl_->mode == ParallelMode::ddp) impl_->comm.build_averager(c, *model_, group_);
 }
 
 void Trainer::setup() {
@@ -189,38 +179,7 @@ void Trainer::setup() {
     else load_module_state(*model_, archive, file);
   }
   impl_->optimizer = make_optimizer(c, model_->parameters());
-  // Distribution: DDP broadcasts rank 0's weights when built; Horovod mode broadcasts them
-  // explicitly (and the optimizer state after a resume, see train()).
-  if (c.mode == "ddp" && group_) {
-    DDPOptions ddp_options;
-    ddp_options.comm_hook = impl_->comm.ddp_hook(c);
-    impl_->ddp = std::make_unique<DistributedDataParallel>(model_, group_, ddp_options);
-    if (c.zero_stage > 0) {  // ZeRO: the optimizer steps this rank's shard; checkpoints stay whole
-      ZeroOptions zo;
-      zo.stage = static_cast<int>(c.zero_stage);
-      impl_->zero = std::make_shared<ZeroRedundancyOptimizer>(*impl_->ddp, impl_->optimizer, zo);
-      impl_->optimizer = impl_->zero;
-    }
-    impl_->comm.build_averager(c, *model_, group_);
-  } else if (c.mode == "horovod" && group_) {
-    NamedParameters named;
-    for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
-    broadcast_parameters(*model_, 0, group_);
-    auto hvd_options = impl_->comm.horovod_options(c);
-    hvd_options.backward_passes_per_step = static_cast<int>(impl_->plan.accumulation);
-    impl_->hvd = std::make_unique<DistributedOptimizer>(impl_->optimizer, named, hvd_options, group_);
-  } else if (c.mode == "dp") {
-    DataParallelOptions dpo;
-    dpo.devices.assign(static_cast<size_t>(c.dp_replicas), impl_->device);
-    impl_->dp = std::make_unique<DataParallel>(
-        model_,
-        [](const torch::nn::Module& m, const torch::Device& d) -> std::shared_ptr<torch::nn::Module> {
-          auto copy = dynamic_cast<const ModelImpl&>(m).clone_model();
-          copy->to(d);
-          return copy;
-        },
-        [](torch::nn::Module& m, const torch::Tensor& x) { return dynamic_cast<ModelImpl&>(m).forward(x); }, dpo);
-  }
+  build_strategy();
   GradScalerOptions gs;
   gs.enabled = c.mixed_precision == "fp16";
   impl_->scaler = std::make_unique<GradScaler>(gs);
@@ -302,15 +261,15 @@ void Trainer::plan_steps(int64_t reference) {
   for (auto m : c.scheduler.milestones)
     so.milestones.push_back(c.scheduler.unit == "epoch" ? m * ref_steps_per_epoch : m);
   impl_->scheduler = std::make_unique<LrScheduler>(so);
-  if (impl_->hvd) impl_->hvd->set_backward_passes_per_step(static_cast<int>(p.accumulation));
+  if (impl_->strategy) impl_->strategy->set_accumulation(p.accumulation);
 }
 
 void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch) {
   const auto& c = config_;
-  auto& opt = *impl_->optimizer;
+  auto& strategy = *impl_->strategy;
+  auto& opt = strategy.optimizer();
   model_->train();
-  if (impl_->hvd) impl_->hvd->zero_grad();
-  else opt.zero_grad();
+  strategy.zero_grad();
   double loss_sum = 0;
   const bool bf16 = c.mixed_precision == "bf16", fp16 = c.mixed_precision == "fp16";
   for (int64_t k = 0; k < accum; ++k) {
@@ -319,15 +278,12 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
     if (!batch) GZ_THROW(Error, "rank ", rank_, ": data loader ran out of batches at step ", state_.step);
     auto input = batch->input.to(impl_->device), label = batch->label.to(impl_->device);
     // DDP: only the last micro-step's backward communicates; earlier ones accumulate locally.
-    std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
-    if (impl_->ddp && k + 1 < accum) no_sync.emplace(impl_->ddp->reducer());
+    strategy.begin_micro_step(k + 1 == accum);
     torch::Tensor logits;
     gz::set_phase(gz::Phase::forward);
     {
       AutocastGuard autocast(impl_->device.type(), fp16 ? torch::kHalf : torch::kBFloat16, bf16 || fp16);
-      if (impl_->ddp) logits = impl_->ddp->forward([&] { return model_->forward(input); });
-      else if (impl_->dp) logits = impl_->dp->forward(input);
-      else logits = model_->forward(input);
+      logits = strategy.forward(input);
     }
     auto opts = torch::nn::functional::CrossEntropyFuncOptions();
     if (c.loss == "label_smoothing") opts.label_smoothing(c.label_smoothing);
@@ -338,19 +294,19 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
     loss_sum += loss.item<double>() * n;
     gz::set_phase(gz::Phase::backward);  // DDP marks its exposed wait for the buckets as comm
     impl_->scaler->scale(loss * (n * world_ / static_cast<double>(global_batch))).backward();
-    if (impl_->dp) impl_->dp->reduce_gradients();
+    strategy.end_micro_step();
   }
   gz::set_phase(gz::Phase::optimizer);  // Horovod mode's synchronize() marks itself comm
-  if (impl_->hvd) impl_->hvd->synchronize();
+  strategy.before_update();
   auto& scaler = *impl_->scaler;
   if (c.max_grad_norm > 0) {
     if (scaler.enabled()) scaler.unscale_(opt);
-    if (impl_->zero)
-      impl_->zero->clip_grad_norm_(c.max_grad_norm);  // only the owned gradient blocks are averaged
-    else
-      torch::nn::utils::clip_grad_norm_(model_->parameters(), c.max_grad_norm);
+    strategy.clip_grad_norm(c.max_grad_norm);
   }
   scaler.step(opt);
+  // ZeRO all-gathers the stepped parameters in the background: everything after the step
+  // (averagers, callbacks, evaluation, the caller of train()) reads them whole.
+  strategy.synchronize();
   scaler.update();
   impl_->comm.after_step();
   std::vector<double> loss{loss_sum};
@@ -366,8 +322,8 @@ std::map<std::string, double> Trainer::evaluate() {
   // Local SGD / async averaging: every rank evaluates (and then saves) the averaged model. Also
   // without a test set: train() ends with an evaluation, which leaves every rank the same model.
   impl_->comm.sync_replicas();
+  if (impl_->strategy) impl_->strategy->synchronize();  // the last step's parameter all-gathers (ZeRO)
   if (!test_data_ || !model_) return out;
-  if (impl_->zero) impl_->zero->synchronize();  // the last step's parameter all-gathers
   torch::NoGradGuard no_grad;
   // Rank 0's buffers (batch-norm statistics) everywhere, as DDP uses them in the next forward.
   if (group_ && world_ > 1)
@@ -408,219 +364,6 @@ std::map<std::string, double> Trainer::evaluate() {
   return out;
 }
 
-int64_t Trainer::broadcast_value(int64_t value, int root) {
-  if (!group_ || world_ == 1) return value;
-  auto t = torch::tensor({value}, torch::kInt64);
-  gz::broadcast(t, root, group_);
-  return t.item<int64_t>();
-}
-
-std::string Trainer::broadcast_string(const std::string& text, int root) {
-  if (!group_ || world_ == 1) return text;
-  const int64_t n = broadcast_value(static_cast<int64_t>(text.size()), root);
-  if (n == 0) return {};
-  auto t = torch::zeros({n}, torch::kUInt8);
-  if (rank_ == root) std::memcpy(t.data_ptr<uint8_t>(), text.data(), static_cast<size_t>(n));
-  gz::broadcast(t, root, group_);
-  return std::string(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), static_cast<size_t>(n));
-}
-
-void Trainer::agree(std::exception_ptr error, const std::string& what) {
-  if (!group_ || world_ == 1) {
-    if (error) std::rethrow_exception(error);
-    return;
-  }
-  std::vector<double> failed(static_cast<size_t>(world_), 0.0);
-  failed[static_cast<size_t>(rank_)] = error ? 1.0 : 0.0;
-  allreduce_sum(failed);
-  std::string ranks;
-  int first = -1;
-  for (int r = 0; r < world_; ++r) {
-    if (failed[static_cast<size_t>(r)] == 0) continue;
-    if (first < 0) first = r;
-    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  }
-  if (first < 0) return;
-  // The first failing rank's message travels to every rank, so each error says what went wrong.
-  std::string message;
-  if (rank_ == first) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      message = e.what();
-    } catch (...) {
-      message = "unknown exception";
-    }
-  }
-  message = broadcast_string(message, first);
-  if (error) std::rethrow_exception(error);
-  GZ_THROW(Error, "rank ", rank_, ": ", what, " failed on rank(s) ", ranks, ": ", message);
-}
-
-std::string Trainer::save_checkpoint() {
-  gz::ScopedPhase phase(gz::Phase::checkpoint);
-  std::string dir;
-  std::exception_ptr error;
-  if (impl_->zero) impl_->zero->consolidate_state_dict(0);  // collective: rank 0 saves the whole state
-  if (is_main()) {
-    try {
-      torch::serialize::OutputArchive root;
-      torch::serialize::OutputArchive model_archive, opt_archive, scaler_archive;
-      save_module_state(*model_, model_archive);
-      root.write("model", model_archive);
-      impl_->optimizer->save(opt_archive);
-      root.write("optimizer", opt_archive);
-      impl_->scaler->save(scaler_archive);
-      root.write("scaler", scaler_archive);
-      {
-        auto gen = at::detail::getDefaultCPUGenerator();
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        root.write("rng_cpu", gen.get_state());
-      }
-      root.write("counters",
-                 torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
-                                static_cast<int64_t>(world_), state_.total_steps, config_.batch_size,
-                                config_.gradient_accumulation_steps, state_.epoch_samples,
-                                state_.samples_seen, impl_->plan.reference_global_batch},
-                               torch::kInt64));
-      root.write("best_metric", torch::tensor({state_.best_metric}, torch::kFloat64));
-      auto metrics = state_.metrics;
-      metrics["train_loss"] = state_.loss;
-      dir = impl_->checkpoints->save(root, state_.step, state_.epoch, metrics);
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  // Replaces a barrier: the other ranks wait here for rank 0's write, and learn if it failed
-  // instead of timing out in the next collective rank 0 never joins.
-  agree(error, detail::concat("saving the checkpoint of step ", state_.step));
-  for (auto& cb : callbacks_) cb->on_save(*this, dir);
-  return dir;
-}
-
-void Trainer::load_checkpoint(const std::string& path) {
-  torch::serialize::InputArchive root;
-  auto info = CheckpointManager::open(path, root);
-  apply_checkpoint(root, info, fs::is_directory(path) ? info.state_file() : path);
-}
-
-void Trainer::apply_checkpoint(torch::serialize::InputArchive& root, const CheckpointInfo& info,
-                               const std::string& file) {
-  try {
-    torch::serialize::InputArchive model_archive, opt_archive, scaler_archive;
-    if (!root.try_read("model", model_archive)) GZ_THROW(Error, "checkpoint ", file, " has no model state");
-    torch::Tensor counters, best, rng;
-    if (!root.try_read("counters", counters) || counters.numel() < 8)
-      GZ_THROW(Error, "checkpoint ", file, " has no trainer counters (not a training checkpoint?)");
-    auto cnt = counters.to(torch::kInt64);
-    auto at = [&](int i) { return cnt[i].item<int64_t>(); };
-    const bool accounted = counters.numel() >= 11;  // written with the sample accounting
-    load_module_state(*model_, model_archive, file);
-    if (root.try_read("optimizer", opt_archive)) impl_->optimizer->load(opt_archive);
-    if (root.try_read("scaler", scaler_archive)) impl_->scaler->load(scaler_archive);
-    if (root.try_read("rng_cpu", rng)) {
-      auto gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(rng);
-    }
-    state_.step = at(0);
-    state_.epoch = at(1);
-    state_.best_step = at(2);
-    state_.evals_without_improvement = at(3);
-    if (root.try_read("best_metric", best)) state_.best_metric = best.item<double>();
-    state_.metrics = info.metrics;
-    state_.metrics.erase("train_loss");
-    // Where the data stands: the epoch and the samples of its order consumed, all ranks together,
-    // so that any world size reads the rest of the epoch exactly once.
-    const int64_t written_world = at(4);
-    int64_t reference = at(6) * at(7) * written_world;
-    if (accounted) {
-      state_.epoch_samples = at(8);
-      state_.samples_seen = at(9);
-      reference = at(10);
-    } else {
-      const int64_t spe =
-          std::max<int64_t>(1, static_cast<int64_t>(train_data_->size() / static_cast<size_t>(reference)));
-      state_.epoch = state_.step / spe;
-      state_.epoch_samples = (state_.step % spe) * reference;
-      state_.samples_seen = state_.step * reference;
-    }
-    plan_steps(reference);
-    if (written_world != world_ && is_main())
-      GZ_LOG(info, "resuming on ", world_, " rank(s), checkpoint written by ", written_world,
-             " (elastic_batch ", config_.elastic_batch, "): global batch ", state_.global_batch,
-             " (first launch ", impl_->plan.reference_global_batch, "), ", impl_->plan.accumulation,
-             " micro-batch(es) per step, lr x ", state_.lr_scale, "; epoch ", state_.epoch, " at sample ",
-             state_.epoch_samples, " of ", train_data_->size());
-  } catch (const gz::Error&) {
-    throw;
-  } catch (const c10::Error& e) {
-    GZ_THROW(Error, "checkpoint ", file, " does not match this model/optimizer: ", e.what_without_backtrace());
-  }
-  if (state_.step > state_.total_steps)
-    GZ_THROW(Error, "checkpoint ", file, " is at step ", state_.step, ", past this run's ", state_.total_steps, " steps");
-}
-
-void Trainer::maybe_resume() {
-  const std::string& r = config_.resume_from_checkpoint;
-  if (r.empty()) return;
-  // Every rank must end up at the same step, or they issue different collectives and hang. So
-  // rank 0 alone lists the folder (other nodes may see a stale or different one) and decides.
-  constexpr int64_t kNone = -1, kRankZeroFailed = -2;
-  torch::serialize::InputArchive archive;
-  std::optional<CheckpointInfo> info;
-  std::exception_ptr error;
-  std::string path = r;
-  if (r == "auto") {
-    int64_t step = kNone;
-    if (is_main()) {
-      try {
-        impl_->checkpoints->remove_temp_dirs();
-        info = impl_->checkpoints->open_latest(archive);
-        if (info) step = info->step;
-      } catch (...) {
-        step = kRankZeroFailed;
-        error = std::current_exception();
-      }
-    }
-    step = broadcast_value(step);
-    if (step == kRankZeroFailed) agree(error, "resume_from_checkpoint: auto (choosing a checkpoint)");  // throws
-    if (step == kNone) {
-      if (is_main()) GZ_LOG(info, "resume_from_checkpoint: auto found no checkpoint in ", impl_->checkpoints->root(),
-                            "; starting fresh");
-      return;
-    }
-    if (!is_main()) {
-      try {
-        info = impl_->checkpoints->find(step);
-        if (!info)
-          GZ_THROW(Error, "rank ", rank_, ": checkpoint of step ", step, " (chosen by rank 0) is not in ",
-                   impl_->checkpoints->root(), " on this rank; every node must see the same checkpoint folder");
-        info = CheckpointManager::open(info->dir, archive);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    agree(error, detail::concat("loading the checkpoint of step ", step));
-    path = info->dir;
-  } else {
-    try {
-      info = CheckpointManager::open(path, archive);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    agree(error, "loading checkpoint " + path);
-  }
-  // A model or optimizer mismatch is the same on every rank, but agree anyway: no rank may go on.
-  try {
-    apply_checkpoint(archive, *info, fs::is_directory(path) ? info->state_file() : path);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  agree(error, "applying checkpoint " + path);
-  if (is_main()) GZ_LOG(info, "resumed from ", path, " at step ", state_.step);
-}
-
 std::map<std::string, double> Trainer::train() {
   setup();
   impl_->clock.reset();
@@ -637,7 +380,7 @@ std::map<std::string, double> Trainer::train() {
     const auto now = std::chrono::system_clock::now().time_since_epoch();
     session_id_ = broadcast_value(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
   }
-  if (impl_->hvd && state_.step > 0) broadcast_optimizer_state(*impl_->optimizer, 0, group_);
+  if (state_.step > 0) impl_->strategy->after_load();  // Horovod mode: rank 0's optimizer state
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
 
   impl_->first_step = state_.step;

@@ -2,6 +2,7 @@
 // bucket rebuild, unused parameters, join for uneven inputs, compression hooks.
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include "gz/core/error.h"
@@ -175,6 +176,50 @@ TEST(DDP, UnusedParametersWorkWhenAllowed) {
     EXPECT_FALSE(m->unused->weight.grad().defined());  // unused everywhere: left alone
     EXPECT_LE(max_rel_diff(*m, *models[world]), 1e-5);
   });
+}
+
+// A parameter used in the no_sync() micro-steps but not in the synchronised last one keeps the
+// gradient it accumulated, averaged like the others (PyTorch's behaviour): before, DDP zeroed it.
+TEST(DDP, NoSyncKeepsTheGradientOfAParameterUnusedInTheLastMicroStep) {
+  const int world = 2, micro = 3, steps = 3;
+  auto uses_side = [](int k) { return k + 1 < micro; };  // not in the synchronised micro-step
+  auto d = make_data(steps * micro, world * kB);
+  Side ref;
+  auto start = ref->side->weight.detach().clone();
+  {
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      for (int k = 0; k < micro; ++k)
+        torch::mse_loss(ref->forward(d.x[s * micro + k], uses_side(k)), d.y[s * micro + k]).backward();
+      opt.step();
+    }
+  }
+  ASSERT_GT((ref->side->weight - start).abs().max().item<double>(), 1e-3);
+  for (bool view : {true, false}) {
+    std::vector<Side> models(world);
+    run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+      auto g = make_comm(r, world, store);
+      auto& m = models[r];
+      auto o = small_buckets();
+      o.find_unused_parameters = true;
+      o.gradient_as_bucket_view = view;
+      DistributedDataParallel ddp(m.ptr(), g, o);
+      torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+      for (int s = 0; s < steps; ++s) {
+        opt.zero_grad();
+        for (int k = 0; k < micro; ++k) {
+          const int i = s * micro + k;
+          std::optional<DistributedDataParallel::NoSyncGuard> guard;
+          if (k + 1 < micro) guard.emplace(ddp.reducer());
+          auto out = ddp.forward([&] { return m->forward(shard(d.x[i], r, kB), uses_side(k)); });
+          torch::mse_loss(out, shard(d.y[i], r, kB)).backward();
+        }
+        opt.step();
+      }
+      EXPECT_LE(max_rel_diff(*m, *ref), 1e-5) << "rank " << r << " gradient_as_bucket_view " << view;
+    });
+  }
 }
 
 TEST(DDP, UnusedParametersAreNamedWhenNotAllowed) {

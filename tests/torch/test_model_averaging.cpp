@@ -10,6 +10,7 @@
 #include "gz/torch/async_model_averager.h"
 #include "gz/torch/ddp.h"
 #include "gz/torch/local_sgd.h"
+#include "torch/support/slow_comm.h"
 #include "torch/support/torch_test_util.h"
 
 namespace {
@@ -244,6 +245,41 @@ TEST(AsyncAveraging, PeerDroppingOutFailsTheOthersPromptly) {
   });
   EXPECT_FALSE(errors[0].empty()) << "rank 0 should fail: its peer left";
   EXPECT_LT(seconds[0], 10.0) << errors[0];
+}
+
+// A round whose all-reduces each finish just before their own deadline (header, f32 flat, f64
+// flat: about 3 x 1.7 s) outlives the round's Work deadline (2 s + 2 s of grace): step() gives up
+// waiting while the progress thread still works on the averager's buffers. The averager must abort
+// that round and wait for it before its memory goes; before, the destructor saw no round in flight
+// and freed the buffers under it (a heap-use-after-free in test.sh's ASan stage).
+TEST(AsyncAveraging, ATimedOutRoundNeverOutlivesTheAverager) {
+  const int world = 2;
+  auto state = std::make_shared<SlowCommState>();
+  std::vector<int> running_after(world, -1);
+  std::vector<std::string> errors(world);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = SlowComm::make(make_comm(r, world, store), std::chrono::seconds(2), state);
+    std::vector<torch::Tensor> params{torch::ones({64}), torch::ones({32}, torch::kFloat64)};
+    AsyncAveragingOptions o;
+    o.max_staleness = 0;  // step() waits for the round
+    {
+      AsyncModelAverager avg(params, {}, g, o);
+      try {
+        avg.step();
+        ADD_FAILURE() << "rank " << r << ": a round past its deadline did not fail step()";
+      } catch (const gz::Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    }
+    running_after[static_cast<size_t>(r)] = state->running_on[static_cast<size_t>(r)].load();
+  });
+  state->abort_all("test over");  // before the fix: lets the orphaned round end
+  while (state->running() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  state->release();
+  for (int r = 0; r < world; ++r)
+    EXPECT_EQ(running_after[static_cast<size_t>(r)], 0)
+        << "rank " << r << ": a round still runs on the buffers of a destroyed averager ("
+        << errors[static_cast<size_t>(r)] << ")";
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "gz/core/error.h"
+#include "gz/torch/collectives.h"
+#include "gz/torch/compression.h"
 #include "gz/torch/ddp.h"
 #include "gz/torch/distributed_optimizer.h"
 #include "gz/torch/row_sparse.h"
@@ -211,6 +213,51 @@ TEST_P(RowSparseDDP, MatchesOneProcessOnTheWholeBatch) {
 INSTANTIATE_TEST_SUITE_P(Cases, RowSparseDDP,
                          ::testing::Values(Case{2, false, false}, Case{3, true, false}, Case{2, true, true},
                                            Case{3, false, true}));
+
+// The compressing hooks (PowerSGD, int8, top-k) leave a row-sparse bucket to the row exchange,
+// uncompressed (its rows are few): they used to compress the embedding table like any bucket.
+TEST(RowSparse, CompressingHooksExchangeRowsUncompressed) {
+  const int world = 2, steps = 4;
+  auto t = make_tokens(steps, world * kB);
+  for (auto method : {Compression::powersgd, Compression::int8, Compression::topk}) {
+    std::vector<EmbedNet> models;
+    for (int r = 0; r < world; ++r) models.emplace_back(false);
+    run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+      auto g = make_comm(r, world, store);
+      auto& m = models[r];
+      CompressionOptions co;
+      co.method = method;
+      // One uncompressed step first: the row-sparse choice reads its exact average (int8's
+      // dequantised zeros are not zero, which would keep the table dense).
+      co.start_step = 1;
+      DDPOptions o;
+      o.comm_hook = make_comm_hook(co);
+      DistributedDataParallel ddp(m.ptr(), g, o);
+      auto& red = ddp.reducer();
+      const auto& names = red.param_names();
+      const size_t emb =
+          static_cast<size_t>(std::find(names.begin(), names.end(), "emb.weight") - names.begin());
+      ASSERT_LT(emb, names.size());
+      torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.5));
+      for (int s = 0; s < steps; ++s) {
+        opt.zero_grad();
+        auto out = ddp.forward([&] { return m->forward(shard(t.ids[s], r, kB)); });
+        torch::mse_loss(out, shard(t.y[s], r, kB)).backward();
+        if (s > 0) {  // row-sparse from the second step on
+          ASSERT_TRUE(red.row_sparse(emb));
+          EXPECT_GT(red.last_rows_exchanged(emb), 0) << to_string(method) << " step " << s;
+          // Exact: the gradient is the same on every rank, bit for bit (a compressed one is not
+          // guaranteed to be, and an uncompressed average of few rows has no error to feed back).
+          auto grads = torch::zeros({world, kVocab, 8});
+          grads[r].copy_(m->emb->weight.grad());
+          gz::allreduce(grads, comm::ReduceOp::sum, g);
+          EXPECT_TRUE(torch::equal(grads[0], grads[1])) << to_string(method) << " step " << s;
+        }
+        opt.step();
+      }
+    });
+  }
+}
 
 TEST(RowSparse, HorovodModeMatchesOneProcessOnTheWholeBatch) {
   for (bool sparse_module : {false, true}) {

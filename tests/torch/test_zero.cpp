@@ -207,6 +207,110 @@ TEST(Zero, NoSyncAccumulationEqualsPlainDdp) {
   EXPECT_LE(max_rel(out[world + 1], out[1]), 1e-6);
 }
 
+// Several synchronised backward passes before one step (no no_sync(), valid DDP code): the
+// gradients add up as with plain DDP. Stage 2 used to keep only the last backward's gradient (each
+// reduce-scatter overwrote the shard and the transient buckets had freed the earlier gradients).
+TEST(Zero, SeveralBackwardsBeforeAStepEqualPlainDdp) {
+  const int world = 2, micro = 3, steps = 3;
+  auto d = make_data(steps * micro, world * kB);
+  std::vector<std::vector<torch::Tensor>> ref;
+  for (int stage : {0, 1, 2}) {  // 0: plain DDP, the reference
+    auto models = make_mlps(world);
+    std::vector<std::vector<torch::Tensor>> out(world);
+    run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+      auto g = make_comm(r, world, store);
+      auto& m = models[r];
+      DistributedDataParallel ddp(m.ptr(), g, small_buckets());
+      std::shared_ptr<torch::optim::Optimizer> opt = make_opt(m, Kind::adamw);
+      if (stage > 0) opt = std::make_shared<ZeroRedundancyOptimizer>(ddp, opt, zero_opts(stage));
+      for (int s = 0; s < steps; ++s) {
+        opt->zero_grad();
+        for (int k = 0; k < micro; ++k) {
+          const int i = s * micro + k;
+          auto out = ddp.forward([&] { return m->forward(shard(d.x[i], r, kB)); });
+          torch::mse_loss(out, shard(d.y[i], r, kB)).backward();
+        }
+        opt->step();
+      }
+      if (stage > 0) std::static_pointer_cast<ZeroRedundancyOptimizer>(opt)->synchronize();
+      out[r] = snapshot(*m);
+    });
+    if (stage == 0) {
+      ref = out;
+      continue;
+    }
+    for (int r = 0; r < world; ++r)
+      EXPECT_LE(max_rel(out[r], ref[r]), 1e-6) << "stage " << stage << " rank " << r;
+  }
+}
+
+// A parameter used in the no_sync() micro-steps only keeps its accumulated gradient (as with
+// plain DDP and PyTorch): stage 2 used to drop it when it freed the gradients at the last backward.
+TEST(Zero, NoSyncKeepsTheGradientOfAParameterUnusedInTheLastMicroStep) {
+  const int world = 2, micro = 3, steps = 3;
+  auto uses_side = [](int k) { return k + 1 < micro; };
+  auto d = make_data(steps * micro, world * kB);
+  Side ref;
+  {
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      for (int k = 0; k < micro; ++k)
+        torch::mse_loss(ref->forward(d.x[s * micro + k], uses_side(k)), d.y[s * micro + k]).backward();
+      opt.step();
+    }
+  }
+  for (int stage : {1, 2}) {
+    std::vector<Side> models(world);
+    run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+      auto g = make_comm(r, world, store);
+      auto& m = models[r];
+      auto o = small_buckets();
+      o.find_unused_parameters = true;
+      DistributedDataParallel ddp(m.ptr(), g, o);
+      auto sgd = std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1));
+      ZeroRedundancyOptimizer opt(ddp, sgd, zero_opts(stage));
+      for (int s = 0; s < steps; ++s) {
+        opt.zero_grad();
+        for (int k = 0; k < micro; ++k) {
+          const int i = s * micro + k;
+          std::optional<DistributedDataParallel::NoSyncGuard> guard;
+          if (k + 1 < micro) guard.emplace(ddp.reducer());
+          auto out = ddp.forward([&] { return m->forward(shard(d.x[i], r, kB), uses_side(k)); });
+          torch::mse_loss(out, shard(d.y[i], r, kB)).backward();
+        }
+        opt.step();
+      }
+      opt.synchronize();
+      EXPECT_LE(max_rel(snapshot(*m), snapshot(*ref)), 1e-5) << "stage " << stage << " rank " << r;
+    });
+  }
+}
+
+// ZeRO owns DDP's comm hook (the reduce-scatter); a hook registered afterwards would make step()
+// silently step nothing. It is refused, and training goes on as before.
+TEST(Zero, ACommHookRegisteredAfterZeroIsRefused) {
+  const int world = 2;
+  auto d = make_data(2, world * kB);
+  auto models = make_mlps(world);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    DistributedDataParallel ddp(m.ptr(), g, small_buckets());
+    ZeroRedundancyOptimizer opt(ddp, make_opt(m, Kind::sgd), zero_opts(2));
+    try {
+      ddp.register_comm_hook(allreduce_hook());
+      ADD_FAILURE() << "a comm hook after ZeRO was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ZeroRedundancyOptimizer"), std::string::npos) << e.what();
+    }
+    auto before = snapshot(*m);
+    train_step(ddp, m, opt, d, 0, r, kB);
+    opt.synchronize();
+    EXPECT_GT(max_rel(snapshot(*m), before), 1e-4) << "the step changed nothing";
+  });
+}
+
 // Stage 2: after backward no parameter has a gradient and no bucket holds memory; the rank keeps
 // only its block. Stage 1: whole gradients, sharded state.
 TEST(Zero, Stage2KeepsOnlyTheOwnedGradientBlock) {

@@ -8,6 +8,7 @@
 
 #include "gz/comm/shm.h"
 #include "gz/core/error.h"
+#include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/checkpoint.h"
 #include "gz/train/data_loader.h"
 #include "gz/train/synthetic_dataset.h"
@@ -501,4 +502,60 @@ TEST(Trainer, ZeroStagesMatchDdpAndResumeAnywhere) {
   t.train();
   EXPECT_EQ(rec->step, 6);
   EXPECT_GT(t.state().step, 6);
+}
+
+namespace {
+// Counts the step ends at which ZeRO's parameter all-gathers were still unwaited.
+struct ZeroGatherProbe : Callback {
+  int unwaited = 0;
+  void on_step_end(Trainer& t) override {
+    auto* z = dynamic_cast<gz::ZeroRedundancyOptimizer*>(&t.optimizer());
+    if (z && z->gathers_pending()) ++unwaited;
+  }
+};
+}  // namespace
+
+// ZeRO all-gathers the stepped parameters asynchronously. The trainer waits for them before
+// anything reads the parameters: the callbacks (pruning takes its masks from them, so ranks that
+// read half-gathered weights prune differently), evaluate() (with or without a test set) and the
+// caller of train(). No test set here: train() ends with an evaluate() that has nothing to test.
+// (Before, the step's loss all-reduce happened to wait for the all-gathers, so the masks agreed;
+// nothing guaranteed it, and callbacks and the caller of train() still found them unwaited.)
+TEST(Trainer, ZeroParametersAreWholeForCallbacksAndAfterTrain) {
+  TmpDir dir("zero_whole");
+  auto c = base_config(dir.path);
+  c.num_epochs = 1;  // 4 steps with 2 ranks
+  c.zero_stage = 2;
+  std::vector<ModelPtr> nets{make_net(0.0), make_net(0.0)};
+  std::vector<std::vector<torch::Tensor>> params(2);
+  std::vector<int> unwaited(2, -1), pending_after(2, -1);
+  gz::test::run_ranks(2, [&](int rank, std::shared_ptr<gz::Store> store) {
+    gz::comm::ShmOptions so;
+    so.timeout = std::chrono::seconds(20);
+    auto cfg = c;
+    cfg.mode = "ddp";
+    Trainer t(cfg, gz::comm::create_shm_communicator(rank, 2, store, so));
+    t.set_model(nets[rank]);
+    t.set_datasets(std::make_shared<SyntheticDataset>(256, 4, std::vector<int64_t>{1, 4, 4}, 3), nullptr);
+    // Pruning and the probe only: the built-in checkpoint callback's final save would wait for the
+    // all-gathers itself.
+    t.set_default_callbacks(false);
+    t.add_callback(std::make_shared<PruningCallback>(0.5));
+    auto probe = std::make_shared<ZeroGatherProbe>();
+    t.add_callback(probe);
+    t.train();
+    unwaited[rank] = probe->unwaited;
+    pending_after[rank] = dynamic_cast<gz::ZeroRedundancyOptimizer&>(t.optimizer()).gathers_pending();
+    params[rank] = params_of(t.model());
+  });
+  EXPECT_EQ(unwaited, (std::vector<int>{0, 0}))
+      << "callbacks ran while all-gathers still wrote the parameters";
+  EXPECT_EQ(pending_after, (std::vector<int>{0, 0})) << "train() returned with all-gathers unwaited";
+  // Same masks everywhere: the same zeros, the same parameters.
+  int64_t zeros = 0;
+  for (size_t i = 0; i < params[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[0][i], params[1][i])) << "param " << i << " differs between the ranks";
+    if (params[0][i].dim() >= 2) zeros += params[0][i].eq(0).sum().item<int64_t>();
+  }
+  EXPECT_GT(zeros, 0) << "nothing was pruned";
 }

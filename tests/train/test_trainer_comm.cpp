@@ -135,4 +135,20 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"async", "ddp", {"--averaging.method", "async", "--averaging.max_staleness", "2"}, false}),
     [](const auto& info) { return info.param.name; });
 
+// With ZeRO the reduce-scatters and all-gathers are the gradient traffic: comm_bytes_per_step counts
+// them (it read 0). At two ranks the two blocks of a bucket add up to the padded bucket, what plain
+// DDP's all-reduce counts.
+TEST(TrainerComm, ZeroCountsItsReduceScattersAndAllGathers) {
+  TmpDir tmp("zero_bytes");
+  auto plain = run_two_ranks("ddp", {"--num_epochs", "1"}, tmp.path / "plain");
+  const double plain_bytes = plain.metrics.at("comm_bytes_per_step");
+  ASSERT_GT(plain_bytes, 0);
+  for (std::string stage : {"1", "2"}) {
+    auto z = run_two_ranks("ddp", {"--num_epochs", "1", "--zero_stage", stage}, tmp.path / ("zero" + stage));
+    const double bytes = z.metrics.at("comm_bytes_per_step");
+    EXPECT_GE(bytes, plain_bytes) << "stage " << stage;
+    EXPECT_LE(bytes, 1.1 * plain_bytes) << "stage " << stage;
+  }
+}
+
 }  // namespace

@@ -17,20 +17,17 @@
 #include "gz/core/timeline.h"
 #include "gz/torch/async_model_averager.h"
 #include "gz/torch/compression.h"
-#include "gz/torch/data_parallel.h"
-#include "gz/torch/ddp.h"
-#include "gz/torch/distributed_optimizer.h"
 #include "gz/torch/fused_adamw.h"
 #include "gz/torch/local_sgd.h"
 #include "gz/torch/process_group.h"
-#include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/models/model.h"
+#include "gz/train/parallel_strategy.h"
 
 namespace {
 
 struct TrainBenchOptions {
   std::string model = "cnn";
-  std::string mode = "ddp";
+  gz::train::ParallelMode mode = gz::train::ParallelMode::ddp;
   std::string backend = "auto";
   int64_t batch = 32;
   int steps = 50;
@@ -118,7 +115,7 @@ TrainBenchOptions parse(int argc, char** argv) {
     if (a == "--model")
       o.model = next();
     else if (a == "--mode")
-      o.mode = next();
+      o.mode = gz::train::parse_parallel_mode(next());
     else if (a == "--backend")
       o.backend = next();
     else if (a == "--batch")
@@ -172,17 +169,15 @@ TrainBenchOptions parse(int argc, char** argv) {
   if (o.model != "cnn" && o.model != "bert-small" && o.model != "bert-base")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --model must be cnn, bert-small or bert-base, got ",
              o.model);
-  if (o.mode != "single" && o.mode != "dp" && o.mode != "ddp" && o.mode != "horovod")
-    GZ_THROW(gz::InvalidArgument, "gz-bench train: --mode must be single, dp, ddp or horovod, got ", o.mode);
   if (o.kernels != "fused" && o.kernels != "torch")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --kernels must be fused or torch, got ", o.kernels);
   if (o.hook != "none") o.compression.method = gz::parse_compression(o.hook == "allreduce" ? "none" : o.hook);
   if (o.averaging != "none" && o.averaging != "local_sgd" && o.averaging != "async")
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --averaging must be none, local_sgd or async, got ",
              o.averaging);
-  if (o.averaging != "none" && (o.mode != "ddp" || o.hook != "allreduce"))
+  if (o.averaging != "none" && (o.mode != gz::train::ParallelMode::ddp || o.hook != "allreduce"))
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --averaging needs --mode ddp and --hook allreduce");
-  GZ_CHECK_ARG(o.zero >= 0 && o.zero <= 2 && (o.zero == 0 || o.mode == "ddp"),
+  GZ_CHECK_ARG(o.zero >= 0 && o.zero <= 2 && (o.zero == 0 || o.mode == gz::train::ParallelMode::ddp),
                "--zero 0|1|2 (ddp mode only)");
   GZ_CHECK_ARG(
       o.zero == 0 || (o.hook == "allreduce" && o.averaging == "none"),
@@ -198,7 +193,7 @@ int bench_train(int argc, char** argv) {
   auto o = parse(argc, argv);
   torch::set_num_threads(o.threads);
   torch::manual_seed(42);
-  const bool distributed = o.mode == "ddp" || o.mode == "horovod";
+  const bool distributed = gz::train::needs_group(o.mode);
   int rank = 0, world = 1;
   if (distributed) {
     gz::ProcessGroupOptions po;
@@ -240,7 +235,7 @@ int bench_train(int argc, char** argv) {
   else
     opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-4));
 
-  const int replicas = o.mode == "dp" ? 2 : 1;
+  const int replicas = o.mode == gz::train::ParallelMode::dp ? 2 : 1;
   const int64_t local_batch = o.batch * replicas;
   torch::Tensor x, y;
   if (o.model == "cnn") {
@@ -252,63 +247,41 @@ int bench_train(int argc, char** argv) {
   }
 
   const auto mem_base = gz::bench::read_proc_memory();  // model, optimizer and data exist; no state yet
-  std::unique_ptr<gz::DistributedDataParallel> ddp;
-  std::shared_ptr<gz::ZeroRedundancyOptimizer> zero;
-  std::unique_ptr<gz::DistributedOptimizer> hvd;
-  std::unique_ptr<gz::DataParallel> dp;
+  // The mode's strategy, chosen once; the averagers (ddp mode) come on top of it.
+  gz::train::StrategyOptions so;
+  so.mode = o.mode;
+  so.group = distributed ? gz::default_group() : nullptr;
+  auto stats = std::make_shared<gz::CommStats>();  // bytes handed to collectives by hooks/averagers
+  if (o.hook == "none")
+    so.ddp.comm_hook = [](gz::comm::Communicator&, gz::GradBucket&) {};
+  else if (o.averaging != "none")
+    so.ddp.comm_hook = gz::post_local_sgd_hook(0);
+  else
+    so.ddp.comm_hook = gz::make_comm_hook(o.compression, stats);
+  so.ddp.row_sparse.enabled = o.row_sparse;
+  if (o.bucket_mb > 0) so.ddp.bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
+  if (o.first_bucket_mb > 0) so.ddp.first_bucket_bytes = static_cast<size_t>(o.first_bucket_mb * (1 << 20));
+  so.zero_stage = o.zero;
+  if (o.cycle_us >= 0) so.horovod.cycle_time = std::chrono::microseconds(o.cycle_us);
+  so.horovod.row_sparse.enabled = o.row_sparse;
+  if (o.bucket_mb > 0) so.horovod.replay_bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
+  so.horovod.compression = o.compression.method;
+  so.horovod.compression_options = o.compression;
+  so.horovod.stats = stats;
+  so.dp_devices.assign(static_cast<size_t>(replicas), torch::Device(torch::kCPU));
+  auto strategy = gz::train::make_strategy(so, model, opt);
   std::unique_ptr<gz::PeriodicModelAverager> local_sgd;
   std::unique_ptr<gz::AsyncModelAverager> async_avg;
-  auto stats = std::make_shared<gz::CommStats>();  // bytes handed to collectives by hooks/averagers
-  if (o.mode == "ddp") {
-    gz::DDPOptions dopt;
-    if (o.hook == "none")
-      dopt.comm_hook = [](gz::comm::Communicator&, gz::GradBucket&) {};
-    else if (o.averaging != "none")
-      dopt.comm_hook = gz::post_local_sgd_hook(0);
-    else
-      dopt.comm_hook = gz::make_comm_hook(o.compression, stats);
-    dopt.row_sparse.enabled = o.row_sparse;
-    if (o.bucket_mb > 0) dopt.bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
-    if (o.first_bucket_mb > 0) dopt.first_bucket_bytes = static_cast<size_t>(o.first_bucket_mb * (1 << 20));
-    ddp = std::make_unique<gz::DistributedDataParallel>(model, nullptr, dopt);
-    if (o.zero > 0) {
-      gz::ZeroOptions zo;
-      zo.stage = o.zero;
-      zero = std::make_shared<gz::ZeroRedundancyOptimizer>(*ddp, opt, zo);
-      opt = zero;
-    } else if (o.averaging == "local_sgd") {
-      gz::LocalSGDOptions lo;
-      lo.period = o.period;
-      lo.stats = stats;
-      local_sgd = std::make_unique<gz::PeriodicModelAverager>(*model, nullptr, lo);
-    } else if (o.averaging == "async") {
-      gz::AsyncAveragingOptions ao;
-      ao.max_staleness = o.staleness;
-      ao.stats = stats;
-      async_avg = std::make_unique<gz::AsyncModelAverager>(*model, nullptr, ao);
-    }
-  } else if (o.mode == "horovod") {
-    gz::broadcast_parameters(*model, 0);
-    gz::NamedParameters named;
-    for (auto& it : model->named_parameters()) named.emplace_back(it.key(), it.value());
-    gz::DistributedOptimizerOptions ho;
-    if (o.cycle_us >= 0) ho.cycle_time = std::chrono::microseconds(o.cycle_us);
-    ho.row_sparse.enabled = o.row_sparse;
-    if (o.bucket_mb > 0) ho.replay_bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
-    ho.compression = o.compression.method;
-    ho.compression_options = o.compression;
-    ho.stats = stats;
-    hvd = std::make_unique<gz::DistributedOptimizer>(opt, named, ho);
-  } else if (o.mode == "dp") {
-    dp = std::make_unique<gz::DataParallel>(
-        model,
-        [](const torch::nn::Module& m, const torch::Device&) {
-          return std::static_pointer_cast<torch::nn::Module>(
-              dynamic_cast<const gz::train::ModelImpl&>(m).clone_model());
-        },
-        [](torch::nn::Module& m, const torch::Tensor& in) {
-          return dynamic_cast<gz::train::ModelImpl&>(m).forward(in);
-        });
+  if (o.averaging == "local_sgd") {
+    gz::LocalSGDOptions lo;
+    lo.period = o.period;
+    lo.stats = stats;
+    local_sgd = std::make_unique<gz::PeriodicModelAverager>(*model, nullptr, lo);
+  } else if (o.averaging == "async") {
+    gz::AsyncAveragingOptions ao;
+    ao.max_staleness = o.staleness;
+    ao.stats = stats;
+    async_avg = std::make_unique<gz::AsyncModelAverager>(*model, nullptr, ao);
   }
 
   // GZ_TIMELINE=PREFIX: forward, backward and optimizer spans per step next to DDP's and the
@@ -316,30 +289,23 @@ int bench_train(int argc, char** argv) {
   gz::Timeline* tl = gz::Timeline::process();
   auto step = [&] {
     auto t0 = gz::Clock::now();
-    opt->zero_grad();
-    torch::Tensor out;
-    if (ddp)
-      out = ddp->forward([&] { return model->forward(x); });
-    else if (dp)
-      out = dp->forward(x);
-    else
-      out = model->forward(x);
+    strategy->zero_grad();
+    strategy->begin_micro_step(true);
+    torch::Tensor out = strategy->forward(x);
     auto loss = torch::nn::functional::cross_entropy(out, y);
     auto t1 = gz::Clock::now();
     loss.backward();
-    if (dp) dp->reduce_gradients();
+    strategy->end_micro_step();
     auto t2 = gz::Clock::now();
-    if (hvd)
-      hvd->step();
-    else
-      opt->step();
+    strategy->step();
     if (local_sgd) local_sgd->step();
     if (async_avg) async_avg->step();
     if (tl) {
       auto t3 = gz::Clock::now();
       tl->span("step", "forward", t0, t1);
       tl->span("step", "backward", t1, t2);
-      tl->span("step", hvd ? "synchronize+optimizer" : "optimizer", t2, t3);
+      tl->span("step", o.mode == gz::train::ParallelMode::horovod ? "synchronize+optimizer" : "optimizer", t2,
+               t3);
     }
   };
   for (int i = 0; i < o.warmup; ++i) step();
@@ -362,40 +328,27 @@ int bench_train(int argc, char** argv) {
   if (o.memory && distributed) {
     // After the last step, as the next one would find them: DDP's gradients stay in their buckets
     // (zero_grad() zeroes them), ZeRO stage 2 holds only its gradient blocks.
-    std::vector<torch::Tensor> blocks;  // ZeRO's gradient blocks
-    if (zero) blocks = zero->local_gradients();
-    const auto grads = gz::bench::gradient_bytes(*model, blocks);
+    const auto grads = gz::bench::gradient_bytes(*model, strategy->gradient_blocks());  // ZeRO's blocks
     gz::bench::report_memory(*gz::default_group(), o.zero ? "zero" + std::to_string(o.zero) : "ddp",
-                             gz::optimizer_state_bytes(*opt), grads, mem_base);
+                             gz::optimizer_state_bytes(strategy->optimizer()), grads, mem_base);
   }
   const double samples = static_cast<double>(local_batch) * world * o.steps;
   int64_t nparams = 0;  // gradient elements per step
   for (const auto& p : model->parameters()) nparams += p.numel();
   // Bytes the last step reduced: dense_bytes all-reduced, rows_bytes = all ranks' rows (index + row)
   // of the row-sparse gradients (each rank receives the others' share of it).
-  int64_t dense_bytes = 0, rows_bytes = 0;
-  auto account = [&](const torch::Tensor& p, int64_t rows) {
-    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-    if (rows < 0)
-      dense_bytes += bytes;
-    else
-      rows_bytes += rows * (bytes / std::max<int64_t>(p.size(0), 1) + 8);
-  };
-  if (ddp) {
-    const auto& red = ddp->reducer();
-    for (size_t i = 0; i < red.params().size(); ++i) account(red.params()[i], red.last_rows_exchanged(i));
-  } else if (hvd) {
-    for (auto& it : model->named_parameters()) account(it.value(), hvd->last_rows_exchanged(it.key()));
-  }
+  const gz::train::ExchangeBytes exchanged = strategy->last_exchange();
+  const int64_t dense_bytes = exchanged.dense_bytes, rows_bytes = exchanged.rows_bytes;
   if (rank == 0) {
     std::printf(
         "gz-bench train: model=%s mode=%s ranks=%d replicas=%d batch=%lld threads=%d steps=%d kernels=%s "
         "hook=%s backend=%s params=%lld row_sparse=%s dense_bytes=%lld rows_bytes=%lld\n",
-        o.model.c_str(), o.mode.c_str(), world, replicas, static_cast<long long>(o.batch), o.threads, o.steps,
-        o.kernels.c_str(), o.hook.c_str(), distributed ? gz::default_group()->backend().c_str() : "none",
-        static_cast<long long>(nparams), o.row_sparse ? "on" : "off", static_cast<long long>(dense_bytes),
-        static_cast<long long>(rows_bytes));
-    const std::string mode = o.zero ? o.mode + "_zero" + std::to_string(o.zero) : o.mode;
+        o.model.c_str(), gz::train::to_string(o.mode), world, replicas, static_cast<long long>(o.batch),
+        o.threads, o.steps, o.kernels.c_str(), o.hook.c_str(),
+        distributed ? gz::default_group()->backend().c_str() : "none", static_cast<long long>(nparams),
+        o.row_sparse ? "on" : "off", static_cast<long long>(dense_bytes), static_cast<long long>(rows_bytes));
+    const std::string mode =
+        std::string(gz::train::to_string(o.mode)) + (o.zero ? "_zero" + std::to_string(o.zero) : "");
     std::printf(
         "RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f hook=%s averaging=%s "
         "bytes_per_step=%.0f wire_bytes_per_step=%.0f\n",
@@ -405,10 +358,8 @@ int bench_train(int argc, char** argv) {
   }
   async_avg.reset();
   local_sgd.reset();
+  strategy.reset();
   opt.reset();
-  zero.reset();
-  ddp.reset();
-  hvd.reset();
   if (distributed) gz::shutdown();
   return 0;
 }

@@ -17,13 +17,14 @@
 #include "gz/core/error.h"
 #include "gz/store/store.h"
 #include "job_monitor.h"
+#include "launch_auth.h"
 #include "options.h"
 #include "output_relay.h"
-#include "launch_auth.h"
 #include "preflight.h"
 #include "process.h"
 #include "store_host.h"
 #include "supervisor.h"
+#include "verdict_report.h"
 
 #ifndef GZ_VERSION
 #define GZ_VERSION "unknown"
@@ -82,6 +83,8 @@ int run(int argc, char** argv) {
     return 0;
   }
 
+  // Flight-recorder verdicts without a job of our own: offline, or asking a running one.
+  if (!o.analyze_dir.empty()) return run_analyze(o.analyze_dir);
   SupervisorConfig cfg;
   try {
     apply_env_defaults(o, env.get("GZ_HEARTBEAT_TIMEOUT_S", ""), env.get("GZ_HEARTBEAT_INTERVAL_S", ""));
@@ -89,6 +92,7 @@ int run(int argc, char** argv) {
     say(std::string("error: ") + e.what());
     return 2;
   }
+  if (o.status) return run_status_client(o, env.get("GZ_RDZV_TOKEN", ""));
   try {
     if (!o.program.empty()) cfg.program_path = resolve_program(o.program, env.get("PATH", ""));
   } catch (const gz::Error& e) {
@@ -203,7 +207,22 @@ int run(int argc, char** argv) {
         return m->advance_round(r.round);
       };
   }
+  // Several nodes: the verdict's reports and status requests go through the store.
+  auto status_hook = std::make_shared<StatusWatcher*>(nullptr);
+  if (o.nnodes > 1) {
+    cfg.store_client = verdict_store_client(o, auth.token);
+    cfg.ask_status = [status_hook] {
+      if (*status_hook) (*status_hook)->ask_job();
+    };
+  }
+  const std::string hostname = cfg.hostname;
   Supervisor sup(o, std::move(cfg));
+  std::unique_ptr<StatusWatcher> watcher;  // destroyed before sup, whose board it reads
+  if (o.nnodes > 1) {
+    watcher = std::make_unique<StatusWatcher>(
+        o, [&store] { return store.monitor_client(); }, sup.board(), hostname);
+    *status_hook = watcher.get();
+  }
   return sup.run();
 }
 

@@ -52,6 +52,12 @@ constexpr Spec kSpecs[] = {
     {"rdzv-conf", Kind::value},
     // The pre-flight check (preflight.h): --preflight or --preflight=warn|strict.
     {"preflight", Kind::optional},
+    // Flight-recorder verdicts.
+    {"status", Kind::flag},
+    {"analyze", Kind::value},
+    {"dump-wait", Kind::value},
+    {"verdict-wait", Kind::value},
+    {"stuck", Kind::value},
 };
 
 const Spec* find_spec(const std::string& name) {
@@ -231,6 +237,15 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
       GZ_THROW(InvalidArgument, "--preflight takes no value, =warn or =strict; got '", v, "'");
     o.preflight = true;
     o.preflight_strict = v == "strict";
+  } else if (name == "analyze") {
+    if (v.empty()) GZ_THROW(InvalidArgument, "--analyze needs a directory");
+    o.analyze_dir = v;
+  } else if (name == "dump-wait") {
+    o.dump_wait_s = parse_seconds(v, name, true);
+  } else if (name == "verdict-wait") {
+    o.verdict_wait_s = parse_seconds(v, name, true);
+  } else if (name == "stuck") {
+    o.stuck_s = parse_seconds(v, name, true);
   } else {
     apply_backend_option(o, name, v);
   }
@@ -239,6 +254,14 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
 void validate(LaunchOptions& o) {
   if (o.help || o.version) return;
   validate_backend(o);
+  if (o.status || !o.analyze_dir.empty()) {
+    if (!o.program.empty()) GZ_THROW(InvalidArgument, "--status and --analyze take no PROGRAM");
+    if (o.status && !o.analyze_dir.empty()) GZ_THROW(InvalidArgument, "give either --status or --analyze");
+    if (o.status && !o.master_port_given)
+      GZ_THROW(InvalidArgument,
+               "--status needs the job's --master-addr and --master-port (its store is on port+1)");
+    return;
+  }
   if (o.program.empty() && !o.preflight)
     GZ_THROW(InvalidArgument, "no program given (usage: gzrun [options] [--] PROGRAM [ARGS...])");
   if (o.preflight && o.elastic)
@@ -327,6 +350,7 @@ LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc
       if (body == "help") o.help = true;
       if (body == "version") o.version = true;
       if (body == "rdzv-insecure") o.rdzv_insecure = true;
+      if (body == "status") o.status = true;
       continue;
     }
     if (!has_value) {
@@ -431,6 +455,13 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            a table flagging outliers (below half the median). =strict: do not
                            start the job when a node is flagged (exit 4). About 0.3 s of compute
                            per node and 4 MiB per probed pair (docs/debugging-slow.md)
+  --dump-wait S            how long workers get to answer a dump request (default 1)
+  --verdict-wait S         how long the verdict waits for the other nodes' reports (default 3)
+  --status                 ask the running job at --master-addr/--master-port (with its token)
+                           where every rank is and print the verdict; no PROGRAM. Or send
+                           SIGUSR1 to any of the job's gzruns
+  --stuck S                --status: a wait longer than S is a hang (default 1)
+  --analyze DIR            judge a directory of dumps (rank-*.jsonl, gzrun reports) offline
   -h, --help               this text
   --version                print the version
 
@@ -456,6 +487,11 @@ exit status:
            (the check alone) any flagged node
   128+N    gzrun received signal N (SIGINT/SIGTERM/SIGHUP), forwarded it to the workers and
            stopped them
+
+when a job fails (or on --status / SIGUSR1) every worker's flight recorder is dumped
+(GZ_DUMP_DIR: DIR/dumps/<run id> with --log-dir, else /tmp/gz-dumps/<run id>), node 0's gzrun
+gathers them through the store and prints one verdict line naming the culprit rank and the
+cause (docs/debugging.md).
 
 several nodes: failures are decided job-wide through the store. A failed worker, a lost node
 (no heartbeat) or a lost store host stops the workers of every node within the heartbeat timeout

@@ -63,6 +63,12 @@ struct LaunchOptions {
   /// @brief The job's key prefix in etcd: "<root>/<rdzv-id>".
   std::string etcd_prefix() const { return etcd_root + "/" + rdzv_id; }
 
+  // Flight-recorder verdicts (dump_collector.h, verdict_report.h; docs/debugging.md).
+  bool status = false;        ///< --status: ask the running job for its picture (no PROGRAM)
+  std::string analyze_dir;    ///< --analyze DIR: judge a directory of dumps offline (no PROGRAM)
+  double dump_wait_s = 1;     ///< --dump-wait: how long workers get to answer a dump request
+  double verdict_wait_s = 3;  ///< --verdict-wait: how long the verdict waits for other nodes' reports
+  double stuck_s = 1;         ///< --stuck: in a status picture, a wait longer than this is a hang
   bool help = false;
   bool version = false;
   // --- the pre-flight check (preflight.h) ---

@@ -98,7 +98,8 @@ void on_signal(int sig) {
   errno = saved;
 }
 
-constexpr int kCaught[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+// SIGUSR1: print where every rank is (verdict_report.h), the job goes on.
+constexpr int kCaught[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1};
 
 }  // namespace
 

@@ -44,7 +44,7 @@ std::vector<pid_t> list_children(pid_t parent);
 /// creates never land on them.
 void ensure_std_fds();
 
-/// @brief Self-pipe for SIGINT, SIGTERM, SIGHUP and SIGCHLD; SIGPIPE is ignored (a closed
+/// @brief Self-pipe for SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGUSR1; SIGPIPE is ignored (a closed
 /// console must not kill gzrun while workers run).
 class SignalPipe {
  public:

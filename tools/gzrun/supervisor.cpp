@@ -11,6 +11,8 @@
 #include <cstring>
 
 #include "gz/core/error.h"
+#include "gz/store/store.h"
+#include "verdict_report.h"
 #include "worker_env.h"
 
 namespace gz::launcher {
@@ -23,6 +25,7 @@ Supervisor::Supervisor(const LaunchOptions& options, SupervisorConfig config)
 Supervisor::~Supervisor() {
   // Every exit path, exceptions included: nothing of ours keeps running.
   kill_all_groups(SIGKILL, true);
+  if (upload_.joinable()) upload_.join();
   if (devnull_ >= 0) ::close(devnull_);
 }
 
@@ -94,6 +97,7 @@ int Supervisor::after_failure(Outcome out, int& next) {
     mon->end_round();
     on_job_failure();  // the job-wide report, also when the local workers ended before it came
   }
+  print_verdict(mon ? mon->failure() : JobFailure{});
   if (out == Outcome::interrupted) {
     end_job("gzrun of node " + std::to_string(r.node_rank) + " received " + signal_name(interrupt_sig_),
             false);
@@ -172,6 +176,7 @@ void Supervisor::on_job_failure() {
   JobFailure f = c_.monitor->failure();
   if (!f.failed()) return;
   job_failure_seen_ = true;
+  if (f.kind != JobFailure::Kind::admit) collect_for_verdict();
   if (f.kind == JobFailure::Kind::admit)
     say("round " + std::to_string(round_.round) + " ends: " + f.text);
   else
@@ -213,6 +218,10 @@ void Supervisor::start_workers() {
   a.cores = c_.cores;
   std::vector<std::string> argv{o_.program};
   argv.insert(argv.end(), o_.args.begin(), o_.args.end());
+  board_.start_round(round_.run_id, c_.base_env.get("GZ_DUMP_DIR", dump_dir_for(o_, round_.run_id)),
+                     round_.node_rank, round_.nnodes, round_.round);
+  collected_ = false;
+  report_.clear();
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
     int rank = round_.node_rank * o_.nproc_per_node + lr;
     int out[2] = {-1, -1}, err[2] = {-1, -1};
@@ -232,6 +241,7 @@ void Supervisor::start_workers() {
       relay_.add_pipe(rank, Stream::out, out[0]);
       relay_.add_pipe(rank, Stream::err, err[0]);
       workers_.push_back(Worker{lr, rank, pid, true, 0});
+      board_.add(WorkerView{rank, lr, pid, true, 0, false, false});
     } catch (const std::exception& e) {
       for (int fd : {out[0], out[1], err[0], err[1]})
         if (fd >= 0) ::close(fd);
@@ -267,7 +277,9 @@ void Supervisor::begin_stop(int sig) {
 
 void Supervisor::on_exit(Worker& w) {
   const int st = w.status;
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return;
+  const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  board_.ended(w.pid, st, !ok && !stopping_, stopping_);
+  if (ok) return;
   std::string d = "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") " + describe_status(st);
   if (!stopping_) {
     failure_ = d;
@@ -275,6 +287,7 @@ void Supervisor::on_exit(Worker& w) {
     publish_local(static_cast<int>(JobFailure::Kind::worker),
                   "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) + ", pid " +
                       std::to_string(w.pid) + ") " + describe_status(st));
+    collect_for_verdict();
     if (!all_reaped())
       say("stopping the other local workers (SIGTERM, then SIGKILL after " +
           format_duration(std::chrono::milliseconds(static_cast<long long>(o_.grace_period_s * 1000))) + ")");
@@ -324,10 +337,12 @@ void Supervisor::kill_adopted() {
 
 void Supervisor::on_signal(int sig) {
   if (sig == SIGCHLD) return;  // reap() runs after every wake-up
+  if (sig == SIGUSR1) return on_status_signal();
   if (interrupt_sig_ == 0) {
     interrupt_sig_ = sig;
     publish_local(static_cast<int>(JobFailure::Kind::interrupted), "gzrun received " + signal_name(sig));
     if (workers_.empty() || all_reaped()) return;
+    collect_for_verdict();
     say("received " + signal_name(sig) + ": forwarding it to the workers");
     begin_stop(sig);
   } else {
@@ -408,6 +423,76 @@ Supervisor::Outcome Supervisor::run_attempt() {
   if (interrupt_sig_) return Outcome::interrupted;
   if (!failure_.empty()) return Outcome::failed;
   return Outcome::success;
+}
+
+// ---------------------------------------------------------------- flight-recorder verdict
+
+void Supervisor::collect_for_verdict() {
+  if (collected_) return;
+  collected_ = true;
+  // Requests of failures are numbered apart from status requests (a job-wide counter from 1).
+  const int64_t request = (int64_t{1} << 30) + round_.round;
+  const Duration wait(static_cast<long long>(o_.dump_wait_s * 1000));
+  report_ = collect_node_report(board_.snapshot(), c_.hostname, request, wait);
+  // Without a store (this node lost it) the report has nowhere to go; trying would only delay
+  // this gzrun's exit by a connect timeout.
+  if (!c_.store_client || (c_.monitor && c_.monitor->failure().kind == JobFailure::Kind::store_lost)) return;
+  // In the background: a node cut off from the store must not delay stopping its workers.
+  if (upload_.joinable()) upload_.join();
+  upload_ = std::thread(
+      [connect = c_.store_client, key = report_key(round_.round, round_.node_rank), text = report_] {
+        try {
+          connect()->set(key, to_bytes(text));
+        } catch (const std::exception&) {  // the verdict will say this node sent nothing
+        }
+      });
+}
+
+void Supervisor::print_verdict(const JobFailure& failure) {
+  if (upload_.joinable()) upload_.join();
+  if (!collected_) return;
+  const std::string dir = board_.snapshot().dump_dir;
+  // After a failure every op still running is part of the picture, however young.
+  const double stuck_ms = 0;
+  const std::string what = "verdict-round" + std::to_string(round_.round);
+  if (!c_.store_client) {
+    say_lines(judge_reports(report_ + job_line(round_.run_id, 1, o_.nproc_per_node, &failure, {}), stuck_ms,
+                            dir, what));
+    return;
+  }
+  if (round_.node_rank != 0) {
+    say("the verdict of this failure is printed by node 0's gzrun");
+    return;
+  }
+  try {
+    std::vector<int> silent, alive{round_.node_rank};
+    const int r = round_.round;
+    auto store = c_.store_client();
+    // Every node still there has acknowledged the failure by now (the store host waited for
+    // that in end_round()): wait for their reports only, not for dead or cut-off nodes'.
+    for (int n = 0; n < round_.nnodes; ++n)
+      if (n != round_.node_rank && store->check({JobMonitor::round_key(r, "acked/" + std::to_string(n))}))
+        alive.push_back(n);
+    std::string input = gather_reports(
+        *store, [r](int n) { return report_key(r, n); }, round_.nnodes,
+        Deadline::after(Duration(static_cast<long long>(o_.verdict_wait_s * 1000))), &silent, alive);
+    input += job_line(round_.run_id, round_.nnodes, o_.nproc_per_node, &failure, silent);
+    say_lines(judge_reports(input, stuck_ms, dir, what));
+  } catch (const std::exception& e) {
+    say(std::string("no verdict: cannot gather the nodes' reports: ") + e.what());
+  }
+}
+
+void Supervisor::on_status_signal() {
+  if (c_.ask_status) return c_.ask_status();  // several nodes: the StatusWatcher asks them all
+  const WorkerBoard::Snapshot b = board_.snapshot();
+  if (b.run_id.empty()) return;
+  static int64_t next = 1;
+  const std::string report =
+      collect_node_report(b, c_.hostname, next++, Duration(static_cast<long long>(o_.dump_wait_s * 1000)));
+  say("status of the job (asked by SIGUSR1):");
+  say_lines(judge_reports(report + job_line(b.run_id, 1, o_.nproc_per_node, nullptr, {}), o_.stuck_s * 1000,
+                          b.dump_dir, "status"));
 }
 
 }  // namespace gz::launcher

@@ -4,14 +4,17 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "dump_collector.h"
 #include "gz/core/deadline.h"
 #include "gz/core/env.h"
+#include "job_monitor.h"
 #include "options.h"
 #include "output_relay.h"
-#include "job_monitor.h"
 #include "process.h"
 #include "round_info.h"
 #include "store_host.h"
@@ -47,6 +50,11 @@ struct SupervisorConfig {
   /// @brief Multi-node: the job-wide failure detector (nullptr on one node).
   JobMonitor* monitor = nullptr;
   std::string hostname;  ///< this node's name, for failure records
+  /// @brief Multi-node: a fresh store client for the flight-recorder verdict (reports of the
+  /// nodes go through the store); null on one node.
+  std::function<std::unique_ptr<Store>()> store_client;
+  /// @brief Multi-node: SIGUSR1 to gzrun asks the whole job for its status (StatusWatcher).
+  std::function<void()> ask_status;
 };
 
 /// @brief Supervises one node's workers until they all succeed, one fails with no restarts
@@ -61,6 +69,8 @@ class Supervisor {
   /// failed and restarts are exhausted (or an attempt could not start); 128+N when gzrun got
   /// signal N.
   int run();
+  /// @brief The workers of the current round, for threads that answer status requests.
+  const WorkerBoard& board() const { return board_; }
 
  private:
   enum class Outcome { success, failed, interrupted };
@@ -110,6 +120,17 @@ class Supervisor {
   void publish_local(int kind, const std::string& what);
   /// @brief The job monitor learnt of a failure: report it and stop the local workers.
   void on_job_failure();
+
+  // Flight-recorder verdict (dump_collector.h, verdict_report.h): before the workers are stopped,
+  // ask them for dumps and send this node's report to the store (in the background); after the
+  // round, node 0 gathers the reports and prints the verdict. SIGUSR1: the same while running.
+  void collect_for_verdict();
+  void print_verdict(const JobFailure& failure);
+  void on_status_signal();
+  WorkerBoard board_;
+  bool collected_ = false;
+  std::string report_;
+  std::thread upload_;
 };
 
 }  // namespace gz::launcher

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "dump_collector.h"
 #include "etcd_backend.h"
 
 namespace gz::launcher {
@@ -47,6 +48,7 @@ std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptio
   env["TORCHELASTIC_MAX_RESTARTS"] = s(o.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = a.run_id;
   env["GZ_RDZV_TIMEOUT_S"] = s(static_cast<long long>(o.rdzv_timeout_s + 0.999));
+  if (!base.has("GZ_DUMP_DIR")) env["GZ_DUMP_DIR"] = dump_dir_for(o, a.run_id);  // flight-recorder dumps
   if (!base.has("OMP_NUM_THREADS"))
     env["OMP_NUM_THREADS"] = s(std::max(1, a.cores / std::max(1, o.nproc_per_node)));
   return env;

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "gz/comm/flight_recorder.h"
 #include "gz/comm/op_options.h"
 #include "gz/comm/types.h"
 #include "gz/comm/work.h"
@@ -93,8 +94,9 @@ class Communicator {
   std::shared_ptr<void> alloc_buffer(size_t bytes);
 
   /// @brief Sub-group of the given ranks (ranks of this group, ascending order = new ranks).
-  /// Collective over all ranks of this group; returns nullptr on ranks not in `ranks`.
-  virtual std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) = 0;
+  /// Collective over all ranks of this group; returns nullptr on ranks not in `ranks`. Its flight
+  /// recorder is named after this group's ("<name>/g<n>", the n-th group made from this one).
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks);
   /// @brief Complete every queued and running op with gz::Aborted, fail every later one, and
   /// tell peers where the backend can (closing connections, poisoning shared state).
   void abort(const std::string& reason);
@@ -105,7 +107,31 @@ class Communicator {
   /// @brief Number of ops issued so far (the next op's sequence number).
   uint64_t sequence() const { return seq_.load(); }
 
+  /// @brief This group's flight recorder (created on first use; size GZ_FLIGHT_RECORDER, default
+  /// 2000 ops), or nullptr when it is off (GZ_FLIGHT_RECORDER=0). Readers may use it from any
+  /// thread (snapshot(), lateness()); it lives as long as the communicator.
+  FlightRecorder* flight_recorder() noexcept {
+    const int8_t st = fr_state_.load(std::memory_order_acquire);
+    return st == 1 ? fr_.get() : st == 2 ? nullptr : init_flight_recorder();
+  }
+  /// @brief Before the first op: this group's recorder keeps `ops` records instead of
+  /// GZ_FLIGHT_RECORDER's number; 0 = no recorder. Ignored once the recorder exists.
+  void set_flight_recorder_capacity(size_t ops);
+  /// @brief How dumps name this group: `name` must be the same on every member ("comm1",
+  /// "comm1/node0"); `ranks` are the members in `parent`'s numbering (global ranks without a
+  /// parent; empty = unknown). Creators call it before the first op (the factory, the
+  /// hierarchical backend, new_group).
+  void set_flight_identity(const std::string& name, std::vector<int> ranks = {},
+                           Communicator* parent = nullptr);
+  /// @brief The name given by set_flight_identity ("" before).
+  std::string flight_name() const;
+
  protected:
+  /// @brief Backend part of new_group().
+  virtual std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) = 0;
+  /// @brief Called when the group is (re)named: a communicator made of others (hierarchical)
+  /// names its parts after it ("<name>/node0", ...). Default: nothing.
+  virtual void name_flight_parts(const std::string& name) {}
   virtual void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
   virtual void do_broadcast(void* data, size_t count, DType dtype, int root) = 0;
   virtual void do_allgather(const void* send, void* recv, size_t count, DType dtype) = 0;
@@ -140,7 +166,11 @@ class Communicator {
   void check_rank(int r, const char* what) const;
   void begin_sync(const OpOptions& opts);
   void start_op(Deadline deadline, int tag);
-  WorkPtr enqueue(std::function<void()> fn, Deadline deadline);
+  /// Runs `fn` (the backend's part of op `info`, numbered by start_op) as one flight record.
+  template <typename Fn>
+  void recorded(const OpInfo& info, uint64_t issued, Fn&& fn);
+  FlightRecorder* init_flight_recorder() noexcept;
+  WorkPtr enqueue(std::function<void()> fn, Deadline deadline, const OpInfo& info, uint64_t issued);
   void fail_queued(const std::string& why);
   void executor_loop();
 
@@ -151,6 +181,15 @@ class Communicator {
   int current_tag_ = 0;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;
+
+  // Flight recorder: created by the first op (or flight_recorder()); state 0 = not yet, 1 = on,
+  // 2 = off. The identity is kept here until then.
+  std::atomic<int8_t> fr_state_{0};
+  std::unique_ptr<FlightRecorder> fr_;
+  mutable std::mutex fr_mu_;
+  long long fr_capacity_ = -1;  ///< set_flight_recorder_capacity(), -1 = the environment's
+  FlightIdentity fr_identity_;
+  uint64_t groups_made_ = 0;  ///< new_group calls that succeeded (same on every member)
 
   std::mutex q_mu_;
   std::condition_variable q_cv_;

@@ -23,6 +23,9 @@ struct CommOptions {
   /// @brief Identifies the machine for grouping ranks into nodes; empty = GZ_NODE_ID, else
   /// the hostname. Ranks with equal node ids share memory.
   std::string node_id;
+  /// @brief The group's name in flight-recorder dumps; the same on every rank. Empty = "comm<n>"
+  /// for the n-th communicator built on this store.
+  std::string name;
   /// @brief Network interface / address for TCP transports (empty = GZ_SOCKET_IFNAME or GZ_IFACE, else loopback/hostname).
   std::string iface;
 };

@@ -59,7 +59,8 @@ class AsyncModelAverager {
   AsyncModelAverager(std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
                      comm::CommPtr group, AsyncAveragingOptions options = {});
   /// @brief A round still in flight (no synchronize() after the last step) is aborted: peers then
-  /// fail with gz::Aborted rather than wait for it to time out.
+  /// fail with gz::Aborted rather than wait for it to time out. No round outlives the averager,
+  /// nor a step() or synchronize() that threw.
   ~AsyncModelAverager();
   AsyncModelAverager(const AsyncModelAverager&) = delete;
   AsyncModelAverager& operator=(const AsyncModelAverager&) = delete;

@@ -41,6 +41,9 @@ struct GradBucket {
 /// @brief For hooks: bucket.rows averaged across the group with only its non-zero rows on the wire
 /// (allreduce_row_sparse, full precision). Returns false (and does nothing) for a dense bucket.
 bool reduce_rows(comm::Communicator& group, GradBucket& bucket);
+/// @brief Bytes the last reduce_rows() of `bucket` handed to the wire: every rank's rows (index +
+/// row), or the dense bucket when it went dense (for CommStats).
+uint64_t rows_wire_bytes(const GradBucket& bucket);
 
 /// @brief Reduces one bucket. Runs on the group's progress thread while backward continues; must
 /// leave `buffer` = (sum over ranks) / divisor, and every rank must issue the same collectives.

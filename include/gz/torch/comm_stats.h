@@ -10,9 +10,10 @@ namespace gz {
 /// at the call, never derived from a formula.
 ///
 /// `bytes` is the payload this rank contributes: count x element size of an all-reduce, the
-/// per-rank block of an all-gather. With two ranks that is also what each rank sends over the wire
-/// with a ring or direct exchange (headers aside); with n ranks a ring all-reduce sends
-/// 2(n-1)/n x payload and an all-gather (n-1) x payload. Thread-safe (hooks run on the progress thread).
+/// per-rank block of an all-gather or a reduce-scatter. With two ranks that is also what each rank
+/// sends over the wire with a ring or direct exchange (headers aside); with n ranks a ring
+/// all-reduce sends 2(n-1)/n x payload, an all-gather or reduce-scatter (n-1) x payload.
+/// Thread-safe (hooks run on the progress thread).
 struct CommStats {
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> collectives{0};

@@ -21,10 +21,8 @@ struct DDPOptions {
   /// @brief Cap of the other buckets.
   size_t bucket_bytes = size_t(25) << 20;
   /// @brief The cap shrinks (not below first_bucket_bytes) until the gradients fill at least this
-  /// many buckets: the last bucket's all-reduce, which cannot overlap backward, stays a small
-  /// share of the step even for models far smaller than bucket_bytes x min_buckets (bert-small at
-  /// 1 Gbit/s: 25 MiB buckets put 12.6 MB of layer gradients on the wire after backward; 1.6 MB
-  /// buckets send them during backward). 1 = use bucket_bytes as it is.
+  /// many buckets, so the last bucket's all-reduce, which cannot overlap backward, stays small for
+  /// small models too (gz::bucket_cap). 1 = bucket_bytes as it is.
   size_t min_buckets = 8;
   /// @brief Parameters without a gradient at the end of backward count as zero gradients instead
   /// of raising an error that names them.

@@ -41,20 +41,17 @@ struct BucketPlan {
   /// reduce-scatter can split the bucket into equal blocks).
   int64_t pad_multiple = 1;
   /// @brief Bucket memory exists only from a bucket's first gradient until its hook has returned:
-  /// each parameter's .grad is copied into it and freed, and no .grad is written back. With ZeRO
-  /// stage 2 the hook keeps only this rank's block, so gradients this rank does not own are gone
-  /// once their bucket is reduced.
+  /// each parameter's .grad moves into it (and is gone), and no .grad is written back: the hook
+  /// keeps what it needs (ZeRO stage 2: this rank's block).
   bool transient = false;
 };
 
-/// @brief Averages gradients of a set of parameters across a group during backward.
-///
-/// A post hook on each parameter's gradient accumulator copies the gradient into its bucket's
-/// persistent flat buffer; a bucket whose gradients are all ready is reduced asynchronously on the
-/// group's progress thread while backward goes on (buckets start in index order on every rank).
-/// A callback queued on the autograd engine waits for all buckets at the end of backward, so the
-/// gradients are averaged when loss.backward() returns. Buckets start in reverse registration order
-/// and are rebuilt once, from the gradient-ready order rank 0 observed in the first iteration.
+/// @brief Averages gradients of a set of parameters across a group during backward: when
+/// loss.backward() returns, every parameter's .grad holds the average over the ranks (or what the
+/// comm hook made of it). Gradients travel in buckets (gz/torch/bucket_plan.h), each reduced while
+/// backward goes on, in the same order on every rank; the buckets are rebuilt once, from the
+/// gradient-ready order of the first synchronised iteration. Every rank must run the same backward
+/// passes with sync on and off alike.
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -68,7 +65,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// @brief Off inside no_sync(): gradients accumulate locally, no communication.
   void set_sync_enabled(bool on) { sync_enabled_ = on; }
   bool sync_enabled() const { return sync_enabled_; }
+  /// @brief Replace the bucket reduction (outside backward). Throws gz::Error while another
+  /// component owns the hook (own_comm_hook()).
   void set_comm_hook(CommHook hook);
+  /// @brief Install `hook` for good (replacing any earlier owner's): later set_comm_hook() calls
+  /// fail naming `owner` (ZeRO's reduce-scatter: any other hook would leave it nothing to step).
+  void own_comm_hook(CommHook hook, std::string owner);
 
   /// @brief Join mode (DDP join()): every synchronised iteration starts with an exchange of who is
   /// still active; the divisor is the number of active ranks.
@@ -118,7 +120,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void build_buckets(const std::vector<size_t>& order);
   void on_grad_ready(size_t index);
   void begin_iteration();
-  void mark_ready(size_t index, bool zero);
+  /// @brief Put parameter `index`'s gradient (zeros without one) into its bucket; `observed`: its
+  /// hook fired (it counts for the ready order the buckets are rebuilt from).
+  void mark_ready(size_t index, bool observed);
   void launch_ready_buckets();
   void finalize_backward();
   void settle(Bucket& b, std::exception_ptr* first_error) noexcept;
@@ -126,10 +130,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void rebuild_buckets(int root);
   void bind_grad(size_t index);
   void allocate_buckets(const std::vector<std::vector<size_t>>& layout);
-  void mark_ready_transient(size_t index, bool zero);
+  void mark_ready_transient(size_t index);
 
   comm::CommPtr group_;
   ReducerOptions options_;
+  std::string hook_owner_;  // own_comm_hook(): who installed the hook for good
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;

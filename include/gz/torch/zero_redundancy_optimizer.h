@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "gz/torch/comm_stats.h"
 #include "gz/torch/ddp.h"
 
 namespace gz {
@@ -27,6 +28,9 @@ struct ZeroOptions {
   /// @brief step() returns while the parameter all-gathers still run; DDP's next pre_forward()
   /// (or synchronize()) waits for them. Off: step() waits itself.
   bool overlap_allgather = true;
+  /// @brief Counts the bytes handed to the reduce-scatters and all-gathers (optional): each op's
+  /// per-rank block, as CommStats counts an all-gather.
+  std::shared_ptr<CommStats> stats;
 };
 
 /// @brief ZeRO (Rajbhandari et al.) for DistributedDataParallel: each rank keeps and updates the
@@ -55,10 +59,14 @@ struct ZeroOptions {
 /// one), zero_grad() clears the model's gradients, save()/load() use the unsharded format of the
 /// wrapped optimizer, so checkpoints move between ZeRO, plain DDP and other world sizes.
 ///
+/// Gradients of several synchronised backward passes before one step() add up, as with DDP (at
+/// stage 2 in this rank's shard, which step() consumes: zero_grad() does not reach it).
+///
 /// Limits: after backward only this rank's block of the gradients is averaged (clip with
 /// clip_grad_norm_(), not with torch::nn::utils); not under ddp.join(); DDP's comm hook is
-/// replaced by the reduce-scatter; parameters of a bucket are stepped together (a parameter
-/// unused on every rank still gets a zero-gradient step); the DDP object must outlive this one.
+/// replaced by the reduce-scatter, and registering another one afterwards throws gz::Error;
+/// parameters of a bucket are stepped together (a parameter unused on every rank still gets a
+/// zero-gradient step); the DDP object must outlive this one.
 class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
  public:
   /// @brief Shards `local`'s parameters (they must be exactly the parameters `ddp` averages; any
@@ -75,6 +83,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   /// @brief Wait for the parameter all-gathers of the last step (every parameter is whole after).
   void synchronize();
+  /// @brief Whether the last step's all-gathers have not been waited for yet (synchronize(), DDP's
+  /// next pre_forward()): until then the parameters may still be changing.
+  bool gathers_pending() const;
   /// @brief Scale the averaged gradients so their global L2 norm is at most max_norm (as
   /// torch::nn::utils::clip_grad_norm_ over the whole model); returns the norm before. Collective.
   double clip_grad_norm_(double max_norm);

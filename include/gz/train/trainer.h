@@ -102,6 +102,8 @@ class Trainer {
  private:
   struct Impl;
   void setup();
+  // Collective in ddp/horovod mode: the strategy of the config's mode over group_.
+  void build_strategy();
   void train_step(class DataLoader& loader, int64_t accumulation, int64_t global_batch);
   /// @brief The epoch's order of the training set (a permutation depending on seed and epoch).
   std::vector<size_t> epoch_order(int64_t epoch) const;

@@ -158,7 +158,7 @@ class GlooCommunicator : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "gloo"; }
 
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override {
     check_aborted();
     GZ_CHECK_ARG(!ranks.empty(), "gloo new_group: empty rank list");
     for (size_t i = 0; i < ranks.size(); ++i) {
@@ -434,6 +434,7 @@ class GlooCommunicator : public Communicator {
   template <typename F>
   void run_sync(const char* op, F&& fn) {
     int peer = -1;
+    sync_->set_recorder(flight_recorder());  // peers awaited and arrived, for dumps
     Stopwatch sw;
     const Duration budget = op_timeout();
     try {

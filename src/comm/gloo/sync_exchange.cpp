@@ -33,6 +33,7 @@ void sync_exchange_allreduce(SyncMesh& mesh, void* data, size_t count, size_t el
     *peer = j;
     mesh.arm(j, deadline);
     mesh.inbox(j, SyncMesh::kExchange).waitRecv();
+    mesh.note_arrival(j);
   }
   *peer = -1;
   // Contributions in rank order, the same on every rank.

@@ -261,6 +261,7 @@ void SyncMesh::shut_down_sockets() noexcept {
 
 void SyncMesh::arm(int peer, Deadline deadline) {
   check_usable();
+  if (recorder_) recorder_->waiting_for(peer);
   Link& l = links_[peer];
   // At least 1 ms (0 would mean "no timeout"); re-set only when it moves by more than 1 ms.
   const long long ms = std::max<long long>(1, deadline.remaining().count());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/reduce/reduce.h"
+#include "gz/comm/flight_recorder.h"
 #include "gz/core/deadline.h"
 #include "gz/store/store.h"
 
@@ -137,6 +138,12 @@ class SyncMesh {
   void poison(const std::string& reason) noexcept;
   /// @brief Whether an op's deadline passed while it ran (the watchdog shut the mesh down).
   bool expired() const { return expired_.load(); }
+  /// @brief The flight recorder of the communicator this mesh belongs to (null: none). arm()
+  /// tells it which peer the op blocks on; note_arrival() when a peer's first message came.
+  void set_recorder(FlightRecorder* recorder) { recorder_ = recorder; }
+  void note_arrival(int peer) {
+    if (recorder_) recorder_->peer_arrived(peer, flight_ticks());
+  }
   /// @brief Any thread: wake a blocked op (shutdown of every socket) and fail every later one.
   void abort(const std::string& reason) noexcept;
   bool aborted() const { return aborted_.load(); }
@@ -168,6 +175,7 @@ class SyncMesh {
   std::mutex abort_mu_;      // also guards poison_reason_
   std::atomic<bool> aborted_{false}, poisoned_{false}, expired_{false};
   std::string poison_reason_;
+  FlightRecorder* recorder_ = nullptr;
 };
 
 /// @brief In place: data (count elements of elem_size bytes, at most limits().exchange_max bytes)

@@ -85,6 +85,7 @@ void sync_ring(SyncMesh& mesh, void* data, size_t elem_size, const std::vector<s
   const size_t window = mesh.window(right);
 
   size_t written = 0, read = 0;
+  bool arrived = false;  // the left neighbour's first message of this op (flight recorder)
   while (read < total) {
     const bool ready =
         written < total && written - read < window && (written < nseg || read > written - nseg);
@@ -112,6 +113,7 @@ void sync_ring(SyncMesh& mesh, void* data, size_t elem_size, const std::vector<s
       } else {
         gathered->waitRecv();
       }
+      if (!arrived) mesh.note_arrival(left), arrived = true;
     }
     ++read;
   }

@@ -117,7 +117,7 @@ class MpiCommunicator : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override {
     check_usable("new_group");
     GZ_CHECK_ARG(!ranks.empty(), "mpi new_group: empty rank list");
     bool member = false;

@@ -149,7 +149,7 @@ class NcclCommunicator final : public Communicator {
   int device() const { return device_; }
   void set_stream(void* s) { caller_stream_.store(static_cast<cudaStream_t>(s)); }
 
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override {
     for (size_t i = 0; i < ranks.size(); ++i)
       GZ_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size_ && (i == 0 || ranks[i] > ranks[i - 1]),
                    "nccl new_group: ranks must be ascending, unique and in [0, ", size_, ")");

@@ -155,10 +155,25 @@ void ShmCommunicator::step(OpCtx& ctx) {
   const uint32_t target = ++phase_;
   RankCtrl& me = ctrl(rank_);
   publish(&me.flag, target, &me.sleepers);
+  // Flight recorder: when each peer arrived at this op (its first step). A peer already there
+  // costs one store; a clock is read only after an actual wait (peers found after it were there
+  // by then: an upper bound).
+  FlightRecorder* fr = target == ctx.first_step ? flight_recorder() : nullptr;
+  uint64_t seen = 0;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     RankCtrl& c = ctrl(q);
+    if (fr && reached(load_acq(&c.flag), target)) {
+      fr->peer_arrived(q, seen);
+      continue;
+    }
+    if (fr) fr->waiting_for(q);
     if (!wait_for(&c.flag, target, &c.sleepers, q, ctx, nullptr)) throw_collective_timeout(ctx, target);
+    if (fr) {
+      seen = flight_ticks();
+      fr->peer_arrived(q, seen);
+      fr->waiting_for(-1);
+    }
   }
   if (!ctx.checked) {
     ctx.checked = true;

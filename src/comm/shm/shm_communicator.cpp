@@ -84,7 +84,7 @@ void ShmCommunicator::do_abort(const std::string& reason) {
     }
 }
 
-std::shared_ptr<Communicator> ShmCommunicator::new_group(const std::vector<int>& ranks) {
+std::shared_ptr<Communicator> ShmCommunicator::do_new_group(const std::vector<int>& ranks) {
   GZ_CHECK_ARG(!ranks.empty(), "new_group needs at least one rank");
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= size_)

@@ -40,7 +40,7 @@ class ShmCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "shm"; }
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override;
 
   /// @brief Bytes of one pipeline slot (after defaults and rounding).
   size_t chunk_bytes() const { return layout_.slot_bytes; }

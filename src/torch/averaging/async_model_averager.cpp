@@ -31,7 +31,7 @@ AsyncModelAverager::AsyncModelAverager(std::vector<torch::Tensor> params, std::v
 }
 
 AsyncModelAverager::~AsyncModelAverager() {
-  if (!work_) return;
+  if (!work_) return;  // fold() leaves none behind, not even when its wait failed
   // Not synchronised: peers are in this round or will start the next one, which this rank never
   // joins. Aborting tells them at once instead of at the round's deadline.
   try {
@@ -60,8 +60,17 @@ void AsyncModelAverager::post(bool syncing) {
 }
 
 bool AsyncModelAverager::fold() {
-  auto work = std::move(work_);
-  work->wait();
+  try {
+    work_->wait();
+  } catch (...) {
+    // Failed, or given up on while it may still run on flat_ and header_: a round that never
+    // completes is aborted (the peers then fail too) and waited for, so that no round outlives
+    // this rank's wait. work_ stays set until then: the destructor does the same if this throws.
+    comm::finish_or_abort(*comm_, *work_, "AsyncModelAverager: a round outlived its deadline");
+    work_.reset();
+    throw;
+  }
+  work_.reset();
   ++rounds_;
   folded_step_ = header_[0];
   const bool all_syncing = header_[1] == 1;

@@ -103,5 +103,11 @@ void plain_allreduce(comm::Communicator& group, GradBucket& bucket, HookState& s
   state.count(buf);
 }
 
+bool reduce_rows_uncompressed(comm::Communicator& group, GradBucket& bucket, HookState& state) {
+  if (!reduce_rows(group, bucket)) return false;
+  if (state.stats) state.stats->add(rows_wire_bytes(bucket));
+  return true;
+}
+
 }  // namespace compression
 }  // namespace gz

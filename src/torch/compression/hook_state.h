@@ -60,4 +60,9 @@ struct HookState {
 /// @brief buffer = sum / divisor with a plain all-reduce (the warm-up steps), counted.
 void plain_allreduce(comm::Communicator& group, GradBucket& bucket, HookState& state);
 
+/// @brief A row-sparse bucket (bucket.rows defined) is averaged by the row exchange, uncompressed
+/// (its rows are few; compressing them would only add error), and counted. Returns false, doing
+/// nothing, for a dense bucket.
+bool reduce_rows_uncompressed(comm::Communicator& group, GradBucket& bucket, HookState& state);
+
 }  // namespace gz::compression

@@ -96,7 +96,9 @@ CommHook int8_hook(const CompressionOptions& options, std::shared_ptr<CommStats>
   GZ_CHECK_ARG(options.int8_chunk >= 1, "int8_chunk = ", options.int8_chunk);
   auto state = std::make_shared<HookState>(options, std::move(stats));
   return [state](comm::Communicator& group, GradBucket& bucket) {
-    if (state->begin(bucket) || !c10::isFloatingType(bucket.buffer.scalar_type()))
+    const bool warming_up = state->begin(bucket);
+    if (compression::reduce_rows_uncompressed(group, bucket, *state)) return;
+    if (warming_up || !c10::isFloatingType(bucket.buffer.scalar_type()))
       return compression::plain_allreduce(group, bucket, *state);
     reduce(*state, group, bucket);
   };

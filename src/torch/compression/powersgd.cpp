@@ -61,21 +61,16 @@ torch::Tensor random_q(uint64_t seed, uint64_t key, int64_t m, int64_t r, const 
   return torch::randn({m, r}, gen, torch::TensorOptions().dtype(opts.dtype())).to(opts.device());
 }
 
-void reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
-  torch::NoGradGuard no_grad;
-  auto& buf = bucket.buffer;
-  if (bucket.divisor != 1) buf.div_(bucket.divisor);
-  const auto slices = compression::slices_of(bucket);
-  torch::Tensor acc;
-  if (s.options.error_feedback) {
-    s.residuals.add_to(bucket, slices);
-    acc = buf.clone();
-  }
-  // Which tensors to compress: 2+ dimensions and worth it at this rank (PyTorch's rule); the rest
-  // travel uncompressed in front of the P factors, in the same all-reduce.
+// The bucket's tensors split into matrices worth compressing at this rank (2+ dimensions, PyTorch's
+// rule) and the rest, which travel uncompressed in front of the P factors, in the same all-reduce.
+struct Layout {
   std::vector<Matrix> mats;
   std::vector<const Slice*> plain;
   int64_t plain_n = 0, p_n = 0, q_n = 0;
+};
+
+Layout layout_of(const PowerSGDState& s, const std::vector<Slice>& slices) {
+  Layout l;
   for (const auto& sl : slices) {
     const int64_t n = sl.sizes.size() >= 2 ? sl.sizes[0] : 0;
     const int64_t m = n > 0 ? sl.numel / n : 0;
@@ -83,51 +78,67 @@ void reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
     if (n == 0 || m == 0 ||
         static_cast<double>((n + m) * r) * s.options.powersgd_min_compression_rate >=
             static_cast<double>(n * m)) {
-      plain.push_back(&sl);
-      plain_n += sl.numel;
+      l.plain.push_back(&sl);
+      l.plain_n += sl.numel;
       continue;
     }
-    mats.push_back({&sl, n, m, r, p_n, q_n});
-    p_n += n * r;
-    q_n += m * r;
+    l.mats.push_back({&sl, n, m, r, l.p_n, l.q_n});
+    l.p_n += n * r;
+    l.q_n += m * r;
   }
-  auto opts = buf.options();
-  auto first = torch::empty({plain_n + p_n}, opts);  // [uncompressed | P factors]
-  int64_t off = 0;
-  for (const Slice* sl : plain) {
-    first.narrow(0, off, sl->numel).copy_(buf.narrow(0, sl->offset, sl->numel));
-    off += sl->numel;
-  }
-  auto matrix = [&](const Matrix& mt) {
+  return l;
+}
+
+// One bucket's reduction: its buffer (divided by the divisor), the layout, the two messages.
+struct Pass {
+  PowerSGDState& s;
+  comm::Communicator& group;
+  torch::Tensor& buf;
+  const Layout& l;
+  torch::Tensor first;  // [uncompressed | P factors]
+
+  torch::Tensor matrix(const Matrix& mt) const {
     return buf.narrow(0, mt.slice->offset, mt.slice->numel).view({mt.n, mt.m});
-  };
-  auto p_of = [&](const Matrix& mt) {
-    return first.narrow(0, plain_n + mt.p_off, mt.n * mt.r).view({mt.n, mt.r});
-  };
-  for (const auto& mt : mats) {
-    auto& q = s.q[mt.slice->key];
-    // A new parameter, no warm start, or a Q that collapsed (all zero: a zero gradient everywhere;
-    // not finite: an overflow): start again from a random Q. Q is the same on every rank.
-    bool fresh = !q.defined() || q.size(0) != mt.m || q.size(1) != mt.r || !s.options.powersgd_warm_start;
-    if (!fresh) {
-      const double qmax = q.abs().max().item<double>();
-      fresh = !(qmax > 0 && std::isfinite(qmax));
+  }
+  torch::Tensor p_of(const Matrix& mt) const {
+    return first.narrow(0, l.plain_n + mt.p_off, mt.n * mt.r).view({mt.n, mt.r});
+  }
+
+  // All-reduce the uncompressed tensors and P = M Q (Q warm-started).
+  void plain_and_p() {
+    first = torch::empty({l.plain_n + l.p_n}, buf.options());
+    int64_t off = 0;
+    for (const Slice* sl : l.plain) {
+      first.narrow(0, off, sl->numel).copy_(buf.narrow(0, sl->offset, sl->numel));
+      off += sl->numel;
     }
-    if (fresh) q = random_q(s.options.seed, mt.slice->key, mt.m, mt.r, opts);
-    auto p = p_of(mt);
-    torch::mm_out(p, matrix(mt), q);
+    for (const auto& mt : l.mats) {
+      auto& q = s.q[mt.slice->key];
+      // A new parameter, no warm start, or a Q that collapsed (all zero: a zero gradient everywhere;
+      // not finite: an overflow): start again from a random Q. Q is the same on every rank.
+      bool fresh = !q.defined() || q.size(0) != mt.m || q.size(1) != mt.r || !s.options.powersgd_warm_start;
+      if (!fresh) {
+        const double qmax = q.abs().max().item<double>();
+        fresh = !(qmax > 0 && std::isfinite(qmax));
+      }
+      if (fresh) q = random_q(s.options.seed, mt.slice->key, mt.m, mt.r, buf.options());
+      auto p = p_of(mt);
+      torch::mm_out(p, matrix(mt), q);
+    }
+    group.allreduce(first.data_ptr(), static_cast<size_t>(first.numel()), to_dtype(first.scalar_type()),
+                    comm::ReduceOp::sum);
+    s.count(first);
+    off = 0;
+    for (const Slice* sl : l.plain) {
+      buf.narrow(0, sl->offset, sl->numel).copy_(first.narrow(0, off, sl->numel));
+      off += sl->numel;
+    }
   }
-  group.allreduce(first.data_ptr(), static_cast<size_t>(first.numel()), to_dtype(first.scalar_type()),
-                  comm::ReduceOp::sum);
-  s.count(first);
-  off = 0;
-  for (const Slice* sl : plain) {
-    buf.narrow(0, sl->offset, sl->numel).copy_(first.narrow(0, off, sl->numel));
-    off += sl->numel;
-  }
-  if (!mats.empty()) {
-    auto second = torch::empty({q_n}, opts);  // the Q factors
-    for (const auto& mt : mats) {
+
+  // Orthogonalise P, all-reduce Q = M^T P, and M ~ P Q^T.
+  void q_and_product() {
+    auto second = torch::empty({l.q_n}, buf.options());  // the Q factors
+    for (const auto& mt : l.mats) {
       auto p = p_of(mt);
       orthogonalize(p);
       auto q = second.narrow(0, mt.q_off, mt.m * mt.r).view({mt.m, mt.r});
@@ -138,13 +149,29 @@ void reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
     s.count(second);
     // Inputs were divided by the divisor, so the summed Q is the average's: M ~ P Q^T is the
     // projection of the averaged gradient onto the span of P.
-    for (const auto& mt : mats) {
+    for (const auto& mt : l.mats) {
       auto q = second.narrow(0, mt.q_off, mt.m * mt.r).view({mt.m, mt.r});
       auto out = matrix(mt);
       torch::mm_out(out, p_of(mt), q.t());
       s.q[mt.slice->key].copy_(q);
     }
   }
+};
+
+void reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
+  torch::NoGradGuard no_grad;
+  auto& buf = bucket.buffer;
+  if (bucket.divisor != 1) buf.div_(bucket.divisor);
+  const auto slices = compression::slices_of(bucket);
+  torch::Tensor acc;
+  if (s.options.error_feedback) {
+    s.residuals.add_to(bucket, slices);
+    acc = buf.clone();
+  }
+  const Layout l = layout_of(s, slices);
+  Pass pass{s, group, buf, l, {}};
+  pass.plain_and_p();
+  if (!l.mats.empty()) pass.q_and_product();
   // As PyTorch's hook, for every tensor: the error is this rank's input minus its share of the
   // common result (inputs are already divided, the result is their sum: its share is 1 / size).
   // Summed over ranks that is the compression error of the sum; the uncompressed tensors' parts
@@ -160,7 +187,9 @@ CommHook powersgd_hook(const CompressionOptions& options, std::shared_ptr<CommSt
                "powersgd_min_compression_rate = ", options.powersgd_min_compression_rate);
   auto state = std::make_shared<PowerSGDState>(options, std::move(stats));
   return [state](comm::Communicator& group, GradBucket& bucket) {
-    if (state->begin(bucket) || !c10::isFloatingType(bucket.buffer.scalar_type()))
+    const bool warming_up = state->begin(bucket);
+    if (compression::reduce_rows_uncompressed(group, bucket, *state)) return;
+    if (warming_up || !c10::isFloatingType(bucket.buffer.scalar_type()))
       return compression::plain_allreduce(group, bucket, *state);
     reduce(*state, group, bucket);
   };

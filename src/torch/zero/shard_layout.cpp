@@ -1,42 +1,35 @@
 #include "torch/zero/shard_layout.h"
 
 #include <algorithm>
-#include <map>
 
 #include "gz/core/error.h"
+#include "gz/torch/bucket_plan.h"
 
 namespace gz::zero {
 
 std::vector<ShardBucket> plan_shards(const std::vector<size_t>& order, const std::vector<ParamInfo>& params,
                                      int world, size_t first_bucket_bytes, size_t bucket_bytes) {
   GZ_CHECK_ARG(world > 0, "plan_shards: world must be positive");
-  GZ_CHECK_ARG(first_bucket_bytes > 0 && bucket_bytes > 0, "plan_shards: bucket sizes must be positive");
+  // One optimizer group and dtype per bucket, DDP's rule otherwise (gz/torch/bucket_plan.h).
+  std::vector<BucketItem> items(params.size());
+  for (size_t i = 0; i < params.size(); ++i)
+    items[i] = {static_cast<size_t>(params[i].numel * params[i].element_size),
+                (static_cast<uint64_t>(params[i].group) << 16) | static_cast<uint16_t>(params[i].dtype),
+                false};
+  BucketLimits limits;
+  limits.first_bucket_bytes = first_bucket_bytes;
+  limits.bucket_bytes = bucket_bytes;
   std::vector<ShardBucket> out;
-  using Key = std::pair<size_t, int>;  // (group, dtype)
-  std::map<Key, size_t> open;          // key -> open bucket
-  std::map<Key, size_t> open_bytes;
-  std::map<Key, bool> first_done;
-  for (size_t i : order) {
-    GZ_CHECK_ARG(i < params.size(), "plan_shards: parameter index ", i, " out of range");
-    const ParamInfo& p = params[i];
-    const Key key{p.group, p.dtype};
-    auto it = open.find(key);
-    if (it == open.end()) {
-      out.emplace_back();
-      out.back().group = p.group;
-      it = open.emplace(key, out.size() - 1).first;
-      open_bytes[key] = 0;
+  for (auto& layout : plan_buckets(items, order, limits)) {
+    ShardBucket b;
+    b.group = params[layout.front()].group;
+    for (size_t i : layout) {
+      b.params.push_back(i);
+      b.offsets.push_back(b.numel);
+      b.numels.push_back(params[i].numel);
+      b.numel += params[i].numel;
     }
-    ShardBucket& b = out[it->second];
-    b.params.push_back(i);
-    b.offsets.push_back(b.numel);
-    b.numels.push_back(p.numel);
-    b.numel += p.numel;
-    open_bytes[key] += static_cast<size_t>(p.numel * p.element_size);
-    if (open_bytes[key] >= (first_done[key] ? bucket_bytes : first_bucket_bytes)) {
-      open.erase(key);
-      first_done[key] = true;
-    }
+    out.push_back(std::move(b));
   }
   for (auto& b : out) {
     // ceil(numel / world) rounded up to the alignment; at least one aligned block per rank, so a

@@ -34,9 +34,8 @@ struct ParamInfo {
 /// shard is as aligned as the bucket for vector kernels.
 constexpr int64_t kAlign = 16;
 
-/// @brief Buckets over `order` (parameter indices, the order gradients usually become ready):
-/// parameters of one (group, dtype) fill a bucket up to `first_bucket_bytes` for the first bucket
-/// of that key and `bucket_bytes` after it, as DDP's buckets do.
+/// @brief Buckets over `order` (parameter indices, the order gradients usually become ready),
+/// planned by gz::plan_buckets (DDP's rule) with one key per (group, dtype) and no min_buckets.
 std::vector<ShardBucket> plan_shards(const std::vector<size_t>& order, const std::vector<ParamInfo>& params,
                                      int world, size_t first_bucket_bytes, size_t bucket_bytes);
 

@@ -45,6 +45,10 @@ bool elementwise(const Optimizer& o) {
 }
 
 // Reduce-scatter of one bucket: rank r receives the average of block r into its gradient shard.
+// Stage 2 adds to the shard when the bucket was already reduced since the last step (several
+// synchronised backward passes before one step): its transient bucket freed the earlier gradients,
+// so the shard is the only place they add up. Stage 1's bucket keeps the local sum of every
+// backward since zero_grad(), so its reduce-scatter replaces the shard.
 CommHook reduce_scatter_hook(std::weak_ptr<ZeroRedundancyOptimizer::Impl> weak) {
   return [weak](comm::Communicator& g, GradBucket& bucket) {
     auto s = weak.lock();
@@ -57,11 +61,15 @@ CommHook reduce_scatter_hook(std::weak_ptr<ZeroRedundancyOptimizer::Impl> weak) 
     if (buf.numel() != out.numel() * g.size())
       GZ_THROW(Error, "ZeroRedundancyOptimizer: bucket ", bucket.index, " has ", buf.numel(),
                " elements, expected ", out.numel() * g.size());
+    const bool accumulate = s->options.stage == 2 && s->fresh[bucket.index];
+    auto dst = accumulate ? torch::empty_like(out) : out;
     const bool avg = bucket.divisor == g.size();
-    g.reduce_scatter(buf.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+    g.reduce_scatter(buf.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()),
                      to_dtype(buf.scalar_type(), "reduce_scatter"),
                      avg ? comm::ReduceOp::avg : comm::ReduceOp::sum);
-    if (!avg && bucket.divisor != 1) out.div_(bucket.divisor);
+    if (s->options.stats) s->options.stats->add(static_cast<uint64_t>(dst.numel() * dst.element_size()));
+    if (!avg && bucket.divisor != 1) dst.div_(bucket.divisor);
+    if (accumulate) out.add_(dst);
     s->fresh[bucket.index] = 1;
     // Checked after the collective, so that every rank still issues it.
     if (s->gathers_unwaited.load())
@@ -72,28 +80,9 @@ CommHook reduce_scatter_hook(std::weak_ptr<ZeroRedundancyOptimizer::Impl> weak) 
   };
 }
 
-}  // namespace
-
-ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp,
-                                                 std::shared_ptr<Optimizer> local, ZeroOptions options)
-    : Optimizer(groups_of(local), defaults_of(local)), impl_(std::make_shared<Impl>()) {
-  auto& im = *impl_;
-  im.group = ddp.group();
-  im.rank = im.group->rank();
-  im.world = im.group->size();
-  im.reducer = ddp.reducer().shared_from_this();
-  im.local = std::move(local);
-  im.options = options;
-  GZ_CHECK_ARG(options.stage == 1 || options.stage == 2,
-               "ZeroRedundancyOptimizer: stage must be 1 or 2, got ", options.stage);
-  if (!elementwise(*im.local))
-    GZ_THROW(InvalidArgument,
-             "ZeroRedundancyOptimizer: shards only elementwise optimizers (torch::optim SGD, Adam, ",
-             "AdamW, Adagrad, RMSprop, gz::FusedAdamW and their subclasses)");
-  if (im.reducer->join_mode()) GZ_THROW(Error, "ZeroRedundancyOptimizer: cannot be built inside ddp.join()");
-
-  // Which optimizer group each of DDP's parameters belongs to.
-  im.params = im.reducer->params();
+// Which optimizer group each of DDP's parameters belongs to (im.groups), and what the shard
+// layout needs to know of each; every parameter DDP averages must be in the optimizer once.
+std::vector<zero::ParamInfo> param_infos(ZeroRedundancyOptimizer::Impl& im) {
   std::unordered_map<const void*, size_t> index;
   for (size_t i = 0; i < im.params.size(); ++i) index[im.params[i].unsafeGetTensorImpl()] = i;
   std::vector<zero::ParamInfo> info(im.params.size());
@@ -119,38 +108,66 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp,
     if (!seen[i])
       GZ_THROW(InvalidArgument, "ZeroRedundancyOptimizer: parameter '", im.reducer->param_names()[i],
                "' is averaged by DDP but not in the optimizer");
+  return info;
+}
+
+// The model's parameters move into flat buffers (im.flat, im.views); this rank's block of each is
+// what it steps (im.shard_params, im.shard_grads). Collective (alloc_buffer).
+void build_flat_buffers(ZeroRedundancyOptimizer::Impl& im) {
+  torch::NoGradGuard no_grad;
+  im.views.resize(im.params.size());
+  for (auto& b : im.buckets) {
+    auto& p0 = im.params[b.params.front()];
+    // Memory the group gathers into without staging copies (shm: peers copy straight out of it).
+    const auto fo = p0.options().requires_grad(false);
+    auto flat = p0.is_cpu() ? alloc_buffer_tensor(*im.group, b.padded(im.world), fo)
+                            : torch::zeros({b.padded(im.world)}, fo);
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      auto& p = im.params[b.params[j]];
+      auto view = flat.narrow(0, b.offsets[j], b.numels[j]).view(p.sizes());
+      view.copy_(p.detach());
+      p.set_data(view);
+      im.views[b.params[j]] = view;
+    }
+    const auto [lo, hi] = b.block(im.rank);
+    im.shard_params.push_back(flat.narrow(0, lo, hi - lo).detach());
+    im.shard_grads.push_back(torch::zeros({hi - lo}, flat.options()));
+    im.flat.push_back(std::move(flat));
+  }
+}
+
+}  // namespace
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp,
+                                                 std::shared_ptr<Optimizer> local, ZeroOptions options)
+    : Optimizer(groups_of(local), defaults_of(local)), impl_(std::make_shared<Impl>()) {
+  auto& im = *impl_;
+  im.group = ddp.group();
+  im.rank = im.group->rank();
+  im.world = im.group->size();
+  im.reducer = ddp.reducer().shared_from_this();
+  im.local = std::move(local);
+  im.options = options;
+  GZ_CHECK_ARG(options.stage == 1 || options.stage == 2,
+               "ZeroRedundancyOptimizer: stage must be 1 or 2, got ", options.stage);
+  if (!elementwise(*im.local))
+    GZ_THROW(InvalidArgument,
+             "ZeroRedundancyOptimizer: shards only elementwise optimizers (torch::optim SGD, Adam, ",
+             "AdamW, Adagrad, RMSprop, gz::FusedAdamW and their subclasses)");
+  if (im.reducer->join_mode()) GZ_THROW(Error, "ZeroRedundancyOptimizer: cannot be built inside ddp.join()");
+
+  im.params = im.reducer->params();
+  const std::vector<zero::ParamInfo> info = param_infos(im);
 
   // Buckets in DDP's current gradient order (its rebuilt order if it has run a backward).
   std::vector<size_t> order;
   for (auto& b : im.reducer->bucket_layout()) order.insert(order.end(), b.begin(), b.end());
   im.buckets = zero::plan_shards(order, info, im.world, options.first_bucket_bytes, options.bucket_bytes);
   const size_t nb = im.buckets.size();
-  im.bucket_of_group.resize(lgroups.size());
+  im.bucket_of_group.resize(im.groups.size());
   for (size_t k = 0; k < nb; ++k) im.bucket_of_group[im.buckets[k].group].push_back(k);
 
-  // The model's parameters move into flat buffers; this rank's block of each is what it steps.
-  {
-    torch::NoGradGuard no_grad;
-    im.views.resize(im.params.size());
-    for (auto& b : im.buckets) {
-      auto& p0 = im.params[b.params.front()];
-      // Memory the group gathers into without staging copies (shm: peers copy straight out of it).
-      const auto fo = p0.options().requires_grad(false);
-      auto flat = p0.is_cpu() ? alloc_buffer_tensor(*im.group, b.padded(im.world), fo)
-                              : torch::zeros({b.padded(im.world)}, fo);
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        auto& p = im.params[b.params[j]];
-        auto view = flat.narrow(0, b.offsets[j], b.numels[j]).view(p.sizes());
-        view.copy_(p.detach());
-        p.set_data(view);
-        im.views[b.params[j]] = view;
-      }
-      const auto [lo, hi] = b.block(im.rank);
-      im.shard_params.push_back(flat.narrow(0, lo, hi - lo).detach());
-      im.shard_grads.push_back(torch::zeros({hi - lo}, flat.options()));
-      im.flat.push_back(std::move(flat));
-    }
-  }
+  build_flat_buffers(im);
   im.fresh.assign(nb, 0);
   im.gathers.resize(nb);
 
@@ -167,7 +184,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp,
     if (im.reducer->bucket_numel(k) != im.buckets[k].padded(im.world))
       GZ_THROW(Error, "ZeroRedundancyOptimizer: bucket ", k, " of DDP has ", im.reducer->bucket_numel(k),
                " elements, the shard layout ", im.buckets[k].padded(im.world));
-  im.reducer->set_comm_hook(reduce_scatter_hook(impl_));
+  im.reducer->own_comm_hook(reduce_scatter_hook(impl_), "ZeroRedundancyOptimizer (its reduce-scatter)");
   std::weak_ptr<Impl> weak = impl_;
   ddp.set_pre_forward_hook([weak] {
     if (auto s = weak.lock()) s->wait_gathers();
@@ -265,6 +282,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     im.gathers[k] =
         im.group->allgather_async(base + lo * f.element_size(), base, static_cast<size_t>(hi - lo),
                                   to_dtype(f.scalar_type(), "allgather"));
+    if (im.options.stats) im.options.stats->add(static_cast<uint64_t>((hi - lo) * f.element_size()));
     im.gathers_unwaited = true;
   }
   ++im.steps;
@@ -273,6 +291,8 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
 }
 
 void ZeroRedundancyOptimizer::synchronize() { impl_->wait_gathers(); }
+
+bool ZeroRedundancyOptimizer::gathers_pending() const { return impl_->gathers_unwaited.load(); }
 
 double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   auto& im = *impl_;

@@ -39,6 +39,23 @@ struct MlpImpl : torch::nn::Cloneable<MlpImpl> {
 };
 TORCH_MODULE(Mlp);
 
+/// @brief An MLP whose `side` layer joins the forward only when asked (a parameter used in some
+/// micro-steps only). Same initial weights every time.
+struct SideImpl : torch::nn::Module {
+  SideImpl() {
+    torch::manual_seed(21);
+    l1 = register_module("l1", torch::nn::Linear(8, 16));
+    l2 = register_module("l2", torch::nn::Linear(16, 4));
+    side = register_module("side", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool with_side) {
+    auto y = l2->forward(torch::tanh(l1->forward(x)));
+    return with_side ? y + side->forward(y) : y;
+  }
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, side{nullptr};
+};
+TORCH_MODULE(Side);
+
 /// @brief `n` identical MLPs (same seed), made on the calling thread (the RNG is global).
 inline std::vector<Mlp> make_mlps(int n, bool extra = false) {
   std::vector<Mlp> out;

@@ -1,0 +1,237 @@
+// The Trainer's checkpoints (save, load, resume) and the small collectives they agree with.
+#include <torch/torch.h>
+
+#include <cstring>
+#include <filesystem>
+#include <optional>
+
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/core/phase.h"
+#include "gz/torch/collectives.h"
+#include "gz/train/checkpoint.h"
+#include "trainer_impl.h"
+
+namespace gz::train {
+
+namespace fs = std::filesystem;
+
+int64_t Trainer::broadcast_value(int64_t value, int root) {
+  if (!group_ || world_ == 1) return value;
+  auto t = torch::tensor({value}, torch::kInt64);
+  gz::broadcast(t, root, group_);
+  return t.item<int64_t>();
+}
+
+std::string Trainer::broadcast_string(const std::string& text, int root) {
+  if (!group_ || world_ == 1) return text;
+  const int64_t n = broadcast_value(static_cast<int64_t>(text.size()), root);
+  if (n == 0) return {};
+  auto t = torch::zeros({n}, torch::kUInt8);
+  if (rank_ == root) std::memcpy(t.data_ptr<uint8_t>(), text.data(), static_cast<size_t>(n));
+  gz::broadcast(t, root, group_);
+  return std::string(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), static_cast<size_t>(n));
+}
+
+void Trainer::agree(std::exception_ptr error, const std::string& what) {
+  if (!group_ || world_ == 1) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  std::vector<double> failed(static_cast<size_t>(world_), 0.0);
+  failed[static_cast<size_t>(rank_)] = error ? 1.0 : 0.0;
+  allreduce_sum(failed);
+  std::string ranks;
+  int first = -1;
+  for (int r = 0; r < world_; ++r) {
+    if (failed[static_cast<size_t>(r)] == 0) continue;
+    if (first < 0) first = r;
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (first < 0) return;
+  // The first failing rank's message travels to every rank, so each error says what went wrong.
+  std::string message;
+  if (rank_ == first) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = "unknown exception";
+    }
+  }
+  message = broadcast_string(message, first);
+  if (error) std::rethrow_exception(error);
+  GZ_THROW(Error, "rank ", rank_, ": ", what, " failed on rank(s) ", ranks, ": ", message);
+}
+
+std::string Trainer::save_checkpoint() {
+  gz::ScopedPhase phase(gz::Phase::checkpoint);
+  std::string dir;
+  std::exception_ptr error;
+  impl_->strategy->before_save();  // collective: ZeRO gathers the whole state on rank 0
+  if (is_main()) {
+    try {
+      torch::serialize::OutputArchive root;
+      torch::serialize::OutputArchive model_archive, opt_archive, scaler_archive;
+      save_module_state(*model_, model_archive);
+      root.write("model", model_archive);
+      impl_->strategy->optimizer().save(opt_archive);
+      root.write("optimizer", opt_archive);
+      impl_->scaler->save(scaler_archive);
+      root.write("scaler", scaler_archive);
+      {
+        auto gen = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        root.write("rng_cpu", gen.get_state());
+      }
+      root.write("counters",
+                 torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
+                                static_cast<int64_t>(world_), state_.total_steps, config_.batch_size,
+                                config_.gradient_accumulation_steps, state_.epoch_samples,
+                                state_.samples_seen, impl_->plan.reference_global_batch},
+                               torch::kInt64));
+      root.write("best_metric", torch::tensor({state_.best_metric}, torch::kFloat64));
+      auto metrics = state_.metrics;
+      metrics["train_loss"] = state_.loss;
+      dir = impl_->checkpoints->save(root, state_.step, state_.epoch, metrics);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  // Replaces a barrier: the other ranks wait here for rank 0's write, and learn if it failed
+  // instead of timing out in the next collective rank 0 never joins.
+  agree(error, detail::concat("saving the checkpoint of step ", state_.step));
+  for (auto& cb : callbacks_) cb->on_save(*this, dir);
+  return dir;
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  torch::serialize::InputArchive root;
+  auto info = CheckpointManager::open(path, root);
+  apply_checkpoint(root, info, fs::is_directory(path) ? info.state_file() : path);
+}
+
+void Trainer::apply_checkpoint(torch::serialize::InputArchive& root, const CheckpointInfo& info,
+                               const std::string& file) {
+  try {
+    torch::serialize::InputArchive model_archive, opt_archive, scaler_archive;
+    if (!root.try_read("model", model_archive)) GZ_THROW(Error, "checkpoint ", file, " has no model state");
+    torch::Tensor counters, best, rng;
+    if (!root.try_read("counters", counters) || counters.numel() < 8)
+      GZ_THROW(Error, "checkpoint ", file, " has no trainer counters (not a training checkpoint?)");
+    auto cnt = counters.to(torch::kInt64);
+    auto at = [&](int i) { return cnt[i].item<int64_t>(); };
+    const bool accounted = counters.numel() >= 11;  // written with the sample accounting
+    load_module_state(*model_, model_archive, file);
+    if (root.try_read("optimizer", opt_archive)) impl_->strategy->optimizer().load(opt_archive);
+    if (root.try_read("scaler", scaler_archive)) impl_->scaler->load(scaler_archive);
+    if (root.try_read("rng_cpu", rng)) {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(rng);
+    }
+    state_.step = at(0);
+    state_.epoch = at(1);
+    state_.best_step = at(2);
+    state_.evals_without_improvement = at(3);
+    if (root.try_read("best_metric", best)) state_.best_metric = best.item<double>();
+    state_.metrics = info.metrics;
+    state_.metrics.erase("train_loss");
+    // Where the data stands: the epoch and the samples of its order consumed, all ranks together,
+    // so that any world size reads the rest of the epoch exactly once.
+    const int64_t written_world = at(4);
+    int64_t reference = at(6) * at(7) * written_world;
+    if (accounted) {
+      state_.epoch_samples = at(8);
+      state_.samples_seen = at(9);
+      reference = at(10);
+    } else {
+      const int64_t spe =
+          std::max<int64_t>(1, static_cast<int64_t>(train_data_->size() / static_cast<size_t>(reference)));
+      state_.epoch = state_.step / spe;
+      state_.epoch_samples = (state_.step % spe) * reference;
+      state_.samples_seen = state_.step * reference;
+    }
+    plan_steps(reference);
+    if (written_world != world_ && is_main())
+      GZ_LOG(info, "resuming on ", world_, " rank(s), checkpoint written by ", written_world,
+             " (elastic_batch ", config_.elastic_batch, "): global batch ", state_.global_batch,
+             " (first launch ", impl_->plan.reference_global_batch, "), ", impl_->plan.accumulation,
+             " micro-batch(es) per step, lr x ", state_.lr_scale, "; epoch ", state_.epoch, " at sample ",
+             state_.epoch_samples, " of ", train_data_->size());
+  } catch (const gz::Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    GZ_THROW(Error, "checkpoint ", file,
+             " does not match this model/optimizer: ", e.what_without_backtrace());
+  }
+  if (state_.step > state_.total_steps)
+    GZ_THROW(Error, "checkpoint ", file, " is at step ", state_.step, ", past this run's ",
+             state_.total_steps, " steps");
+}
+
+void Trainer::maybe_resume() {
+  const std::string& r = config_.resume_from_checkpoint;
+  if (r.empty()) return;
+  // Every rank must end up at the same step, or they issue different collectives and hang. So
+  // rank 0 alone lists the folder (other nodes may see a stale or different one) and decides.
+  constexpr int64_t kNone = -1, kRankZeroFailed = -2;
+  torch::serialize::InputArchive archive;
+  std::optional<CheckpointInfo> info;
+  std::exception_ptr error;
+  std::string path = r;
+  if (r == "auto") {
+    int64_t step = kNone;
+    if (is_main()) {
+      try {
+        impl_->checkpoints->remove_temp_dirs();
+        info = impl_->checkpoints->open_latest(archive);
+        if (info) step = info->step;
+      } catch (...) {
+        step = kRankZeroFailed;
+        error = std::current_exception();
+      }
+    }
+    step = broadcast_value(step);
+    if (step == kRankZeroFailed)
+      agree(error, "resume_from_checkpoint: auto (choosing a checkpoint)");  // throws
+    if (step == kNone) {
+      if (is_main())
+        GZ_LOG(info, "resume_from_checkpoint: auto found no checkpoint in ", impl_->checkpoints->root(),
+               "; starting fresh");
+      return;
+    }
+    if (!is_main()) {
+      try {
+        info = impl_->checkpoints->find(step);
+        if (!info)
+          GZ_THROW(Error, "rank ", rank_, ": checkpoint of step ", step, " (chosen by rank 0) is not in ",
+                   impl_->checkpoints->root(),
+                   " on this rank; every node must see the same checkpoint folder");
+        info = CheckpointManager::open(info->dir, archive);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    agree(error, detail::concat("loading the checkpoint of step ", step));
+    path = info->dir;
+  } else {
+    try {
+      info = CheckpointManager::open(path, archive);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    agree(error, "loading checkpoint " + path);
+  }
+  // A model or optimizer mismatch is the same on every rank, but agree anyway: no rank may go on.
+  try {
+    apply_checkpoint(archive, *info, fs::is_directory(path) ? info->state_file() : path);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree(error, "applying checkpoint " + path);
+  if (is_main()) GZ_LOG(info, "resumed from ", path, " at step ", state_.step);
+}
+
+}  // namespace gz::train

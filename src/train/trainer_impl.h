@@ -1,0 +1,39 @@
+// Private: the Trainer's state behind its pimpl, shared by trainer*.cpp.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "comm_algorithms.h"
+#include "gz/core/deadline.h"
+#include "gz/torch/grad_scaler.h"
+#include "gz/train/checkpoint.h"
+#include "gz/train/elastic_batch.h"
+#include "gz/train/parallel_strategy.h"
+#include "gz/train/scheduler.h"
+#include "gz/train/trainer.h"
+
+namespace gz::train {
+
+struct Trainer::Impl {
+  ParallelMode mode = ParallelMode::single;  // parsed once from config `mode`
+  /// @brief The optimizer over the model's parameters, as built from the config; the strategy
+  /// steps it (or its ZeRO wrapper).
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<ParallelStrategy> strategy;
+  std::unique_ptr<LrScheduler> scheduler;
+  std::unique_ptr<CheckpointManager> checkpoints;
+  std::unique_ptr<GradScaler> scaler;
+  torch::Device device{torch::kCPU};
+  Stopwatch clock;
+  bool set_up = false;
+  int64_t last_eval_step = -1;
+  BatchPlan plan;
+  // Compression, local SGD, async averaging (comm_algorithms.h); eval time for the time-to-accuracy logs.
+  CommAlgorithms comm;
+  double eval_seconds = 0;
+  int64_t first_step = 0;
+};
+
+}  // namespace gz::train
