@@ -44,8 +44,8 @@ set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Distributed data-parallel training for C+
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS OFF)  # the -dev dependencies below pull in every run-time library
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "libgloo-dev, libopenmpi-dev")
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libgloo-dev, libopenmpi-dev, libssl-dev, nlohmann-json3-dev")
 if(GZ_WITH_TORCH)
-  set(CPACK_DEBIAN_PACKAGE_DEPENDS "${CPACK_DEBIAN_PACKAGE_DEPENDS}, libtorch-dev, libyaml-cpp-dev, nlohmann-json3-dev, libpng-dev, libjpeg-dev, zlib1g-dev")
+  set(CPACK_DEBIAN_PACKAGE_DEPENDS "${CPACK_DEBIAN_PACKAGE_DEPENDS}, libtorch-dev, libyaml-cpp-dev, libpng-dev, libjpeg-dev, zlib1g-dev")
 endif()
 include(CPack)
