@@ -20,6 +20,7 @@
 #include "store_host.h"
 #ifdef GZ_HAVE_GLOO
 #include "gz/comm/gloo.h"
+#include "comm/gloo/net_address.h"  // the address the workers' Gloo listens on
 #endif
 
 namespace gz::launcher {
