@@ -3,8 +3,9 @@
 # against it; then a link-only build of the NCCL backend (where
 # CUDA + NCCL are installed); then ASan+UBSan builds (the LibTorch-free layers
 # with their unit tests; the LibTorch layer's DDP, Horovod-mode and trainer/resume tests) and a
-# TSan build of the comm tests; then the store wire-decoder fuzz target for a while; last, the
-# LibTorch-dependent part built and tested against LibTorch/PyTorch 2.6 in a Debian 13 root.
+# TSan build of the comm tests; then the store wire-decoder fuzz target for a while. The
+# LibTorch/PyTorch 2.6 stage (Debian 13 root) is CI's second job, .ci/run-libtorch2 (GZ_LIBTORCH2=1:
+# also here, last).
 # The release and TSan builds use GCC; ASan+UBSan uses clang, which keeps the layers (the reduce
 # kernels' vector extensions and CPU dispatch included) building with clang too.
 # Every ctest stage goes through ctest_stage, which fails when a stage selects no test.
@@ -110,17 +111,14 @@ if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
     -artifact_prefix=build-fuzz/ build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 4
   stage_time "fuzz"
 fi
-if [ "${GZ_SKIP_LIBTORCH2:-0}" = 1 ]; then
-  echo "== LibTorch 2.x stage skipped: GZ_SKIP_LIBTORCH2=1"
-elif [ "$(id -u)" != 0 ]; then
-  echo "== LibTorch 2.x stage skipped: needs root (debootstrap and chroot; run test.sh as root or with sudo)"
-else
+if [ "${GZ_LIBTORCH2:-0}" = 1 ]; then
+  # A separate stage (.ci/run-libtorch2), here only on request: on a fresh 2-core machine it costs
+  # more than the rest of this script's budget allows (debootstrap + packages alone ~9 min, then the
+  # LibTorch layer, its tests and the Python suites built and run again; docs/results/verification.md).
   echo "== LibTorch 2.x: Debian 13's LibTorch/PyTorch 2.6 in a root at ${GZ_LIBTORCH2_ROOT:-/var/tmp/gz-trixie}"
-  # Only what depends on the LibTorch version is built and tested there (the LibTorch layer, the
-  # trainer, the Python package and their tests; the LibTorch-free layers were tested above). The
-  # root, its build and its ccache are kept between runs on a machine; a fresh machine makes them
-  # (debootstrap + packages + build: about 20 min of this stage on a fresh 2-core machine).
-  GZ_LIBTORCH2_SCOPE=torch scripts/check-libtorch2.sh "${GZ_LIBTORCH2_ROOT:-/var/tmp/gz-trixie}"
+  .ci/run-libtorch2
   stage_time "LibTorch 2.x (Debian 13 root)"
+else
+  echo "== LibTorch 2.x stage not run here: it is CI's separate job .ci/run-libtorch2 (or GZ_LIBTORCH2=1)"
 fi
 echo "all test stages passed"
