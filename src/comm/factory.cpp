@@ -13,7 +13,7 @@
 #include "gz/core/log.h"
 #include "gz/store/prefix_store.h"
 #ifdef GZ_HAVE_GLOO
-#include "comm/gloo/net_address.h"
+#include "gz/comm/net_address.h"
 #include "gz/comm/gloo.h"
 #endif
 #ifdef GZ_HAVE_MPI

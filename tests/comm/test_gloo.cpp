@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "comm/test_gloo_common.h"
-#include "comm/gloo/net_address.h"
+#include "gz/comm/net_address.h"
 #include "gz/comm/gloo.h"
 #include "gz/core/error.h"
 #include "gz/store/mem_store.h"

@@ -27,11 +27,11 @@ class SlowLinkComm : public comm::Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string backend() const override { return "slow(" + inner_->backend() + ")"; }
-  std::shared_ptr<Communicator> new_group(const std::vector<int>&) override {
-    GZ_THROW(InvalidArgument, "not in this test");
-  }
 
  protected:
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>&) override {
+    GZ_THROW(InvalidArgument, "not in this test");
+  }
   void do_allreduce(void* d, size_t n, DType t, comm::ReduceOp op) override {
     inner_->allreduce(d, n, t, op);
   }

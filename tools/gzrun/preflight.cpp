@@ -20,7 +20,7 @@
 #include "store_host.h"
 #ifdef GZ_HAVE_GLOO
 #include "gz/comm/gloo.h"
-#include "comm/gloo/net_address.h"  // the address the workers' Gloo listens on
+#include "gz/comm/net_address.h"
 #endif
 
 namespace gz::launcher {

@@ -21,7 +21,7 @@
 #include <mutex>
 
 #include "comm/gloo/lazy_mesh.h"
-#include "comm/gloo/net_address.h"
+#include "gz/comm/net_address.h"
 #include "comm/gloo/store_adapter.h"
 #include "comm/gloo/sync_mesh.h"
 #include "comm/reduce/reduce.h"

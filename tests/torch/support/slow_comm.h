@@ -62,12 +62,12 @@ class SlowComm : public comm::Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string backend() const override { return "slow(" + inner_->backend() + ")"; }
-  std::shared_ptr<comm::Communicator> new_group(const std::vector<int>& ranks) override {
+
+ protected:
+  std::shared_ptr<comm::Communicator> do_new_group(const std::vector<int>& ranks) override {
     auto g = inner_->new_group(ranks);
     return g ? make(std::move(g), timeout(), state_) : nullptr;
   }
-
- protected:
   void do_allreduce(void* data, size_t count, DType dtype, comm::ReduceOp op) override {
     auto& running = state_->running_on.at(static_cast<size_t>(rank()));
     ++running;

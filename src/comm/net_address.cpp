@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/gloo/net_address.h"
+#include "gz/comm/net_address.h"
 #include "gz/core/error.h"
 
 namespace gz::comm {

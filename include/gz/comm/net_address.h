@@ -1,5 +1,5 @@
 // Which local address a rank listens on, and which one other machines reach it on (the Gloo
-// backend and the factory's choice of interface). Private to gz_comm.
+// backend, the factory's choice of interface, gzrun's pre-flight check).
 #pragma once
 
 #include <string>
