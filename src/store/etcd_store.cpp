@@ -331,6 +331,20 @@ struct EtcdStore::Impl {
   }
 };
 
+namespace {
+/// Run one operation, turning a JSON answer of an unexpected shape (a member of another version,
+/// or something else on the port) into gz::PeerError instead of nlohmann's exceptions.
+template <class F>
+auto guarded(const etcd::Client* client, const char* op, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const json::exception& e) {
+    GZ_THROW(PeerError, "etcd store ", op, ": an answer of unexpected shape from ",
+             client ? client->endpoint_now() : std::string("etcd"), " (", e.what(), ")");
+  }
+}
+}  // namespace
+
 EtcdStore::EtcdStore(const EtcdStoreOptions& options) : impl_(std::make_unique<Impl>()) {
   check_etcd_options(options);
   impl_->o = options;
@@ -340,7 +354,8 @@ EtcdStore::EtcdStore(const EtcdStoreOptions& options) : impl_(std::make_unique<I
   impl_->client_id = random_id();
   impl_->ops = options.prefix + "/op/" + impl_->client_id + "/";
   timeout_ = options.timeout;
-  impl_->client->connect(Deadline::after(options.timeout));
+  guarded(impl_->client.get(), "first contact",
+          [&] { impl_->client->connect(Deadline::after(options.timeout)); });
 }
 
 EtcdStore::~EtcdStore() {
@@ -360,222 +375,248 @@ uint64_t EtcdStore::requests_sent() { return etcd::Client::requests.load(); }
 std::string EtcdStore::endpoint() const { return impl_->client->endpoint_now(); }
 
 void EtcdStore::set(const std::string& key, const Bytes& value) {
-  const std::string k = impl_->full(key);
-  impl_->client->call("/v3/kv/txn",
-                      {{"success", json::array({put_op(k, to_string(value)), impl_->delete_changes(key)})}},
-                      impl_->op_deadline(*this), "set '" + wire::printable(key) + "'");
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->counters.erase(k);
+  return guarded(impl_->client.get(), "set", [&]() -> void {
+    const std::string k = impl_->full(key);
+    impl_->client->call("/v3/kv/txn",
+                        {{"success", json::array({put_op(k, to_string(value)), impl_->delete_changes(key)})}},
+                        impl_->op_deadline(*this), "set '" + wire::printable(key) + "'");
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->counters.erase(k);
+  });
 }
 
 Bytes EtcdStore::get(const std::string& key, Deadline deadline) {
-  const std::string k = impl_->full(key);
-  const std::string what = "get '" + wire::printable(key) + "'";
-  Stopwatch sw;
-  std::unique_ptr<etcd::Watch> w;
-  for (;;) {
-    // Read (which also checks that the member answers and has a leader), then watch from there.
-    size_t member = 0;
-    int64_t at = 0;
-    Folded f;
-    try {
-      f = impl_->read(key, deadline, what, 0, {}, &member, &at);
-    } catch (const TimeoutError& e) {
-      GZ_THROW(TimeoutError, "store get: key '", wire::printable(key), "' not set within ",
-               format_duration(sw.elapsed()), " (", e.what(), ")");
-    }
-    if (f.exists) return to_bytes(f.value);
-    const Deadline slice = std::min(deadline, Deadline::after(impl_->o.watch_check_interval),
-                                    [](const Deadline& a, const Deadline& b) { return a.at() < b.at(); });
-    try {
-      if (!w || w->member() != member) w = impl_->client->watch({k}, at + 1, slice, what);
-      etcd::WatchEvent ev;
-      while (w->next(ev, slice)) {
-        // Just created: that is its whole value. Otherwise read it (change records may apply).
-        if (ev.key == k && ev.created) return to_bytes(ev.value);
-        if (ev.key == k && !ev.deleted) break;
+  return guarded(impl_->client.get(), "get", [&]() -> Bytes {
+    const std::string k = impl_->full(key);
+    const std::string what = "get '" + wire::printable(key) + "'";
+    Stopwatch sw;
+    std::unique_ptr<etcd::Watch> w;
+    for (;;) {
+      // Read (which also checks that the member answers and has a leader), then watch from there.
+      size_t member = 0;
+      int64_t at = 0;
+      Folded f;
+      try {
+        f = impl_->read(key, deadline, what, 0, {}, &member, &at);
+      } catch (const TimeoutError& e) {
+        GZ_THROW(TimeoutError, "store get: key '", wire::printable(key), "' not set within ",
+                 format_duration(sw.elapsed()), " (", e.what(), ")");
       }
-    } catch (const etcd::TransportError&) {
-      w.reset();  // the next read moves to another member
-    } catch (const etcd::ServerError& e) {
-      if (!e.retry()) throw Error(e.what());  // e.g. permission denied on the watched key
-      w.reset();
-    } catch (const TimeoutError&) {
-      w.reset();
+      if (f.exists) return to_bytes(f.value);
+      const Deadline slice = std::min(deadline, Deadline::after(impl_->o.watch_check_interval),
+                                      [](const Deadline& a, const Deadline& b) { return a.at() < b.at(); });
+      try {
+        if (!w || w->member() != member) w = impl_->client->watch({k}, at + 1, slice, what);
+        etcd::WatchEvent ev;
+        while (w->next(ev, slice)) {
+          // Just created: that is its whole value. Otherwise read it (change records may apply).
+          if (ev.key == k && ev.created) return to_bytes(ev.value);
+          if (ev.key == k && !ev.deleted) break;
+        }
+      } catch (const etcd::TransportError&) {
+        w.reset();  // the next read moves to another member
+      } catch (const etcd::ServerError& e) {
+        if (!e.retry()) throw Error(e.what());  // e.g. permission denied on the watched key
+        w.reset();
+      } catch (const TimeoutError&) {
+        w.reset();
+      }
+      if (deadline.expired())
+        GZ_THROW(TimeoutError, "store get: key '", wire::printable(key), "' not set within ",
+                 format_duration(sw.elapsed()), " (etcd, ", endpoint(), ")");
     }
-    if (deadline.expired())
-      GZ_THROW(TimeoutError, "store get: key '", wire::printable(key), "' not set within ",
-               format_duration(sw.elapsed()), " (etcd, ", endpoint(), ")");
-  }
+  });
 }
 
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
-  const std::string what = "add to '" + wire::printable(key) + "'";
-  const Deadline deadline = impl_->op_deadline(*this);
-  auto integer = [&](const Folded& f) {
-    int64_t v = 0;
-    if (f.mine_refused || !wire::parse_counter(f.value, v))
-      GZ_THROW(InvalidArgument, "store add: value of key '", wire::printable(key), "' is not an integer",
-               f.mine_refused ? " (or the sum would overflow)" : "");
-    return v;
-  };
-  if (delta == 0) {
-    // A read: no write, no consensus round (a missing key is created as "0", as everywhere).
-    Folded f = impl_->read(key, deadline, what);
-    if (f.exists) return integer(f);
-  }
-  return integer(impl_->update(key, 'c', delta, {}, deadline, what));
+  return guarded(impl_->client.get(), "add", [&]() -> int64_t {
+    const std::string what = "add to '" + wire::printable(key) + "'";
+    const Deadline deadline = impl_->op_deadline(*this);
+    auto integer = [&](const Folded& f) {
+      int64_t v = 0;
+      if (f.mine_refused || !wire::parse_counter(f.value, v))
+        GZ_THROW(InvalidArgument, "store add: value of key '", wire::printable(key), "' is not an integer",
+                 f.mine_refused ? " (or the sum would overflow)" : "");
+      return v;
+    };
+    if (delta == 0) {
+      // A read: no write, no consensus round (a missing key is created as "0", as everywhere).
+      Folded f = impl_->read(key, deadline, what);
+      if (f.exists) return integer(f);
+    }
+    return integer(impl_->update(key, 'c', delta, {}, deadline, what));
+  });
 }
 
 int64_t EtcdStore::append(const std::string& key, const Bytes& value) {
-  Folded f = impl_->update(key, 'a', 0, to_string(value), impl_->op_deadline(*this),
-                           "append to '" + wire::printable(key) + "'");
-  return static_cast<int64_t>(f.value.size());
+  return guarded(impl_->client.get(), "append", [&]() -> int64_t {
+    Folded f = impl_->update(key, 'a', 0, to_string(value), impl_->op_deadline(*this),
+                             "append to '" + wire::printable(key) + "'");
+    return static_cast<int64_t>(f.value.size());
+  });
 }
 
 Bytes EtcdStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
-  const std::string k = impl_->full(key), cp = impl_->change_prefix(key), end = prefix_end(cp);
-  const std::string what = "compare_set of '" + wire::printable(key) + "'";
-  const Deadline deadline = impl_->op_deadline(*this);
-  const std::string want = to_string(expected);
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->counters.erase(k);
-  }
-  if (want == to_string(desired) && !want.empty()) {
-    // A read in disguise (the elastic rendezvous peeks this way): no write, no consensus round.
-    Folded f = impl_->read(key, deadline, what);
-    return f.exists ? to_bytes(f.value) : expected;
-  }
-  const json current = json::array({range_op(k), range_of(cp, end)});
-  for (;;) {
-    // One transaction on the plain value (no change records); an empty expectation also matches
-    // a missing key.
-    json cmp = want.empty() ? cmp_create0(k)
-                            : json{{"target", "VALUE"}, {"key", b64_encode(k)}, {"value", b64_encode(want)}};
-    json r = impl_->client->call("/v3/kv/txn",
-                                 {{"compare", json::array({cmp, cmp_create0(cp, end)})},
-                                  {"success", json::array({put_op(k, to_string(desired))})},
-                                  {"failure", current}},
-                                 deadline, what);
-    if (r.value("succeeded", false)) return desired;
-    Folded f = fold(txn_response(r, 0, "response_range"), txn_response(r, 1, "response_range"));
-    if (!f.exists) {
-      if (want.empty()) continue;  // deleted in between: try again
-      return expected;             // missing, a non-empty expectation: as MemStore and TcpStore answer
+  return guarded(impl_->client.get(), "compare_set", [&]() -> Bytes {
+    const std::string k = impl_->full(key), cp = impl_->change_prefix(key), end = prefix_end(cp);
+    const std::string what = "compare_set of '" + wire::printable(key) + "'";
+    const Deadline deadline = impl_->op_deadline(*this);
+    const std::string want = to_string(expected);
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->counters.erase(k);
     }
-    if (f.value != want) return to_bytes(f.value);
-    // It matches once its change records are applied (or it is present and empty): swap if
-    // nothing changed since that read.
-    const int64_t at = field_i64(r["header"], "revision");
-    json same_base = {
-        {"target", "MOD"}, {"key", b64_encode(k)}, {"mod_revision", std::to_string(f.base_mod)}};
-    json same_changes = {{"target", "MOD"},
-                         {"key", b64_encode(cp)},
-                         {"range_end", b64_encode(end)},
-                         {"result", "LESS"},
-                         {"mod_revision", std::to_string(at + 1)}};
-    r = impl_->client->call(
-        "/v3/kv/txn",
-        {{"compare", json::array({same_base, same_changes})},
-         {"success", json::array({put_op(k, to_string(desired)), impl_->delete_changes(key)})}},
-        deadline, what);
-    if (r.value("succeeded", false)) return desired;
-    if (deadline.expired())
-      GZ_THROW(TimeoutError, "etcd ", what,
-               ": could not apply it within the deadline (other clients kept changing it)");
-  }
+    if (want == to_string(desired) && !want.empty()) {
+      // A read in disguise (the elastic rendezvous peeks this way): no write, no consensus round.
+      Folded f = impl_->read(key, deadline, what);
+      return f.exists ? to_bytes(f.value) : expected;
+    }
+    const json current = json::array({range_op(k), range_of(cp, end)});
+    for (;;) {
+      // One transaction on the plain value (no change records); an empty expectation also matches
+      // a missing key.
+      json cmp = want.empty()
+                     ? cmp_create0(k)
+                     : json{{"target", "VALUE"}, {"key", b64_encode(k)}, {"value", b64_encode(want)}};
+      json r = impl_->client->call("/v3/kv/txn",
+                                   {{"compare", json::array({cmp, cmp_create0(cp, end)})},
+                                    {"success", json::array({put_op(k, to_string(desired))})},
+                                    {"failure", current}},
+                                   deadline, what);
+      if (r.value("succeeded", false)) return desired;
+      Folded f = fold(txn_response(r, 0, "response_range"), txn_response(r, 1, "response_range"));
+      if (!f.exists) {
+        if (!want.empty()) return expected;  // missing, a non-empty expectation: as MemStore and TcpStore
+        // Missing, and still the transaction failed: change records without a value (a client
+        // that died between its writes). The swap below replaces them; before, this retried the
+        // same failing transaction back to back until the deadline.
+      } else if (f.value != want) {
+        return to_bytes(f.value);
+      }
+      // It matches once its change records are applied (or it is present and empty): swap if
+      // nothing changed since that read.
+      const int64_t at = field_i64(r["header"], "revision");
+      json same_base = {
+          {"target", "MOD"}, {"key", b64_encode(k)}, {"mod_revision", std::to_string(f.base_mod)}};
+      json same_changes = {{"target", "MOD"},
+                           {"key", b64_encode(cp)},
+                           {"range_end", b64_encode(end)},
+                           {"result", "LESS"},
+                           {"mod_revision", std::to_string(at + 1)}};
+      r = impl_->client->call(
+          "/v3/kv/txn",
+          {{"compare", json::array({same_base, same_changes})},
+           {"success", json::array({put_op(k, to_string(desired)), impl_->delete_changes(key)})}},
+          deadline, what);
+      if (r.value("succeeded", false)) return desired;
+      if (deadline.expired())
+        GZ_THROW(TimeoutError, "etcd ", what,
+                 ": could not apply it within the deadline (other clients kept changing it)");
+    }
+  });
 }
 
 void EtcdStore::wait(const std::vector<std::string>& keys, Deadline deadline) {
-  if (keys.empty()) return;
-  const std::string what = "wait for " + key_list(keys);
-  Stopwatch sw;
-  std::vector<std::string> missing = keys;
-  std::unique_ptr<etcd::Watch> w;
-  std::vector<std::string> watched;
-  for (;;) {
-    int64_t rev = 0;
-    size_t member = 0;
-    std::vector<bool> there;
-    try {
-      there = impl_->exist(missing, deadline, what, &rev, &member);
-    } catch (const TimeoutError& e) {
-      GZ_THROW(TimeoutError, "store wait: keys not set within ", format_duration(sw.elapsed()), ": ",
-               key_list(missing), " (", e.what(), ")");
-    }
-    std::vector<std::string> still;
-    for (size_t i = 0; i < missing.size(); ++i)
-      if (!there[i]) still.push_back(missing[i]);
-    missing.swap(still);
-    if (missing.empty()) return;
-    const Deadline slice = std::min(deadline, Deadline::after(impl_->o.watch_check_interval),
-                                    [](const Deadline& a, const Deadline& b) { return a.at() < b.at(); });
-    try {
-      if (!w || w->member() != member || watched != missing) {
-        std::vector<std::string> full;
-        for (const auto& k : missing) full.push_back(impl_->full(k));
-        w = impl_->client->watch(full, rev + 1, slice, what);
-        watched = missing;
+  return guarded(impl_->client.get(), "wait", [&]() -> void {
+    if (keys.empty()) return;
+    const std::string what = "wait for " + key_list(keys);
+    Stopwatch sw;
+    std::vector<std::string> missing = keys;
+    std::unique_ptr<etcd::Watch> w;
+    std::vector<std::string> watched;
+    for (;;) {
+      int64_t rev = 0;
+      size_t member = 0;
+      std::vector<bool> there;
+      try {
+        there = impl_->exist(missing, deadline, what, &rev, &member);
+      } catch (const TimeoutError& e) {
+        GZ_THROW(TimeoutError, "store wait: keys not set within ", format_duration(sw.elapsed()), ": ",
+                 key_list(missing), " (", e.what(), ")");
       }
-      etcd::WatchEvent ev;
-      while (!missing.empty() && w->next(ev, slice)) {
-        if (ev.deleted) continue;
-        missing.erase(std::remove_if(missing.begin(), missing.end(),
-                                     [&](const std::string& k) { return impl_->full(k) == ev.key; }),
-                      missing.end());
-      }
+      std::vector<std::string> still;
+      for (size_t i = 0; i < missing.size(); ++i)
+        if (!there[i]) still.push_back(missing[i]);
+      missing.swap(still);
       if (missing.empty()) return;
-    } catch (const etcd::TransportError&) {
-      w.reset();
-    } catch (const etcd::ServerError& e) {
-      if (!e.retry()) throw Error(e.what());  // e.g. permission denied on the watched keys
-      w.reset();
-    } catch (const TimeoutError&) {
-      w.reset();
+      const Deadline slice = std::min(deadline, Deadline::after(impl_->o.watch_check_interval),
+                                      [](const Deadline& a, const Deadline& b) { return a.at() < b.at(); });
+      try {
+        if (!w || w->member() != member || watched != missing) {
+          std::vector<std::string> full;
+          for (const auto& k : missing) full.push_back(impl_->full(k));
+          w = impl_->client->watch(full, rev + 1, slice, what);
+          watched = missing;
+        }
+        etcd::WatchEvent ev;
+        while (!missing.empty() && w->next(ev, slice)) {
+          if (ev.deleted) continue;
+          missing.erase(std::remove_if(missing.begin(), missing.end(),
+                                       [&](const std::string& k) { return impl_->full(k) == ev.key; }),
+                        missing.end());
+        }
+        if (missing.empty()) return;
+      } catch (const etcd::TransportError&) {
+        w.reset();
+      } catch (const etcd::ServerError& e) {
+        if (!e.retry()) throw Error(e.what());  // e.g. permission denied on the watched keys
+        w.reset();
+      } catch (const TimeoutError&) {
+        w.reset();
+      }
+      if (deadline.expired())
+        GZ_THROW(TimeoutError, "store wait: keys not set within ", format_duration(sw.elapsed()), ": ",
+                 key_list(missing), " (etcd, ", endpoint(), ")");
     }
-    if (deadline.expired())
-      GZ_THROW(TimeoutError, "store wait: keys not set within ", format_duration(sw.elapsed()), ": ",
-               key_list(missing), " (etcd, ", endpoint(), ")");
-  }
+  });
 }
 
 bool EtcdStore::check(const std::vector<std::string>& keys) {
-  if (keys.empty()) return true;
-  auto there = impl_->exist(keys, impl_->op_deadline(*this), "check of " + key_list(keys), nullptr, nullptr);
-  return std::all_of(there.begin(), there.end(), [](bool b) { return b; });
+  return guarded(impl_->client.get(), "check", [&]() -> bool {
+    if (keys.empty()) return true;
+    auto there =
+        impl_->exist(keys, impl_->op_deadline(*this), "check of " + key_list(keys), nullptr, nullptr);
+    return std::all_of(there.begin(), there.end(), [](bool b) { return b; });
+  });
 }
 
 bool EtcdStore::delete_key(const std::string& key) {
-  const std::string k = impl_->full(key);
-  json r = impl_->client->call("/v3/kv/txn",
-                               {{"success", json::array({{{"request_delete_range", {{"key", b64_encode(k)}}}},
-                                                         impl_->delete_changes(key)})}},
-                               impl_->op_deadline(*this), "delete of '" + wire::printable(key) + "'");
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->counters.erase(k);
-  }
-  return field_i64(txn_response(r, 0, "response_delete_range"), "deleted") > 0;
+  return guarded(impl_->client.get(), "delete_key", [&]() -> bool {
+    const std::string k = impl_->full(key);
+    json r = impl_->client->call(
+        "/v3/kv/txn",
+        {{"success",
+          json::array({{{"request_delete_range", {{"key", b64_encode(k)}}}}, impl_->delete_changes(key)})}},
+        impl_->op_deadline(*this), "delete of '" + wire::printable(key) + "'");
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->counters.erase(k);
+    }
+    return field_i64(txn_response(r, 0, "response_delete_range"), "deleted") > 0;
+  });
 }
 
 int64_t EtcdStore::num_keys() {
-  json r = impl_->client->call("/v3/kv/range",
-                               {{"key", b64_encode(impl_->data)},
-                                {"range_end", b64_encode(prefix_end(impl_->data))},
-                                {"count_only", true}},
-                               impl_->op_deadline(*this), "count of keys");
-  return field_i64(r, "count");
+  return guarded(impl_->client.get(), "num_keys", [&]() -> int64_t {
+    json r = impl_->client->call("/v3/kv/range",
+                                 {{"key", b64_encode(impl_->data)},
+                                  {"range_end", b64_encode(prefix_end(impl_->data))},
+                                  {"count_only", true}},
+                                 impl_->op_deadline(*this), "count of keys");
+    return field_i64(r, "count");
+  });
 }
 
 int64_t EtcdStore::delete_all() {
-  const std::string p = impl_->o.prefix + "/";
-  json r = impl_->client->call("/v3/kv/deleterange",
-                               {{"key", b64_encode(p)}, {"range_end", b64_encode(prefix_end(p))}},
-                               impl_->op_deadline(*this), "delete of every key under '" + p + "'");
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->counters.clear();
-  return field_i64(r, "deleted");
+  return guarded(impl_->client.get(), "delete_all", [&]() -> int64_t {
+    const std::string p = impl_->o.prefix + "/";
+    json r = impl_->client->call("/v3/kv/deleterange",
+                                 {{"key", b64_encode(p)}, {"range_end", b64_encode(prefix_end(p))}},
+                                 impl_->op_deadline(*this), "delete of every key under '" + p + "'");
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->counters.clear();
+    return field_i64(r, "deleted");
+  });
 }
 
 }  // namespace gz

@@ -45,19 +45,26 @@ bool is_loopback_peer(const sockaddr_storage& addr) {
   return false;
 }
 
-PeerIdentity::PeerIdentity() = default;
+// How long sock_diag, found missing, is left alone before it is probed again.
+constexpr std::chrono::seconds kRetryProbe{60};
+
+PeerIdentity::PeerIdentity(int protocol) : protocol_(protocol) {}
 
 PeerIdentity::~PeerIdentity() {
   if (nl_ >= 0) ::close(nl_);
 }
 
-long long PeerIdentity::uid(const sockaddr_storage& peer, const sockaddr_storage& local) {
+void PeerIdentity::give_up() {
+  unavailable_ = true;
+  retry_at_ = std::chrono::steady_clock::now() + kRetryProbe;
+}
+
+PeerIdentity::Found PeerIdentity::lookup(const sockaddr_storage& src, const sockaddr_storage& dst,
+                                         long long& uid) {
+  ++queries_;
   if (nl_ < 0) {
     nl_ = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-    if (nl_ < 0) {
-      unavailable_ = true;
-      return -1;
-    }
+    if (nl_ < 0) return Found::failed;
     timeval tv{0, 100000};  // the kernel answers at once; never hang the server's loop on it
     setsockopt(nl_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   }
@@ -69,40 +76,37 @@ long long PeerIdentity::uid(const sockaddr_storage& peer, const sockaddr_storage
   msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
   msg.nlh.nlmsg_flags = NLM_F_REQUEST;
   msg.nlh.nlmsg_seq = ++seq_;
-  msg.req.sdiag_protocol = IPPROTO_TCP;
+  msg.req.sdiag_protocol = static_cast<uint8_t>(protocol_);
   msg.req.idiag_states = ~0u;
   msg.req.id.idiag_cookie[0] = msg.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-  // The peer's own socket: its source is the peer address, its destination our end.
-  uint32_t p4 = 0, l4 = 0;
-  uint16_t pport = 0, lport = 0;
-  if (v4_of(peer, p4, pport) && v4_of(local, l4, lport)) {
+  uint32_t s4 = 0, d4 = 0;
+  uint16_t sport = 0, dport = 0;
+  if (v4_of(src, s4, sport) && v4_of(dst, d4, dport)) {
     msg.req.sdiag_family = AF_INET;
-    msg.req.id.idiag_src[0] = p4;
-    msg.req.id.idiag_dst[0] = l4;
-  } else if (peer.ss_family == AF_INET6 && local.ss_family == AF_INET6) {
-    auto* p6 = reinterpret_cast<const sockaddr_in6*>(&peer);
-    auto* l6 = reinterpret_cast<const sockaddr_in6*>(&local);
+    msg.req.id.idiag_src[0] = s4;
+    msg.req.id.idiag_dst[0] = d4;
+  } else if (src.ss_family == AF_INET6 && dst.ss_family == AF_INET6) {
+    auto* s6 = reinterpret_cast<const sockaddr_in6*>(&src);
+    auto* d6 = reinterpret_cast<const sockaddr_in6*>(&dst);
     msg.req.sdiag_family = AF_INET6;
-    std::memcpy(msg.req.id.idiag_src, &p6->sin6_addr, 16);
-    std::memcpy(msg.req.id.idiag_dst, &l6->sin6_addr, 16);
-    pport = p6->sin6_port;
-    lport = l6->sin6_port;
+    std::memcpy(msg.req.id.idiag_src, &s6->sin6_addr, 16);
+    std::memcpy(msg.req.id.idiag_dst, &d6->sin6_addr, 16);
+    sport = s6->sin6_port;
+    dport = d6->sin6_port;
   } else {
-    return -1;
+    return Found::no;
   }
-  msg.req.id.idiag_sport = pport;
-  msg.req.id.idiag_dport = lport;
+  msg.req.id.idiag_sport = sport;
+  msg.req.id.idiag_dport = dport;
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
-  if (::sendto(nl_, &msg, sizeof msg, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) < 0) {
-    unavailable_ = true;
-    return -1;
-  }
+  if (::sendto(nl_, &msg, sizeof msg, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) < 0)
+    return Found::failed;
   alignas(nlmsghdr) char buf[8192];
   for (;;) {
     const ssize_t got = ::recv(nl_, buf, sizeof buf, 0);
     if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return -1;
+    if (got <= 0) return Found::failed;
     // The messages of the answer (NLMSG_OK/NLMSG_NEXT spelt out: their int arithmetic draws
     // sign-compare warnings).
     size_t len = static_cast<size_t>(got);
@@ -114,27 +118,67 @@ long long PeerIdentity::uid(const sockaddr_storage& peer, const sockaddr_storage
       len -= step;
       if (h->nlmsg_seq != seq_) continue;  // a late answer to an earlier (timed-out) lookup
       if (h->nlmsg_type == NLMSG_ERROR) {
+        // ENOENT: no such socket here (a remote peer, or one gone already), or no module for
+        // the protocol (the probe tells these apart); anything else: no sock_diag here.
         const int err = -reinterpret_cast<const nlmsgerr*>(NLMSG_DATA(h))->error;
-        // ENOENT: the peer is gone already; anything else: no sock_diag for TCP here.
-        if (err != ENOENT) unavailable_ = true;
-        return -1;
+        return err == ENOENT ? Found::no : Found::failed;
       }
       if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
-        unavailable_ = false;
         // A socket its owner already closed (orphaned, or in TIME_WAIT) has no inode, and the
         // kernel reports uid 0 for it: not the owner's, so unknown (else a flood of connections
         // closed at once would count as root's).
         const auto* m = reinterpret_cast<const inet_diag_msg*>(NLMSG_DATA(h));
-        return m->idiag_inode == 0 ? -1 : static_cast<long long>(m->idiag_uid);
+        if (m->idiag_inode == 0) return Found::no;
+        uid = static_cast<long long>(m->idiag_uid);
+        return Found::yes;
       }
     }
   }
 }
 
+bool PeerIdentity::usable(const sockaddr_storage& peer, const sockaddr_storage& local) {
+  if (probed_ && !(unavailable_ && std::chrono::steady_clock::now() >= retry_at_)) return !unavailable_;
+  probed_ = true;
+  // Our own end of this connection exists for sure: if the kernel cannot find it, it cannot
+  // find anyone's.
+  long long mine = -1;
+  if (lookup(local, peer, mine) == Found::yes) {
+    unavailable_ = false;
+    return true;
+  }
+  give_up();
+  return false;
+}
+
+long long PeerIdentity::uid(const sockaddr_storage& peer, const sockaddr_storage& local) {
+  if (!usable(peer, local)) return -1;
+  long long u = -1;
+  // The peer's own socket: its source is the peer address, its destination our end.
+  const Found f = lookup(peer, local, u);
+  if (f == Found::failed) give_up();
+  return f == Found::yes ? u : -1;
+}
+
+long long PeerIdentity::listener_uid(const sockaddr_storage& server, const sockaddr_storage& local) {
+  if (!usable(server, local)) return -1;
+  // The kernel looks a socket up as it would for an arriving packet: established ones first, then
+  // listeners. From our address's port 0 nothing is established, so the answer is the listener.
+  sockaddr_storage nobody = local;
+  if (nobody.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&nobody)->sin_port = 0;
+  if (nobody.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&nobody)->sin6_port = 0;
+  long long u = -1;
+  const Found f = lookup(server, nobody, u);
+  if (f == Found::failed) give_up();
+  return f == Found::yes ? u : -1;
+}
+
 std::string PeerIdentity::source(const sockaddr_storage& peer, const sockaddr_storage& local) {
-  if (!is_loopback_peer(peer)) return source_key(peer);
-  const long long u = uid(peer, local);
-  return u < 0 ? std::string("loopback, user unknown") : "local user " + std::to_string(u);
+  return source_of(peer, uid(peer, local));
+}
+
+std::string PeerIdentity::source_of(const sockaddr_storage& peer, long long u) {
+  if (u >= 0) return "local user " + std::to_string(u);
+  return is_loopback_peer(peer) ? std::string("loopback, user unknown") : source_key(peer);
 }
 
 }  // namespace gz::wire

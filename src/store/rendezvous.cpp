@@ -22,7 +22,8 @@ constexpr int kDefaultMasterPort = 29500;
 std::optional<long long> int_var(const Env& env, const std::string& name, long long lo, long long hi) {
   auto v = env.get_int(name);
   if (v && (*v < lo || *v > hi))
-    GZ_THROW(InvalidArgument, "environment variable ", name, "=", *v, " is out of range [", lo, ", ", hi, "]");
+    GZ_THROW(InvalidArgument, "environment variable ", name, "=", *v, " is out of range [", lo, ", ", hi,
+             "]");
   return v;
 }
 
@@ -38,11 +39,12 @@ void complete(WorldInfo& w, std::optional<long long> local_rank, std::optional<l
   if (w.rank < 0 || w.rank >= w.world_size)
     GZ_THROW(InvalidArgument, n.rank, "=", w.rank, " must be in [0, ", n.world, "=", w.world_size, ")");
   if (num_nodes && (*num_nodes < 1 || *num_nodes > w.world_size))
-    GZ_THROW(InvalidArgument, n.num_nodes, "=", *num_nodes, " must be in [1, ", n.world, "=", w.world_size, "]");
+    GZ_THROW(InvalidArgument, n.num_nodes, "=", *num_nodes, " must be in [1, ", n.world, "=", w.world_size,
+             "]");
   if (local_world) {
     if (*local_world < 1 || *local_world > w.world_size)
-      GZ_THROW(InvalidArgument, n.local_world, "=", *local_world, " must be in [1, ", n.world, "=", w.world_size,
-               "]");
+      GZ_THROW(InvalidArgument, n.local_world, "=", *local_world, " must be in [1, ", n.world, "=",
+               w.world_size, "]");
     w.local_world_size = static_cast<int>(*local_world);
   } else if (num_nodes && w.world_size % *num_nodes == 0) {
     w.local_world_size = static_cast<int>(w.world_size / *num_nodes);
@@ -67,13 +69,15 @@ void complete(WorldInfo& w, std::optional<long long> local_rank, std::optional<l
   } else if (uniform) {
     w.node_rank = w.rank / w.local_world_size;
   } else {
-    GZ_LOG(warn, "detect_world: ranks per node differ (", n.world, "=", w.world_size, ", ", n.local_world, "=",
-           w.local_world_size, "): node index unknown, set ", n.node_rank.empty() ? "NODE_RANK" : n.node_rank);
+    GZ_LOG(warn, "detect_world: ranks per node differ (", n.world, "=", w.world_size, ", ", n.local_world,
+           "=", w.local_world_size, "): node index unknown, set ",
+           n.node_rank.empty() ? "NODE_RANK" : n.node_rank);
     w.node_rank = std::min(w.rank / w.local_world_size, w.num_nodes - 1);
   }
   if (w.node_rank < 0 || w.node_rank >= w.num_nodes)
-    GZ_THROW(InvalidArgument, n.node_rank.empty() ? "node rank" : n.node_rank, "=", w.node_rank, " must be in [0, ",
-             n.num_nodes.empty() ? "number of nodes" : n.num_nodes, "=", w.num_nodes, ")");
+    GZ_THROW(InvalidArgument, n.node_rank.empty() ? "node rank" : n.node_rank, "=", w.node_rank,
+             " must be in [0, ", n.num_nodes.empty() ? "number of nodes" : n.num_nodes, "=", w.num_nodes,
+             ")");
 }
 
 void read_master(WorldInfo& w, const Env& env) {
@@ -137,9 +141,11 @@ Range parse_range(const std::string& item, const std::string& all) {
   std::string lo = item.substr(0, dash);
   std::string hi = dash == std::string::npos ? lo : item.substr(dash + 1);
   auto digits = [](const std::string& x) {
-    return !x.empty() && x.size() < 18 && std::all_of(x.begin(), x.end(), [](char c) { return c >= '0' && c <= '9'; });
+    return !x.empty() && x.size() < 18 &&
+           std::all_of(x.begin(), x.end(), [](char c) { return c >= '0' && c <= '9'; });
   };
-  if (!digits(lo) || !digits(hi)) GZ_THROW(InvalidArgument, "SLURM nodelist '", all, "': bad range '", item, "'");
+  if (!digits(lo) || !digits(hi))
+    GZ_THROW(InvalidArgument, "SLURM nodelist '", all, "': bad range '", item, "'");
   Range r{lo, std::stoll(lo), std::stoll(hi)};
   if (r.hi < r.lo) GZ_THROW(InvalidArgument, "SLURM nodelist '", all, "': descending range '", item, "'");
   return r;
@@ -152,23 +158,26 @@ std::string padded(long long v, size_t width) {
 }
 
 /// Items of the bracket group "[a,b-c]" starting at `open`; sets `close` to the ']' position.
-std::vector<Range> bracket_group(const std::string& entry, size_t open, size_t& close, const std::string& all) {
+std::vector<Range> bracket_group(const std::string& entry, size_t open, size_t& close,
+                                 const std::string& all) {
   close = entry.find(']', open);
-  if (close == std::string::npos) GZ_THROW(InvalidArgument, "SLURM nodelist '", all, "': unbalanced brackets");
+  if (close == std::string::npos)
+    GZ_THROW(InvalidArgument, "SLURM nodelist '", all, "': unbalanced brackets");
   std::string inner = entry.substr(open + 1, close - open - 1);
   std::vector<Range> out;
   size_t start = 0;
   for (;;) {
     size_t comma = inner.find(',', start);
-    out.push_back(parse_range(inner.substr(start, comma == std::string::npos ? std::string::npos : comma - start), all));
+    out.push_back(parse_range(
+        inner.substr(start, comma == std::string::npos ? std::string::npos : comma - start), all));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
   return out;
 }
 
-std::optional<long long> first_of(const Env& env, std::initializer_list<const char*> names, std::string& which,
-                                  long long lo, long long hi) {
+std::optional<long long> first_of(const Env& env, std::initializer_list<const char*> names,
+                                  std::string& which, long long lo, long long hi) {
   for (const char* n : names)
     if (env.get(n) && !env.get(n)->empty()) {
       which = n;
@@ -281,7 +290,8 @@ WorldInfo detect_world(const Env& env) {
     else
       w.launcher = "env";
   } else if (present("OMPI_COMM_WORLD_RANK")) {
-    if (!present("OMPI_COMM_WORLD_SIZE")) GZ_THROW(InvalidArgument, "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not");
+    if (!present("OMPI_COMM_WORLD_SIZE"))
+      GZ_THROW(InvalidArgument, "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not");
     w.rank = static_cast<int>(*int_var(env, "OMPI_COMM_WORLD_RANK", 0, kMax));
     w.world_size = static_cast<int>(*int_var(env, "OMPI_COMM_WORLD_SIZE", 1, kMax));
     // OMPI_COMM_WORLD_NODE_RANK is the rank among the node's processes, not the node index.
@@ -339,12 +349,15 @@ WorldInfo explicit_world(const InitOptions& o, const Env& env, const std::string
   WorldInfo w = detect_world(env);
   const bool detected = w.launcher != "single";
   if (!detected && (o.rank < 0 || o.world_size < 0))
-    GZ_THROW(InvalidArgument, "rendezvous ", method, " needs InitOptions::rank and world_size (or RANK/WORLD_SIZE)");
+    GZ_THROW(InvalidArgument, "rendezvous ", method,
+             " needs InitOptions::rank and world_size (or RANK/WORLD_SIZE)");
   int rank = o.rank >= 0 ? o.rank : w.rank;
   int world = o.world_size >= 0 ? o.world_size : w.world_size;
-  if (world < 1) GZ_THROW(InvalidArgument, "rendezvous ", method, ": world_size=", world, " must be at least 1");
+  if (world < 1)
+    GZ_THROW(InvalidArgument, "rendezvous ", method, ": world_size=", world, " must be at least 1");
   if (rank < 0 || rank >= world)
-    GZ_THROW(InvalidArgument, "rendezvous ", method, ": rank=", rank, " must be in [0, world_size=", world, ")");
+    GZ_THROW(InvalidArgument, "rendezvous ", method, ": rank=", rank, " must be in [0, world_size=", world,
+             ")");
   if (!detected || world != w.world_size) {
     // Nothing says which ranks share a node: assume none do (never wrongly share memory).
     w.local_rank = 0;
@@ -370,8 +383,8 @@ std::shared_ptr<TcpStoreServer> host_server(const std::string& host, int port, c
   } catch (const SystemError& e) {
     if (e.code() == EADDRINUSE)
       GZ_THROW(Error, "rendezvous: rank 0 cannot host the store on port ", port, " (", port_name,
-                   "): the port is already in use (another job, or a previous run still exiting?); pick a free ",
-                   port_name);
+               "): the port is already in use (another job, or a previous run still exiting?); pick a free ",
+               port_name);
     throw;
   }
 }
@@ -429,9 +442,9 @@ void meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string
       missing.clear();
       note = " (could not ask the store who is missing: " + std::string(e.what()) + ")";
     }
-    GZ_THROW(TimeoutError, "rendezvous timed out after ", format_duration(sw.elapsed()), " at rank ", w.rank, ": ",
-             arrived, " of ", w.world_size, " ranks arrived", missing.empty() ? "" : " (missing ranks: " + missing + ")",
-             "; store ", where, note);
+    GZ_THROW(TimeoutError, "rendezvous timed out after ", format_duration(sw.elapsed()), " at rank ", w.rank,
+             ": ", arrived, " of ", w.world_size, " ranks arrived",
+             missing.empty() ? "" : " (missing ranks: " + missing + ")", "; store ", where, note);
   }
 }
 
@@ -472,37 +485,69 @@ void split_etcd_method(const std::string& method, std::string& endpoints, std::s
 
 }  // namespace
 
-Rendezvous rendezvous(const InitOptions& options, const Env& env) {
-  const Deadline deadline = Deadline::after(options.timeout);
+namespace {
+
+/// What a rendezvous needs to reach its store: the secret, and how long it may take.
+struct StoreAccess {
+  std::string token;
+  bool insecure = false;
+  Deadline deadline{Clock::time_point{}};
+};
+
+/// The TcpStore at host:port, hosting its server first when `host_it` (into out.server).
+std::shared_ptr<Store> connect_tcp(Rendezvous& out, const StoreAccess& a, const std::string& host, int port,
+                                   bool host_it, const std::string& port_name, std::string& where) {
+  where = "tcp://" + host + ":" + std::to_string(port);
+  const std::string ctx = "rendezvous (rank " + std::to_string(out.world.rank) + " of " +
+                          std::to_string(out.world.world_size) + ", store " + where + "): ";
+  require_token(host, port, a.token, a.insecure);
+  if (host_it) out.server = host_server(host, port, a.token, a.insecure, port_name);
+  if (port == 0) port = out.server->port();  // only possible for a one-rank world
+  TcpStoreOptions co;
+  co.token = a.token;
+  co.timeout = std::max(a.deadline.remaining(), Duration(1));
+  try {
+    return std::make_shared<TcpStore>(host, port, co);
+  } catch (const Error&) {
+    rethrow_with(ctx);
+  }
+}
+
+/// env:// with TCP: a one-rank world keeps its store in memory; otherwise the store gzrun hosts
+/// (GZ_STORE_*), or one rank 0 hosts on MASTER_PORT (torchrun: MASTER_PORT+1, next to its own).
+std::shared_ptr<Store> env_tcp_store(Rendezvous& out, const StoreAccess& a, const Env& env, bool hosted,
+                                     std::string& where) {
+  const WorldInfo& w = out.world;
+  if (w.world_size == 1 && !hosted) {
+    where = "in-memory";
+    return std::make_shared<MemStore>();
+  }
+  if (w.num_nodes > 1 && !env.get("MASTER_ADDR"))
+    GZ_THROW(InvalidArgument, "rendezvous env:// with ", w.num_nodes,
+             " nodes needs MASTER_ADDR (the host of rank 0), e.g. mpirun -x MASTER_ADDR=...");
+  int port = w.master_port ? w.master_port : kDefaultMasterPort;
+  std::string port_name = "MASTER_PORT";
+  std::string host = w.master_addr;
+  if (hosted && env.get("GZ_STORE_PORT")) {
+    // gzrun hosts our store next to (not on) the program's MASTER_PORT, which torch's own
+    // TCPStore may bind.
+    port = static_cast<int>(*int_var(env, "GZ_STORE_PORT", 1, 65535));
+    port_name = "GZ_STORE_PORT";
+    if (auto addr = env.get("GZ_STORE_ADDR"); addr && !addr->empty()) host = *addr;
+  } else if (w.launcher == "torchrun") {
+    // torchrun's own store holds MASTER_PORT; ours lives next door.
+    if (port >= 65535) GZ_THROW(InvalidArgument, "MASTER_PORT=", port, " leaves no room for MASTER_PORT+1");
+    ++port;
+    port_name = "MASTER_PORT+1";
+  }
+  return connect_tcp(out, a, host, port, !hosted && w.rank == 0, port_name, where);
+}
+
+/// The store the init method names (out.world filled in on the way).
+std::shared_ptr<Store> open_store(Rendezvous& out, const InitOptions& options, const Env& env,
+                                  const StoreAccess& a, std::string& where) {
   const std::string& method = options.init_method;
-  const std::string token = options.token.empty() ? env.get("GZ_RDZV_TOKEN", "") : options.token;
-  const bool insecure = options.insecure || env.get_bool("GZ_RDZV_INSECURE", false);
-  check_rdzv_token(token, "rendezvous");
-  std::string run_id = env.get("GZ_RUN_ID", "0");
-  if (run_id.empty()) run_id = "0";
   const bool hosted = env.get_bool("GZ_STORE_HOSTED", false);
-
-  Rendezvous out;
-  std::shared_ptr<Store> base;
-  std::string where;
-  auto connect_tcp = [&](const std::string& host, int port, bool host_it, const std::string& port_name) {
-    where = "tcp://" + host + ":" + std::to_string(port);
-    std::string ctx = "rendezvous (rank " + std::to_string(out.world.rank) + " of " +
-                      std::to_string(out.world.world_size) + ", store " + where + "): ";
-    require_token(host, port, token, insecure);
-    if (host_it) out.server = host_server(host, port, token, insecure, port_name);
-    if (port == 0) port = out.server->port();  // only possible for a one-rank world
-    TcpStoreOptions co;
-    co.token = token;
-    co.timeout = std::max(deadline.remaining(), Duration(1));
-    try {
-      auto s = std::make_shared<TcpStore>(host, port, co);
-      base = s;
-    } catch (const Error&) {
-      rethrow_with(ctx);
-    }
-  };
-
   const bool etcd_env = env.get("GZ_STORE_BACKEND", "") == "etcd";
   if ((method.empty() || method == "env://") && etcd_env) {
     // The job's store is an etcd cluster (gzrun --rdzv-backend etcd, or set by hand): nobody hosts.
@@ -510,41 +555,20 @@ Rendezvous rendezvous(const InitOptions& options, const Env& env) {
     const std::string endpoints = env.get("GZ_STORE_ENDPOINTS", "");
     if (endpoints.empty())
       GZ_THROW(InvalidArgument, "GZ_STORE_BACKEND=etcd needs GZ_STORE_ENDPOINTS (host:2379,host:2379,...)");
-    base = connect_etcd(endpoints, env.get("GZ_STORE_PREFIX", "/gz/default"), env, token, insecure, deadline,
-                        where);
-  } else if (method.rfind("etcd://", 0) == 0) {
+    return connect_etcd(endpoints, env.get("GZ_STORE_PREFIX", "/gz/default"), env, a.token, a.insecure,
+                        a.deadline, where);
+  }
+  if (method.rfind("etcd://", 0) == 0) {
     out.world = explicit_world(options, env, method);
     std::string endpoints, prefix;
     split_etcd_method(method, endpoints, prefix);
-    base = connect_etcd(endpoints, prefix, env, token, insecure, deadline, where);
-  } else if (method.empty() || method == "env://") {
+    return connect_etcd(endpoints, prefix, env, a.token, a.insecure, a.deadline, where);
+  }
+  if (method.empty() || method == "env://") {
     out.world = detect_world(env);
-    const WorldInfo& w = out.world;
-    if (w.world_size == 1 && !hosted) {
-      base = std::make_shared<MemStore>();
-      where = "in-memory";
-    } else {
-      if (w.num_nodes > 1 && !env.get("MASTER_ADDR"))
-        GZ_THROW(InvalidArgument, "rendezvous env:// with ", w.num_nodes,
-                 " nodes needs MASTER_ADDR (the host of rank 0), e.g. mpirun -x MASTER_ADDR=...");
-      int port = w.master_port ? w.master_port : kDefaultMasterPort;
-      std::string port_name = "MASTER_PORT";
-      std::string host = w.master_addr;
-      if (hosted && env.get("GZ_STORE_PORT")) {
-        // gzrun hosts our store next to (not on) the program's MASTER_PORT, which torch's own
-        // TCPStore may bind.
-        port = static_cast<int>(*int_var(env, "GZ_STORE_PORT", 1, 65535));
-        port_name = "GZ_STORE_PORT";
-        if (auto a = env.get("GZ_STORE_ADDR"); a && !a->empty()) host = *a;
-      } else if (w.launcher == "torchrun") {
-        // torchrun's own store holds MASTER_PORT; ours lives next door.
-        if (port >= 65535) GZ_THROW(InvalidArgument, "MASTER_PORT=", port, " leaves no room for MASTER_PORT+1");
-        ++port;
-        port_name = "MASTER_PORT+1";
-      }
-      connect_tcp(host, port, !hosted && w.rank == 0, port_name);
-    }
-  } else if (method.rfind("tcp://", 0) == 0) {
+    return env_tcp_store(out, a, env, hosted, where);
+  }
+  if (method.rfind("tcp://", 0) == 0) {
     out.world = explicit_world(options, env, method);
     std::string host;
     int port = 0;
@@ -553,33 +577,49 @@ Rendezvous rendezvous(const InitOptions& options, const Env& env) {
       GZ_THROW(InvalidArgument, "init_method '", method, "': port 0 only works for a one-rank world");
     out.world.master_addr = host;
     out.world.master_port = port;
-    connect_tcp(host, port, !hosted && out.world.rank == 0, "the init_method port");
+    auto s = connect_tcp(out, a, host, port, !hosted && out.world.rank == 0, "the init_method port", where);
     if (out.server) out.world.master_port = out.server->port();
-  } else if (method.rfind("file://", 0) == 0) {
+    return s;
+  }
+  if (method.rfind("file://", 0) == 0) {
     out.world = explicit_world(options, env, method);
     std::string path = method.substr(7);
     if (path.empty() || path[0] != '/')
       GZ_THROW(InvalidArgument, "init_method '", method, "' needs an absolute path (file:///dir/file)");
-    base = std::make_shared<FileStore>(path);
     where = method;
-  } else {
-    GZ_THROW(InvalidArgument, "unknown init_method '", method,
-             "' (expected env://, tcp://host:port, etcd://host:port,.../prefix or file:///path)");
+    return std::make_shared<FileStore>(path);
   }
+  GZ_THROW(InvalidArgument, "unknown init_method '", method,
+           "' (expected env://, tcp://host:port, etcd://host:port,.../prefix or file:///path)");
+}
 
+}  // namespace
+
+Rendezvous rendezvous(const InitOptions& options, const Env& env) {
+  StoreAccess a;
+  a.deadline = Deadline::after(options.timeout);
+  a.token = options.token.empty() ? env.get("GZ_RDZV_TOKEN", "") : options.token;
+  a.insecure = options.insecure || env.get_bool("GZ_RDZV_INSECURE", false);
+  check_rdzv_token(a.token, "rendezvous");
+  std::string run_id = env.get("GZ_RUN_ID", "0");
+  if (run_id.empty()) run_id = "0";
+
+  Rendezvous out;
+  std::string where;
+  std::shared_ptr<Store> base = open_store(out, options, env, a, where);
   base->set_timeout(options.timeout);
   auto store = std::make_shared<PrefixStore>("run/" + run_id, base);
   store->set_timeout(options.timeout);
   try {
-    meet(*store, out.world, deadline, where);
+    meet(*store, out.world, a.deadline, where);
   } catch (const TimeoutError&) {
     // Let the other ranks' diagnostics (who is missing) reach our server before it goes away.
     if (out.server) std::this_thread::sleep_for(Duration(300));
     throw;
   }
   out.store = store;
-  GZ_LOG(info, "rendezvous: rank ", out.world.rank, " of ", out.world.world_size, " via ", where, " (launcher ",
-         out.world.launcher, ")");
+  GZ_LOG(info, "rendezvous: rank ", out.world.rank, " of ", out.world.world_size, " via ", where,
+         " (launcher ", out.world.launcher, ")");
   return out;
 }
 

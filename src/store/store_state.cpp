@@ -51,8 +51,8 @@ bool StoreState::put(const std::string& key, const std::string& value, Message& 
   size_t old = it == data_.end() ? 0 : key.size() + it->second.size();
   size_t now = key.size() + value.size();
   if (total_bytes_ - old + now > max_total_bytes_) {
-    reply = reply_of(Reply::error, "store full: storing key '" + printable(key) + "' (" + std::to_string(now) +
-                                       " bytes) would exceed the server's limit of " +
+    reply = reply_of(Reply::error, "store full: storing key '" + printable(key) + "' (" +
+                                       std::to_string(now) + " bytes) would exceed the server's limit of " +
                                        std::to_string(max_total_bytes_) + " bytes");
     return false;
   }
@@ -70,6 +70,60 @@ std::vector<std::string> StoreState::missing(const Message& request) const {
   for (auto& k : request.parts)
     if (!data_.count(k)) out.push_back(k);
   return out;
+}
+
+void StoreState::add(const Message& req, Message& reply) {
+  int64_t v = 0;
+  auto it = data_.find(req.parts[0]);
+  if (it != data_.end() && !parse_counter(it->second, v)) {
+    reply = reply_of(Reply::invalid, "add: value of key '" + printable(req.parts[0]) + "' is not an integer");
+    return;
+  }
+  int64_t sum = 0;
+  if (__builtin_add_overflow(v, req.num, &sum)) {
+    reply = reply_of(Reply::invalid, "add: counter '" + printable(req.parts[0]) + "' would overflow");
+    return;
+  }
+  if (put(req.parts[0], std::to_string(sum), reply)) reply.num = sum;
+}
+
+void StoreState::compare_set(const Message& req, Message& reply) {
+  const std::string& key = req.parts[0];
+  const std::string& expected = req.parts[1];
+  const std::string& desired = req.parts[2];
+  auto it = data_.find(key);
+  if (it == data_.end()) {
+    // Same semantics as MemStore (and c10d): a missing key only matches an empty expectation.
+    if (!expected.empty()) {
+      reply.parts.push_back(expected);
+      return;
+    }
+    if (put(key, desired, reply)) reply.parts.push_back(desired);
+  } else if (it->second == expected) {
+    if (put(key, desired, reply)) reply.parts.push_back(desired);
+  } else {
+    reply.parts.push_back(it->second);
+  }
+}
+
+void StoreState::erase(const std::string& key, Message& reply) {
+  auto it = data_.find(key);
+  if (it == data_.end()) {
+    reply.num = 0;
+    return;
+  }
+  total_bytes_ -= it->first.size() + it->second.size();
+  data_.erase(it);
+  ++version_;
+  reply.num = 1;
+}
+
+void StoreState::append(const Message& req, Message& reply) {
+  auto it = data_.find(req.parts[0]);
+  std::string v = it == data_.end() ? std::string() : it->second;
+  v += req.parts[1];
+  const int64_t len = static_cast<int64_t>(v.size());
+  if (put(req.parts[0], v, reply)) reply.num = len;
 }
 
 StoreState::Outcome StoreState::apply(const Message& req, Message& reply) {
@@ -90,72 +144,26 @@ StoreState::Outcome StoreState::apply(const Message& req, Message& reply) {
       reply.parts.push_back(it->second);
       return Outcome::done;
     }
-    case Op::add: {
-      if (!need(1)) return Outcome::done;
-      int64_t v = 0;
-      auto it = data_.find(req.parts[0]);
-      if (it != data_.end() && !parse_counter(it->second, v)) {
-        reply = reply_of(Reply::invalid, "add: value of key '" + printable(req.parts[0]) + "' is not an integer");
-        return Outcome::done;
-      }
-      int64_t sum = 0;
-      if (__builtin_add_overflow(v, req.num, &sum)) {
-        reply = reply_of(Reply::invalid, "add: counter '" + printable(req.parts[0]) + "' would overflow");
-        return Outcome::done;
-      }
-      if (put(req.parts[0], std::to_string(sum), reply)) reply.num = sum;
+    case Op::add:
+      if (need(1)) add(req, reply);
       return Outcome::done;
-    }
-    case Op::compare_set: {
-      if (!need(3)) return Outcome::done;
-      const std::string& key = req.parts[0];
-      const std::string& expected = req.parts[1];
-      const std::string& desired = req.parts[2];
-      auto it = data_.find(key);
-      if (it == data_.end()) {
-        // Same semantics as MemStore (and c10d): a missing key only matches an empty expectation.
-        if (!expected.empty()) {
-          reply.parts.push_back(expected);
-          return Outcome::done;
-        }
-        if (put(key, desired, reply)) reply.parts.push_back(desired);
-      } else if (it->second == expected) {
-        if (put(key, desired, reply)) reply.parts.push_back(desired);
-      } else {
-        reply.parts.push_back(it->second);
-      }
+    case Op::compare_set:
+      if (need(3)) compare_set(req, reply);
       return Outcome::done;
-    }
     case Op::wait:
       return missing(req).empty() ? Outcome::done : Outcome::blocked;
     case Op::check:
       reply.num = missing(req).empty() ? 1 : 0;
       return Outcome::done;
-    case Op::delete_key: {
-      if (!need(1)) return Outcome::done;
-      auto it = data_.find(req.parts[0]);
-      if (it == data_.end()) {
-        reply.num = 0;
-      } else {
-        total_bytes_ -= it->first.size() + it->second.size();
-        data_.erase(it);
-        ++version_;
-        reply.num = 1;
-      }
+    case Op::delete_key:
+      if (need(1)) erase(req.parts[0], reply);
       return Outcome::done;
-    }
     case Op::num_keys:
       reply.num = static_cast<int64_t>(data_.size());
       return Outcome::done;
-    case Op::append: {
-      if (!need(2)) return Outcome::done;
-      auto it = data_.find(req.parts[0]);
-      std::string v = it == data_.end() ? std::string() : it->second;
-      v += req.parts[1];
-      const int64_t len = static_cast<int64_t>(v.size());
-      if (put(req.parts[0], v, reply)) reply.num = len;
+    case Op::append:
+      if (need(2)) append(req, reply);
       return Outcome::done;
-    }
     case Op::hello:
     case Op::auth:
       reply = reply_of(Reply::invalid, code_name(req.code) + " is only valid in the handshake");

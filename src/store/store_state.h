@@ -36,6 +36,11 @@ class StoreState {
 
  private:
   bool put(const std::string& key, const std::string& value, Message& reply);
+  // The ops with more to them than a lookup (the request's parts are checked by apply()).
+  void add(const Message& req, Message& reply);
+  void compare_set(const Message& req, Message& reply);
+  void erase(const std::string& key, Message& reply);
+  void append(const Message& req, Message& reply);
   std::unordered_map<std::string, std::string> data_;
   size_t total_bytes_ = 0;
   size_t max_total_bytes_;

@@ -225,6 +225,14 @@ struct TcpStore::Impl {
     const std::string &server_nonce = ch.parts[0], &salt = ch.parts[1], &proof = ch.parts[2],
                       &name = ch.parts[3];
     std::string key;
+    if (opts.token.empty() && !proof.empty()) {
+      // Answering would only earn "token refused", which misleads when the port is simply taken.
+      close_fd();
+      GZ_THROW(Error, "store client: the store server at ", where,
+               " has a rendezvous token and this client has none: either this job's ranks need the same "
+               "GZ_RDZV_TOKEN (or token option), or the port is taken by another job's store (pick a free "
+               "MASTER_PORT); nothing was sent");
+    }
     if (!opts.token.empty()) {
       if (proof.empty()) {
         close_fd();

@@ -58,13 +58,17 @@ struct TcpStoreServer::Impl {
     int fd = -1;
     uint64_t id = 0;
     std::string peer;    // "addr:port" for messages
-    std::string source;  // admission key (address, or IPv6 /64)
+    std::string source;  // admission key (local user, else address or IPv6 /64)
+    long long uid = -1;  // the local user owning the peer's socket; -1: remote or unknown
     std::string in;
     std::string out;
     size_t out_off = 0;
     bool authed = false;
     bool challenged = false;  // the hello was answered; the auth is due
-    std::string client_nonce, server_nonce;
+    // The client proof this connection must present, computed once when the hello is answered
+    // (empty without a token): a connection that waits is never judged again at HMAC's cost.
+    std::string expected_proof;
+    bool fresh = false;    // unauthenticated: bytes arrived since its handshake was last judged
     bool tracked = false;  // holds an unauthenticated slot in `admission`
     Clock::time_point auth_deadline{};
     bool closing = false;  // close once `out` is flushed
@@ -81,7 +85,7 @@ struct TcpStoreServer::Impl {
 
   struct Counters {
     std::atomic<uint64_t> accepted{0}, authenticated{0}, wrong_token{0}, bad_hello{0}, oversized{0},
-        auth_timeouts{0}, evicted{0};
+        auth_timeouts{0}, evicted{0}, handshake_passes{0};
     std::atomic<size_t> clients{0}, pending{0}, peak_pending{0}, peak_pending_bytes{0};
   };
 
@@ -91,8 +95,11 @@ struct TcpStoreServer::Impl {
   wire::Limits limits;
   wire::StoreState state;
   wire::Admission admission;
-  wire::PeerIdentity identity;  // loopback peers' users (the admission key on loopback)
+  wire::PeerIdentity identity;  // local peers' users (their admission key)
   bool told_identity = false;   // that peers' users cannot be told apart here (logged once)
+  // Without a token (and without allow_insecure) only this user's processes are admitted.
+  bool owner_only = false;
+  long long owner_uid = static_cast<long long>(::geteuid());
   AbuseLog abuse;
   Counters st;
   int listen_fd = -1;
@@ -139,6 +146,7 @@ struct TcpStoreServer::Impl {
     validate();
     salt = wire::random_bytes(wire::kSaltBytes);
     if (!opts.token.empty()) key = wire::handshake_key(opts.token, salt);
+    owner_only = key.empty() && !opts.allow_insecure;
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -267,15 +275,18 @@ struct TcpStoreServer::Impl {
     c.in.erase(0, n);
   }
 
-  // Answer a hello: our nonce, the salt, our proof of the token (none without one) and our name.
-  void challenge(Conn& c, std::string client_nonce) {
-    c.client_nonce = std::move(client_nonce);
-    c.server_nonce = wire::random_bytes(wire::kNonceBytes);
-    const std::string proof = key.empty() ? std::string()
-                                          : wire::handshake_proof(key, wire::Prover::server, opts.name,
-                                                                  c.client_nonce, c.server_nonce);
+  // Answer a hello: our nonce, the salt, our proof of the token (none without one) and our name;
+  // and the proof we expect back, once.
+  void challenge(Conn& c, const std::string& client_nonce) {
+    const std::string server_nonce = wire::random_bytes(wire::kNonceBytes);
+    std::string proof;
+    if (!key.empty()) {
+      proof = wire::handshake_proof(key, wire::Prover::server, opts.name, client_nonce, server_nonce);
+      c.expected_proof =
+          wire::handshake_proof(key, wire::Prover::client, opts.name, client_nonce, server_nonce);
+    }
     queue(c, wire::make(static_cast<uint8_t>(wire::Reply::challenge), 0,
-                        {c.server_nonce, salt, proof, opts.name}));
+                        {server_nonce, salt, proof, opts.name}));
     c.challenged = true;
   }
 
@@ -321,21 +332,22 @@ struct TcpStoreServer::Impl {
   }
 
   // The handshake of an unauthenticated connection: its hello, then its auth, each judged as soon
-  // as it is complete (nobody waits behind anybody else's refusals).
+  // as it is complete (nobody waits behind anybody else's refusals), and only when bytes arrived
+  // since the last look (a connection that sent part of a message and stalls costs nothing more).
   void handshake(Conn& c, Clock::time_point now) {
-    if (c.closing || c.in.empty()) return;
+    if (c.closing || c.in.empty() || !c.fresh) return;
+    c.fresh = false;
+    ++st.handshake_passes;
     if (!c.challenged) {
       auto h = wire::judge_hello(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size());
       if (h.verdict == HandshakeVerdict::need_more) return;
       if (h.verdict != HandshakeVerdict::accept) return refuse_handshake(c, h, now);
+      if (foreign_user(c)) return;
       consume(c, h.consumed);
-      challenge(c, std::move(h.nonce));
+      challenge(c, h.nonce);
       if (c.in.empty()) return;
     }
-    const std::string expected = key.empty() ? std::string()
-                                             : wire::handshake_proof(key, wire::Prover::client, opts.name,
-                                                                     c.client_nonce, c.server_nonce);
-    auto a = wire::judge_auth(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size(), expected);
+    auto a = wire::judge_auth(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size(), c.expected_proof);
     if (a.verdict == HandshakeVerdict::need_more) return;
     if (a.verdict == HandshakeVerdict::accept) return admit_client(c, a.consumed);
     refuse_handshake(c, a, now);
@@ -392,21 +404,32 @@ struct TcpStoreServer::Impl {
     }
   }
 
-  // The admission key: the peer's address, or on loopback (where every local process connects
-  // from 127.0.0.1) the user owning the peer's socket.
-  std::string source_of(int fd, const sockaddr_storage& peer) {
-    if (!wire::is_loopback_peer(peer)) return wire::source_key(peer);
+  // The admission key: the local user owning the peer's socket when it is on this host (every
+  // local process connects from 127.0.0.1 or from the host's own address, shared by all its users),
+  // else the peer's address.
+  void identify(Conn& c, int fd, const sockaddr_storage& peer) {
     sockaddr_storage local{};
     socklen_t len = sizeof local;
     getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len);
-    std::string key = identity.source(peer, local);
+    c.uid = identity.uid(peer, local);
+    c.source = wire::PeerIdentity::source_of(peer, c.uid);
     if (identity.unavailable() && !told_identity) {
       told_identity = true;
-      GZ_LOG(warn,
-             "store server: cannot tell local users apart (no sock_diag for TCP here): "
-             "unauthenticated loopback clients share their slots");
+      GZ_LOG(warn, "store server: cannot tell local users apart (no sock_diag for TCP here): ",
+             owner_only ? "this store has no token, so every local user can reach it; set GZ_RDZV_TOKEN"
+                        : "unauthenticated local clients share their address's slots");
     }
-    return key;
+  }
+
+  // A tokenless store is its owner's: another local user's process is refused at its hello,
+  // with a reason its client prints.
+  bool foreign_user(Conn& c) {
+    if (!owner_only || c.uid < 0 || c.uid == owner_uid) return false;
+    ++st.bad_hello;
+    refuse(c, "this store has no rendezvous token, so it admits only processes of local user " +
+                  std::to_string(owner_uid) + " (this one is user " + std::to_string(c.uid) +
+                  "); give every rank the same GZ_RDZV_TOKEN to share it");
+    return true;
   }
 
   void accept_batch(Clock::time_point now) {
@@ -442,7 +465,7 @@ struct TcpStoreServer::Impl {
       c.fd = fd;
       c.id = next_id++;
       c.peer = std::string(host) + ":" + std::to_string(port);
-      c.source = source_of(fd, ss);
+      identify(c, fd, ss);
       c.auth_deadline = now + opts.auth_timeout;
       c.tracked = true;
       int one = 1;
@@ -499,7 +522,10 @@ struct TcpStoreServer::Impl {
       if (c.closing) continue;  // discard: we are only flushing an error reply
       c.in.append(buf, static_cast<size_t>(n));
       buffered += static_cast<size_t>(n);
-      if (!c.authed) bump_max(st.peak_pending_bytes, c.in.size());
+      if (!c.authed) {
+        c.fresh = true;
+        bump_max(st.peak_pending_bytes, c.in.size());
+      }
       // A well-behaved client has at most one request in flight; anything beyond one maximal
       // frame, or beyond the server-wide budget, is abuse.
       if (c.in.size() > limits.max_body_bytes + 2 * wire::kHeaderBytes + 65536 ||
@@ -584,6 +610,66 @@ struct TcpStoreServer::Impl {
     }
   }
 
+  // Read and flush what epoll reported; true when the listening socket has connections waiting.
+  bool serve_events(const std::vector<epoll_event>& events, int n) {
+    bool accept_ready = false;
+    for (int k = 0; k < n; ++k) {
+      const uint64_t id = events[static_cast<size_t>(k)].data.u64;
+      const uint32_t re = events[static_cast<size_t>(k)].events;
+      if (id == kWakeId) continue;  // stop() sets `stopping` first
+      if (id == kListenId) {
+        accept_ready = true;
+        continue;
+      }
+      auto it = index.find(id);
+      if (it == index.end()) continue;
+      Conn& c = conns[it->second];
+      if (c.fd_dead) continue;
+      if (re & EPOLLIN) {
+        if (!read_some(c)) {
+          c.fd_dead = true;
+          continue;
+        }
+      } else if (re & (EPOLLHUP | EPOLLERR)) {
+        // Hung up while we were not reading (a hello waiting to be judged), or an error.
+        if (!(c.registered & EPOLLIN) || !read_some(c)) {
+          c.fd_dead = true;
+          continue;
+        }
+      }
+      if (re & EPOLLOUT) flush(c);
+    }
+    return accept_ready;
+  }
+
+  // Run requests, answer parked waiters, flush replies; a flushed reply frees its connection for
+  // its next buffered request, and a change can unblock waiters: repeat until quiet (bounded, so
+  // one busy client cannot starve the loop).
+  void run_requests(Clock::time_point now) {
+    for (int iter = 0; iter < 64; ++iter) {
+      const uint64_t version = state.version();
+      bool progress = false;
+      for (auto& c : conns) {
+        if (c.fd_dead) continue;
+        size_t had = c.in.size();
+        bool was_authed = c.authed;
+        process(c, now);
+        progress |= c.in.size() != had || c.authed != was_authed;
+      }
+      retry_blocked(Clock::now());
+      for (auto& c : conns) {
+        if (c.fd_dead) continue;
+        if (!c.out.empty()) flush(c);
+        if (c.closing && c.out.empty() && !c.lingering && !c.fd_dead) {
+          ::shutdown(c.fd, SHUT_WR);
+          c.lingering = true;
+          c.linger_until = Clock::now() + kLinger;
+        }
+      }
+      if (!progress && state.version() == version) break;
+    }
+  }
+
   void loop() {
     std::vector<epoll_event> events(512);
     Clock::time_point last_forget = Clock::now();
@@ -599,59 +685,8 @@ struct TcpStoreServer::Impl {
         continue;
       }
       if (stopping) break;
-      now = Clock::now();
-      bool accept_ready = false;
-      for (int k = 0; k < n; ++k) {
-        const uint64_t id = events[static_cast<size_t>(k)].data.u64;
-        const uint32_t re = events[static_cast<size_t>(k)].events;
-        if (id == kWakeId) continue;  // stop() sets `stopping` first
-        if (id == kListenId) {
-          accept_ready = true;
-          continue;
-        }
-        auto it = index.find(id);
-        if (it == index.end()) continue;
-        Conn& c = conns[it->second];
-        if (c.fd_dead) continue;
-        if (re & EPOLLIN) {
-          if (!read_some(c)) {
-            c.fd_dead = true;
-            continue;
-          }
-        } else if (re & (EPOLLHUP | EPOLLERR)) {
-          // Hung up while we were not reading (a hello waiting to be judged), or an error.
-          if (!(c.registered & EPOLLIN) || !read_some(c)) {
-            c.fd_dead = true;
-            continue;
-          }
-        }
-        if (re & EPOLLOUT) flush(c);
-      }
-      // Run requests, answer parked waiters, flush replies; a flushed reply frees its connection
-      // for its next buffered request, and a change can unblock waiters: repeat until quiet
-      // (bounded, so one busy client cannot starve the loop).
-      for (int iter = 0; iter < 64; ++iter) {
-        const uint64_t version = state.version();
-        bool progress = false;
-        for (auto& c : conns) {
-          if (c.fd_dead) continue;
-          size_t had = c.in.size();
-          bool was_authed = c.authed;
-          process(c, now);
-          progress |= c.in.size() != had || c.authed != was_authed;
-        }
-        retry_blocked(Clock::now());
-        for (auto& c : conns) {
-          if (c.fd_dead) continue;
-          if (!c.out.empty()) flush(c);
-          if (c.closing && c.out.empty() && !c.lingering && !c.fd_dead) {
-            ::shutdown(c.fd, SHUT_WR);
-            c.lingering = true;
-            c.linger_until = Clock::now() + kLinger;
-          }
-        }
-        if (!progress && state.version() == version) break;
-      }
+      const bool accept_ready = serve_events(events, n);
+      run_requests(Clock::now());
       // New connections after the handshakes already buffered were judged: a complete, correct
       // proof is never evicted to make room for a newcomer.
       now = Clock::now();
@@ -690,6 +725,7 @@ TcpStoreServerStats TcpStoreServer::stats() const {
   out.oversized = s.oversized.load();
   out.auth_timeouts = s.auth_timeouts.load();
   out.evicted = s.evicted.load();
+  out.handshake_passes = s.handshake_passes.load();
   out.clients = s.clients.load();
   out.pending = s.pending.load();
   out.peak_pending = s.peak_pending.load();

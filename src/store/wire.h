@@ -41,7 +41,7 @@ enum class Reply : uint8_t {
   invalid = 130,    ///< parts: [message] (caller's fault: bad value, bad request)
   error = 131,      ///< parts: [message] (server-side limit: store full, ...)
   refused = 132,    ///< parts: [message] (handshake rejected: token, protocol, too many clients)
-  challenge = 133,  ///< parts: [server nonce, server proof, server name] (the answer to hello)
+  challenge = 133,  ///< parts: [server nonce, salt, server proof, server name] (the answer to hello)
 };
 
 /// @brief One decoded message (request or reply).

@@ -178,6 +178,33 @@ TEST(GlooSync, AFailurePoisonsTheWholeMesh) {
   });
 }
 
+// The watchdog may fire between an op's last call and its end (the op succeeded; the mesh's
+// sockets are shut down now). The next op must then fail at once with that reason, not report a
+// timeout of its own blaming a peer it never waited for. Before, nothing recorded it: the next op
+// failed on the shut-down sockets and, the mesh "expired", said its own deadline had passed.
+TEST(GlooSync, AnExpiryAfterAnOpsLastCallIsNotBlamedOnTheNextOp) {
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    ::gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = ::gloo::transport::tcp::CreateDevice(attr);
+    comm::gloo_impl::SyncLimits limits;
+    limits.exchange_max = 1024;
+    limits.send_buffer = 1 << 16;
+    comm::gloo_impl::SyncMesh mesh(rank, 2, limits, device, store, 10s);
+    {
+      auto op = mesh.begin(Deadline::after(20ms));
+      std::this_thread::sleep_for(300ms);  // "the op's last call returned": the deadline passes now
+    }
+    try {
+      auto next = mesh.begin(Deadline::after(5s));
+      ADD_FAILURE() << "rank " << rank << ": the next op started on a mesh the watchdog shut down";
+    } catch (const PeerError& e) {
+      EXPECT_NE(std::string(e.what()).find("deadline passed just as it completed"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 // After Gloo closed a failed pair's descriptor its number is free for anyone; abort() must only
 // ever reach the mesh's own duplicates. Sockets opened after the failure (one of them takes the
 // freed number: POSIX hands out the lowest free descriptor) must still work after abort().

@@ -15,13 +15,16 @@ int main() {
     rv.store->set("value/" + std::to_string(rank), gz::to_bytes(std::to_string(rank * rank + 1)));
     long long sum = 0;
     for (int r = 0; r < world; ++r)
-      sum += std::stoll(gz::to_string(rv.store->get("value/" + std::to_string(r), gz::Deadline::after(opt.timeout))));
+      sum += std::stoll(
+          gz::to_string(rv.store->get("value/" + std::to_string(r), gz::Deadline::after(opt.timeout))));
     // Nobody leaves before everyone has read (the values live in gzrun's store anyway).
     gz::store_barrier(*rv.store, "done", world, gz::Deadline::after(opt.timeout));
-    std::printf("rank=%d world=%d launcher=%s hosts_server=%d sum=%lld\n", rank, world, rv.world.launcher.c_str(),
-                rv.server ? 1 : 0, sum);
+    std::printf("rank=%d world=%d launcher=%s hosts_server=%d sum=%lld\n", rank, world,
+                rv.world.launcher.c_str(), rv.server ? 1 : 0, sum);
     const char* run_id = std::getenv("GZ_RUN_ID");
     std::printf("RUN_ID=%s\n", run_id ? run_id : "<unset>");
+    const char* master = std::getenv("MASTER_ADDR");
+    std::printf("MASTER_ADDR=%s\n", master ? master : "<unset>");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "store worker failed: %s\n", e.what());

@@ -134,7 +134,10 @@ if [ "$scenario" = ghost ]; then
     fail "host 0's round 1 did not start alone: $(grep 'elastic round 1' "$dir/host0.log")"
   wait_for 30 "host 0's gzrun to end" test -f "$dir/rc_0.$k0"
   [ "$(cat "$dir/rc_0.$k0")" = 0 ] || fail "host 0's gzrun exited $(cat "$dir/rc_0.$k0"), expected 0"
-  in_log 0 "ghost" && fail "the ghost was named"
+  # The ghost is named by its gzrun's pid in the members' list ("host:pid"), never by "ghost".
+  ghost_pid=$(cat "$dir/gzpid_2.$k2")
+  grep 'elastic round' "$dir/host0.log" | grep -q ":$ghost_pid\b" &&
+    fail "the ghost (host 2, pid $ghost_pid) was made a member: $(grep 'elastic round' "$dir/host0.log")"
   echo "PASS: ghost: host 2's gzrun killed while waiting for round 1, host 1 lost: host 0 ran round 1 alone" \
     "and finished"
   exit 0

@@ -8,9 +8,12 @@
 #include <cstring>
 #include <fstream>
 
+#include "gz/core/deadline.h"
 #include "gz/core/error.h"
+#include "gz/store/store.h"
 #include "launch_auth.h"
 #include "options.h"
+#include "store_host.h"
 
 using namespace gz;
 using namespace gz::launcher;
@@ -197,4 +200,47 @@ TEST(GzrunAuthUnit, EtcdPasswordOnlyOverVerifiedTlsOrLoopback) {
   auto unused = resolve_launch_auth(etcd({"--rdzv-endpoints", "127.0.0.1:2379"}), kStrong);
   EXPECT_EQ(unused.token, "");
   EXPECT_TRUE(has_warning(unused, "not used"));
+}
+
+// Two elastic jobs on one host with the same token (one exported GZ_RDZV_TOKEN) and the same
+// --master-port: the second gzrun finds the store port taken and joins what holds it, thinking
+// it another gzrun of its job. The store proves the job's --rdzv-id, so a gzrun of another job
+// refuses it (before, both proved "gzrun" and the jobs merged silently); a gzrun of the same job
+// joins it.
+TEST(GzrunAuthUnit, ElasticJobsSharingATokenAndPortDoNotMerge) {
+  int port = 0;
+  for (int i = 0; i < 20 && port == 0; ++i) {
+    const int p = probe_free_port("127.0.0.1");
+    try {
+      check_port_free("127.0.0.1", p + 1);
+      port = p;
+    } catch (const SystemError&) {
+    }
+  }
+  ASSERT_NE(port, 0) << "no two free ports in a row";
+  auto job = [&](const std::string& id) {
+    return parse({"--nnodes", "1:2", "--master-addr", "127.0.0.1", "--master-port", std::to_string(port),
+                  "--rdzv-id", id, "--rdzv-timeout", "3", "--heartbeat-timeout", "3", "prog"});
+  };
+  const LaunchOptions a = job("job-a"), b = job("job-b"), a2 = job("job-a");
+  EXPECT_EQ(a.store_name(), "gzrun/job-a");
+  StoreHost host(a, kStrong);
+  host.start();
+  ASSERT_TRUE(host.hosts_store());
+  host.client().set("k", to_bytes("a"));
+  StoreHost other(b, kStrong);
+  other.start();
+  EXPECT_FALSE(other.hosts_store());
+  try {
+    other.client().set("k", to_bytes("b"));
+    FAIL() << "a gzrun of job-b joined job-a's store";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("not by this job's store"), std::string::npos) << m;
+    EXPECT_NE(m.find("gzrun/job-a"), std::string::npos) << m;
+  }
+  StoreHost same(a2, kStrong);
+  same.start();
+  EXPECT_FALSE(same.hosts_store());
+  EXPECT_EQ(to_string(same.client().get("k", Deadline::after(std::chrono::seconds(3)))), "a");
 }

@@ -4,6 +4,7 @@
 // peer disappears is told so, and the security rule is enforced before anything is sent.
 // Exit 77 (skipped) when etcd is not installed.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "gz/store/etcd_store.h"
 #include "gzrun_harness.h"
@@ -84,7 +85,64 @@ TEST(GzrunEtcd, TwoNodesFormOneJobWithoutAStoreHost) {
   auto env = parse_env_output(all);
   ASSERT_EQ(env.size(), 4u) << all;
   for (int r = 0; r < 4; ++r) EXPECT_EQ(env[r]["RUN_ID"], std::to_string(n0.pid()) + "-0") << "rank " << r;
+  // No store host names the program's rank 0: node 0 does (its host name), for every node's
+  // workers. Before, every worker got MASTER_ADDR=127.0.0.1, its own machine.
+  char host[256] = {0};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(env[r]["MASTER_ADDR"], host) << "rank " << r;
   EXPECT_EQ(job_store(id).num_keys(), 1);  // the last node out removed the rest
+}
+
+// etcd keeps a finished job's end marker: an elastic job rerun with the same --rdzv-id is refused
+// like a fixed one. Before, its gzrun read the old "done" while joining and exited 0 at once,
+// running nothing.
+TEST(GzrunEtcd, ElasticRerunOfAFinishedJobIsRefused) {
+  TempDir dir;
+  const std::string id = unique_id("elastic-rerun");
+  auto node = [&] {
+    return etcd_args(id, {"--nnodes", "1:2", "--rdzv-join-window", "0.2", "--rdzv-timeout", "20",
+                          "--nproc-per-node", "1", kStoreWorker});
+  };
+  GzrunProcess first(node(), dir);
+  ASSERT_TRUE(first.wait(60)) << first.describe();
+  ASSERT_EQ(first.exit_code(), 0) << first.describe();
+  GzrunProcess again(node(), dir);
+  ASSERT_TRUE(again.wait(30)) << again.describe();
+  EXPECT_EQ(again.exit_code(), 1) << again.describe();
+  EXPECT_NE(again.err().find("already ran to its end"), std::string::npos) << again.describe();
+  EXPECT_EQ(again.out().find("rank="), std::string::npos) << "workers ran\n" << again.describe();
+}
+
+// A job whose gzruns were killed never wrote its end marker: its counters stay in etcd. A rerun
+// with the same --rdzv-id is refused at once, saying why and what to do, once no old node's
+// heartbeat moves within the heartbeat timeout. Before, the rerun's nodes counted the old
+// arrivals and waited out --rdzv-timeout.
+TEST(GzrunEtcd, RerunOverACrashedJobsKeysIsRefused) {
+  TempDir dir;
+  const std::string id = unique_id("crashed");
+  {
+    // What a two-node job killed in round 0 leaves behind.
+    auto s = job_store(id);
+    s.add("gzrun/attempt0/nodes/arrived", 2);
+    s.set("gzrun/attempt0/run_id", gz::to_bytes("123-0"));
+    s.add("gzrun/round0/hb/0", 7);
+    s.add("gzrun/round0/hb/1", 7);
+  }
+  auto node = [&](int r) {
+    return etcd_args(id, {"--nnodes", "2", "--node-rank", std::to_string(r), "--rdzv-timeout", "8",
+                          "--heartbeat-timeout", "1", "--nproc-per-node", "1", kStoreWorker});
+  };
+  gz::Stopwatch sw;
+  GzrunProcess n0(node(0), dir);
+  GzrunProcess n1(node(1), dir);
+  ASSERT_TRUE(n0.wait(30)) << n0.describe();
+  ASSERT_TRUE(n1.wait(30)) << n1.describe();
+  for (GzrunProcess* g : {&n0, &n1}) {
+    EXPECT_EQ(g->exit_code(), 1) << g->describe();
+    EXPECT_NE(g->err().find("none of its nodes heartbeats"), std::string::npos) << g->describe();
+    EXPECT_NE(g->err().find("etcdctl del --prefix /gz/" + id + "/"), std::string::npos) << g->describe();
+  }
+  EXPECT_LT(sw.elapsed().count(), 6000) << "refused only after --rdzv-timeout";
 }
 
 TEST(GzrunEtcd, ElasticJobGoesOnWhenANodeIsLost) {

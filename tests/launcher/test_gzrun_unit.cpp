@@ -127,7 +127,9 @@ TEST(GzrunOptions, HeartbeatKnobs) {
   EXPECT_DOUBLE_EQ(o.heartbeat_timeout_s, 3.0);
   EXPECT_DOUBLE_EQ(o.effective_heartbeat_interval_s(), 0.3);
   EXPECT_DOUBLE_EQ(parse({"--heartbeat_timeout=0.2", "prog"}).effective_heartbeat_interval_s(), 0.05);
-  EXPECT_DOUBLE_EQ(parse({"--heartbeat-interval", "5", "--heartbeat-timeout", "4", "prog"}).effective_heartbeat_interval_s(), 2.0);
+  EXPECT_DOUBLE_EQ(parse({"--heartbeat-interval", "5", "--heartbeat-timeout", "4", "prog"})
+                       .effective_heartbeat_interval_s(),
+                   2.0);
   EXPECT_THROW(parse({"--heartbeat-timeout", "0", "prog"}), InvalidArgument);
   // The environment fills in what the command line left out, never more.
   auto e = parse({"prog"});
@@ -322,4 +324,37 @@ TEST(GzrunWorkerEnv, EtcdSendsWorkersToTheCluster) {
   auto tenv = worker_env(Env({{"GZ_STORE_BACKEND", "etcd"}, {"GZ_STORE_ENDPOINTS", "x:1"}}), t, a, 0);
   EXPECT_EQ(tenv.count("GZ_STORE_BACKEND"), 0u);
   EXPECT_EQ(tenv.count("GZ_STORE_ENDPOINTS"), 0u);
+}
+
+// Every variable gzrun decides is its own: a stale one in gzrun's environment (an etcd user or
+// certificate from the shell, another job's elastic bounds) never reaches the workers. Before,
+// only the backend, endpoints and prefix were dropped, and only with the TCP backend.
+TEST(GzrunWorkerEnv, StaleStoreVariablesNeverReachWorkers) {
+  Env base({{"GZ_STORE_USER", "someone"},
+            {"GZ_STORE_CACERT", "/old/ca.pem"},
+            {"GZ_STORE_CERT", "/old/c.pem"},
+            {"GZ_STORE_KEY", "/old/c.key"},
+            {"GZ_MIN_NODES", "3"},
+            {"GZ_MAX_NODES", "9"},
+            {"GZ_STORE_ADDR", "stale"},
+            {"GZ_STORE_PORT", "1"},
+            {"GZ_STORE_PREFIX", "/gz/old"}});
+  AttemptInfo a;
+  a.master_addr = "h0";
+  a.store_port = 29501;
+  const char* gone[] = {"GZ_STORE_USER", "GZ_STORE_CACERT", "GZ_STORE_CERT",  "GZ_STORE_KEY",
+                        "GZ_MIN_NODES",  "GZ_MAX_NODES",    "GZ_STORE_PREFIX"};
+  // etcd without a user or certificates: none of the old ones, no store address.
+  LaunchOptions e =
+      parse({"--rdzv-backend", "etcd", "--rdzv-endpoints", "h1:2379", "--rdzv-id", "j2", "prog"});
+  auto eenv = worker_env(base, e, a, 0);
+  for (const char* v : {"GZ_STORE_USER", "GZ_STORE_CACERT", "GZ_STORE_CERT", "GZ_STORE_KEY", "GZ_MIN_NODES",
+                        "GZ_MAX_NODES", "GZ_STORE_ADDR", "GZ_STORE_PORT"})
+    EXPECT_EQ(eenv.count(v), 0u) << v << " leaked to an etcd job's workers";
+  EXPECT_EQ(eenv["GZ_STORE_PREFIX"], "/gz/j2");
+  // The TCP backend, fixed nodes.
+  auto tenv = worker_env(base, parse({"prog"}), a, 0);
+  for (const char* v : gone) EXPECT_EQ(tenv.count(v), 0u) << v << " leaked to a TCP job's workers";
+  EXPECT_EQ(tenv["GZ_STORE_ADDR"], "h0");
+  EXPECT_EQ(tenv["GZ_STORE_PORT"], "29501");
 }

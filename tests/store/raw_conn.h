@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <functional>
 #include <string>
+#include <thread>
 
 #include "gz/core/deadline.h"
 #include "store/handshake.h"
@@ -37,8 +41,9 @@ inline std::string auth_frame(const std::string& proof = std::string(32, 'p')) {
 
 class RawConn {
  public:
-  /// @brief Connect to 127.0.0.1:port, from `source` (another 127/8 address) when given.
-  explicit RawConn(int port, const char* source = nullptr) {
+  /// @brief Connect to dest:port (127.0.0.1 by default), from `source` (another 127/8 address)
+  /// when given.
+  explicit RawConn(int port, const char* source = nullptr, const char* dest = "127.0.0.1") {
     fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (source) {
       sockaddr_in s{};
@@ -49,7 +54,7 @@ class RawConn {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    inet_pton(AF_INET, dest, &a.sin_addr);
     if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) ADD_FAILURE() << "raw connect failed";
   }
   ~RawConn() { ::close(fd_); }
@@ -142,6 +147,23 @@ inline bool raise_fd_limit(rlim_t n) {
   if (r.rlim_max < n) return false;
   r.rlim_cur = n;
   return setrlimit(RLIMIT_NOFILE, &r) == 0;
+}
+
+/// @brief Run `fn` on a thread of its own inside a new network namespace whose loopback interface
+/// also carries `addr` (/32): an address of this host that is not a loopback address, as a node's
+/// own address is. Threads and processes `fn` starts live there too. False (fn not run) when a
+/// namespace cannot be made here (no CAP_SYS_ADMIN, no `ip`).
+inline bool in_netns_with_address(const char* addr, const std::function<void()>& fn) {
+  bool ran = false;
+  std::thread t([&] {
+    if (::unshare(CLONE_NEWNET) != 0) return;
+    const std::string cmd = std::string("ip link set lo up && ip addr add ") + addr + "/32 dev lo";
+    if (std::system(cmd.c_str()) != 0) return;
+    ran = true;
+    fn();
+  });
+  t.join();
+  return ran;
 }
 
 }  // namespace gz::test

@@ -12,6 +12,7 @@
 #include "gz/store/rdzv_auth.h"
 #include "store/admission.h"
 #include "store/handshake.h"
+#include "store/peer_identity.h"
 #include "store/raw_conn.h"
 
 namespace gz {
@@ -201,6 +202,53 @@ TEST(Admission, RefusedConnectionsGoFirst) {
   a.release(1, "honest");
   a.forget_idle();
   EXPECT_EQ(a.sources(), 1u);
+}
+
+// A connected loopback pair: the server's end and both addresses, as accept() sees them.
+struct LoopbackPair {
+  int listener = -1, client = -1, server = -1;
+  sockaddr_storage peer{}, local{};
+  LoopbackPair() {
+    listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(listener, 4);
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+    client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) ADD_FAILURE() << "connect";
+    len = sizeof peer;
+    server = ::accept(listener, reinterpret_cast<sockaddr*>(&peer), &len);
+    len = sizeof local;
+    ::getsockname(server, reinterpret_cast<sockaddr*>(&local), &len);
+  }
+  ~LoopbackPair() {
+    for (int fd : {listener, client, server}) ::close(fd);
+  }
+};
+
+TEST(PeerIdentity, LocalPeersAreTheirUsers) {
+  LoopbackPair c;
+  wire::PeerIdentity id;
+  EXPECT_EQ(id.source(c.peer, c.local), "local user " + std::to_string(::geteuid()));
+  EXPECT_FALSE(id.unavailable());
+  // A peer that is no socket of this host: its address.
+  sockaddr_storage remote = c.peer;
+  inet_pton(AF_INET, "192.0.2.77", &reinterpret_cast<sockaddr_in*>(&remote)->sin_addr);
+  EXPECT_EQ(id.source(remote, c.local), "192.0.2.77");
+}
+
+// Without sock_diag for the sockets' protocol (here: asking the UDP table about TCP sockets)
+// every lookup fails, and may make the kernel try to load a module: after the first failed probe
+// none is made until the probe is due again. Before, every accepted connection asked.
+TEST(PeerIdentity, NoLookupsOnceSockDiagIsKnownMissing) {
+  LoopbackPair c;
+  wire::PeerIdentity id(IPPROTO_UDP);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(id.source(c.peer, c.local), "loopback, user unknown");
+  EXPECT_TRUE(id.unavailable());
+  EXPECT_EQ(id.queries(), 1u);
 }
 
 TEST(AbuseLog, FirstRefusalPerSourceThenSummaries) {

@@ -4,15 +4,19 @@
 // password never travels in clear text to a server that has not proved who it is. The Store
 // semantics themselves are checked by test_store_ops (kinds "etcd" and "prefix_etcd").
 // Exits 77 (ctest: skipped) when etcd is not installed.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
 #include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "gz/core/error.h"
@@ -185,6 +189,171 @@ TEST(EtcdStore, AddAndAppendAreAppliedOnceWhenTheAnswerIsLost) {
   EXPECT_EQ(s.append("log", to_bytes("abc")), 3);
   EXPECT_EQ(proxy.dropped.load(), 4);
   EXPECT_EQ(text_of(direct.get("log", Deadline::after(2s))), "abc") << "append applied twice";
+}
+
+// Change records of a key without its value (a client died between its writes, or a job was
+// killed): compare_set with an empty expectation must still set the key. Before, its first
+// transaction failed on the records, the key read as missing, and it retried that transaction
+// back to back until the deadline, then failed with a misleading "no member answered".
+TEST(EtcdStore, CompareSetOverOrphanChangeRecordsEnds) {
+  auto o = test::shared_etcd().client_options();
+  o.timeout = 3s;
+  EtcdStore s(o);
+  // A record under P/c/<hex of "key">/ (hex "6b6579"), written as another store's key.
+  auto orphan_o = o;
+  orphan_o.prefix = o.prefix + "/c/6b6579";
+  EtcdStore orphan(orphan_o);
+  orphan.set("x", to_bytes("c1"));
+  EXPECT_FALSE(s.check({"key"}));
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  auto result = std::make_shared<std::string>();
+  std::thread t([&s, done, result] {
+    try {
+      *result = text_of(s.compare_set("key", Bytes{}, to_bytes("mine")));
+    } catch (const std::exception& e) {
+      *result = std::string("threw: ") + e.what();
+    }
+    *done = true;
+  });
+  Deadline d = Deadline::after(10s);
+  while (!*done && !d.expired()) std::this_thread::sleep_for(10ms);
+  if (!*done) {
+    ADD_FAILURE() << "compare_set over orphan change records did not return within 10 s (3 s deadline)";
+    t.detach();
+    std::fflush(stdout);
+    std::_Exit(1);  // the thread spins on: nothing more can be tested
+  }
+  t.join();
+  EXPECT_EQ(*result, "mine");
+  EXPECT_EQ(text_of(s.get("key", Deadline::after(2s))), "mine");
+}
+
+// delete_key says whether the key was there, whatever made it (set, add, append, changes
+// folded in or not), as the other stores do.
+TEST(EtcdStore, DeleteKeyTellsWhetherTheKeyWasThere) {
+  auto o = test::shared_etcd().client_options();
+  EtcdStore a(o), b(o);
+  EXPECT_FALSE(a.delete_key("never"));
+  a.set("k", to_bytes("v"));
+  EXPECT_TRUE(a.delete_key("k"));
+  EXPECT_FALSE(a.delete_key("k"));
+  EXPECT_FALSE(a.check({"k"}));
+  // A counter two clients changed (the second add may be a change record).
+  a.add("n", 1);
+  b.add("n", 2);
+  EXPECT_TRUE(b.delete_key("n"));
+  EXPECT_FALSE(a.check({"n"}));
+  EXPECT_FALSE(a.delete_key("n"));
+  EXPECT_EQ(a.add("n", 5), 5) << "a deleted counter starts again from 0";
+  a.append("s", to_bytes("x"));
+  EXPECT_TRUE(a.delete_key("s"));
+}
+
+/// A server that answers every request with 200 and `body`, to see what the client makes of
+/// answers of another shape.
+class OddServer {
+ public:
+  /// `raw`: `body` is the whole response, head included, sent as soon as any bytes arrive.
+  explicit OddServer(std::string body, bool raw = false) : body_(std::move(body)), raw_(raw) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+    ::listen(fd_, 16);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
+    port_ = ntohs(sa.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~OddServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve() {
+    pollfd p{fd_, POLLIN, 0};
+    while (!stop_) {
+      if (::poll(&p, 1, 50) <= 0) continue;
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      std::string in;
+      char buf[4096];
+      pollfd q{c, POLLIN, 0};
+      while (!stop_ && ::poll(&q, 1, 200) > 0) {
+        ssize_t n = ::read(c, buf, sizeof buf);
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+        if (raw_) {
+          (void)!::send(c, body_.data(), body_.size(), MSG_NOSIGNAL);
+          break;
+        }
+        const size_t head = in.find("\r\n\r\n");
+        if (head == std::string::npos) continue;
+        const size_t cl = in.find("Content-Length: ");
+        const size_t len = cl == std::string::npos ? 0 : std::strtoul(in.c_str() + cl + 16, nullptr, 10);
+        if (in.size() < head + 4 + len) continue;
+        in.erase(0, head + 4 + len);
+        const std::string out =
+            "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body_.size()) + "\r\n\r\n" + body_;
+        (void)!::send(c, out.data(), out.size(), MSG_NOSIGNAL);
+      }
+      ::close(c);
+    }
+  }
+  std::string body_;
+  bool raw_ = false;
+  int fd_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// A server that announces a huge body (here 200 MiB) is refused from the head alone: no client
+// buffers more than 64 MiB of one answer (etcd's requests are 1.5 MiB by default). Before, the
+// bound was 512 MiB per answer, per connection.
+TEST(EtcdStore, HugeAnswersAreRefusedFromTheirHead) {
+  OddServer huge("HTTP/1.1 200 OK\r\nContent-Length: 209715200\r\n\r\n{", true);
+  EtcdStoreOptions o;
+  o.endpoints = {"127.0.0.1:" + std::to_string(huge.port())};
+  o.prefix = "/huge";
+  o.timeout = 1s;
+  try {
+    EtcdStore s(o);
+    FAIL() << "accepted an answer announcing 200 MiB";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "bad Content-Length")) << e.what();
+  }
+}
+
+// Answers of an unexpected shape (fields of other types) are gz errors naming the endpoint, never
+// nlohmann::json's exceptions, which no caller of a Store expects.
+TEST(EtcdStore, AnswersOfAnotherShapeAreGzErrors) {
+  OddServer odd(R"({"succeeded":"yes","count":{"a":1},"header":[],)"
+                R"("responses":[{"response_range":{"kvs":[{"key":1,"value":[2],"create_revision":"x"}]}}]})");
+  EtcdStoreOptions o;
+  o.endpoints = {"127.0.0.1:" + std::to_string(odd.port())};
+  o.prefix = "/odd";
+  o.timeout = 1s;
+  auto gz_error_or_none = [](const char* op, const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << op << ": not a gz::Error: " << e.what();
+    }
+  };
+  std::unique_ptr<EtcdStore> s;
+  gz_error_or_none("connect", [&] { s = std::make_unique<EtcdStore>(o); });
+  ASSERT_TRUE(s) << "the first contact needs no particular field";
+  gz_error_or_none("compare_set", [&] { s->compare_set("k", to_bytes("a"), to_bytes("b")); });
+  gz_error_or_none("get", [&] { s->get("k", Deadline::after(1s)); });
+  gz_error_or_none("add", [&] { s->add("k", 1); });
+  gz_error_or_none("num_keys", [&] { s->num_keys(); });
+  gz_error_or_none("delete_key", [&] { s->delete_key("k"); });
+  gz_error_or_none("check", [&] { s->check({"k"}); });
 }
 
 TEST(EtcdStore, ConcurrentAddsAndAppendsTakeOneTransactionEach) {
@@ -431,6 +600,137 @@ TEST(EtcdSecurity, PasswordNeverReachesAPlaintextServerBeyondLoopback) {
   EXPECT_GE(c, 0) << "--rdzv-insecure did not reach the server";
   if (c >= 0) ::close(c);
   ::close(fd);
+}
+
+// On loopback plain http is allowed (nothing travels beyond the machine), but any local user can
+// listen on the port when etcd does not hold it (down, not started yet): the password (the
+// rendezvous token) only goes to a listener of this user, root or "etcd". Before, it went to
+// whoever listened. Needs root (to listen as another user).
+TEST(EtcdSecurity, PasswordNeverReachesAnotherLocalUsersListener) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to listen as another user";
+  int to_parent[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Another user's listener that reports what it was sent.
+    ::close(to_parent[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 8) != 0) ::_exit(4);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    const uint16_t port = ntohs(sa.sin_port);
+    (void)!::write(to_parent[1], &port, sizeof port);
+    std::string seen;
+    pollfd p{fd, POLLIN, 0};
+    while (::poll(&p, 1, 1500) > 0) {
+      int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) break;
+      pollfd q{c, POLLIN, 0};
+      char buf[4096];
+      ssize_t n;
+      while (::poll(&q, 1, 300) > 0 && (n = ::read(c, buf, sizeof buf)) > 0)
+        seen.append(buf, static_cast<size_t>(n));
+      ::close(c);
+    }
+    (void)!::write(to_parent[1], seen.data(), seen.size());
+    ::_exit(0);
+  }
+  ::close(to_parent[1]);
+  uint16_t port = 0;
+  ASSERT_EQ(::read(to_parent[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  EtcdStoreOptions o;
+  o.endpoints = {"http://127.0.0.1:" + std::to_string(port)};
+  o.user = "gz";
+  o.password = "the-rendezvous-token";
+  o.timeout = 1s;
+  try {
+    EtcdStore s(o);
+    ADD_FAILURE() << "connected to another user's listener";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "local user 65534")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "--rdzv-insecure")) << e.what();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "not refused for its owner: " << e.what();
+  }
+  std::string seen;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(to_parent[0], buf, sizeof buf)) > 0;) seen.append(buf, static_cast<size_t>(n));
+  ::close(to_parent[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "listener status " << status;
+  EXPECT_FALSE(contains(seen, "the-rendezvous-token")) << "the password reached another user's listener";
+}
+
+size_t open_fds() {
+  size_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d)) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+// An https endpoint whose TLS handshake fails (here: a listener that hangs up at once) throws from
+// the connection's constructor, which runs no destructor. Before, each such try leaked the socket
+// and the SSL object, and a client retrying for its whole timeout leaked hundreds.
+TEST(EtcdSecurity, FailedTlsHandshakesLeakNothing) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(fd, 64), 0);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  std::atomic<bool> stop{false};
+  std::thread hangup([&] {
+    pollfd p{fd, POLLIN, 0};
+    while (!stop)
+      if (::poll(&p, 1, 50) > 0) ::close(::accept(fd, nullptr, nullptr));
+  });
+  etcd::TlsContext tls("", "", "");
+  const etcd::Endpoint ep = etcd::parse_endpoint("https://127.0.0.1:" + std::to_string(ntohs(sa.sin_port)));
+  auto try_once = [&] {
+    try {
+      etcd::HttpConn c(ep, &tls, Deadline::after(2s));
+      ADD_FAILURE() << "a TLS handshake with a listener that hangs up succeeded";
+    } catch (const etcd::TransportError&) {
+    }
+  };
+  try_once();  // OpenSSL's lazily loaded state
+  const size_t before = open_fds();
+  for (int i = 0; i < 50; ++i) try_once();
+  EXPECT_EQ(open_fds(), before) << "descriptors leaked by failed TLS handshakes";
+  stop = true;
+  hangup.join();
+  ::close(fd);
+}
+
+// An https endpoint where a plain-http server answers: the TLS handshake fails with a protocol
+// error, the same on every try, so the client says so at once. Before, it retried until its
+// whole timeout and reported "no member answered".
+TEST(EtcdSecurity, TlsProtocolRefusalIsNotRetriedForTheWholeTimeout) {
+  // What a plain-http server (etcd's http port) answers to a TLS hello: a 400.
+  OddServer plain("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", true);
+  EtcdStoreOptions o;
+  o.endpoints = {"https://127.0.0.1:" + std::to_string(plain.port())};
+  o.timeout = 5s;
+  Stopwatch sw;
+  try {
+    EtcdStore s(o);
+    FAIL() << "a TLS handshake with a plain-http server succeeded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "TLS handshake refused")) << e.what();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "not refused at once: " << e.what();
+  }
+  EXPECT_LT(sw.elapsed().count(), 2000) << "retried the refusal";
 }
 
 TEST(EtcdSecurity, UserAndPasswordAuthentication) {

@@ -168,8 +168,11 @@ TEST(StoreHandshake, WhoseFaultEachRefusalIs) {
   secured.token = kToken;
   TcpStoreServer with_token(secured);
   TcpStoreServer without(TcpStoreServerOptions{});
-  // No token at the client: the server refuses it.
-  expect_error([&] { TcpStore("127.0.0.1", with_token.port(), client("")); }, "rendezvous token refused");
+  // No token at the client: it sees the server has one and says both possible causes (its own
+  // missing token, or the port taken by another job's store), sending nothing.
+  expect_error([&] { TcpStore("127.0.0.1", with_token.port(), client("")); },
+               "has a rendezvous token and this client has none");
+  EXPECT_EQ(with_token.stats().wrong_token, 0u);
   // A token at the client, none at the server: the client refuses the server.
   expect_error([&] { TcpStore("127.0.0.1", without.port(), client()); }, "runs without a rendezvous token");
   // Neither has one: loopback without authentication works as before.

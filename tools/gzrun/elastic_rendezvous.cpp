@@ -89,7 +89,26 @@ RoundInfo ElasticRendezvous::placed(int q, const std::string& members, const std
 bool ElasticRendezvous::try_close(int q, JoinerBeats& beats, JoinWindow& window, int& joined) {
   // Nodes that gave up or were killed while waiting stay in the list: count the live ones.
   std::vector<std::string> list = parse_entries(peek(JobMonitor::round_key(q, "joined")));
-  if (static_cast<int>(list.size()) >= o_.min_nodes) beats.observe(s_, list);
+  if (static_cast<int>(list.size()) >= o_.min_nodes) {
+    // Only the live joiner with the lowest seq closes the round: the others read the beats below
+    // their own, in order, only until one is alive (or may be), and leave it to that one. Reads
+    // per poll are then about 2N for the whole job instead of N per joiner.
+    for (const std::string& e : list) {
+      if (seq_of(e) >= seq_) continue;
+      beats.observe(s_, {e});
+      if (!beats.alive({e}).empty() || beats.undecided({e})) {
+        joined = static_cast<int>(list.size());
+        window.open = false;
+        return false;
+      }
+    }
+    std::vector<std::string> rest;
+    for (const std::string& e : list)
+      if (seq_of(e) >= seq_) rest.push_back(e);
+    beats.observe(s_, rest);
+  }
+  // A joiner read only once may be alive: decide it (within a lease) before closing without it.
+  const bool undecided = beats.undecided(list, entry_);
   list = beats.alive(list, entry_);
   joined = static_cast<int>(list.size());
   if (joined < o_.min_nodes) {
@@ -100,7 +119,7 @@ bool ElasticRendezvous::try_close(int q, JoinerBeats& beats, JoinWindow& window,
   if (!window.open) window.start = now;
   window.open = true;
   const auto waited = std::chrono::milliseconds(static_cast<long long>(o_.join_window_s * 1000));
-  if (joined < o_.max_nodes && now - window.start < waited) return false;
+  if (joined < o_.max_nodes && (now - window.start < waited || undecided)) return false;
   close_round(q, list);
   return true;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "etcd_backend.h"
 #include "gz/store/store.h"
 
 namespace gz::launcher {
@@ -38,7 +39,12 @@ std::string joiner_beat_key(long long seq) { return "gzrun/waiting/" + std::to_s
 Duration joiner_lease(const LaunchOptions& o) {
   const auto interval =
       std::chrono::milliseconds(static_cast<long long>(o.effective_heartbeat_interval_s() * 1000));
-  return std::max<Duration>(std::chrono::seconds(1), 3 * interval);
+  const Duration lease = std::max<Duration>(std::chrono::seconds(1), 3 * interval);
+  if (!o.etcd()) return lease;
+  // etcd: a beat may wait out one member that stopped answering (its attempt timeout) and then
+  // the next member's answer before it lands; a live joiner must not look dead meanwhile.
+  const Duration attempt = etcd_store_options(o, "", false).attempt_timeout;
+  return std::max(lease, 2 * attempt + 2 * interval);
 }
 
 void JoinerBeats::observe(Store& s, const std::vector<std::string>& entries) {
@@ -47,9 +53,9 @@ void JoinerBeats::observe(Store& s, const std::vector<std::string>& entries) {
     const auto now = std::chrono::steady_clock::now();
     auto it = seen_.find(seq_of(e));
     if (it == seen_.end()) {
-      seen_[seq_of(e)] = Seen{beats, false, now};
+      seen_[seq_of(e)] = Seen{beats, false, now, now};
     } else if (beats != it->second.beats) {
-      it->second = Seen{beats, true, now};
+      it->second = Seen{beats, true, now, it->second.first};
     }
   }
 }
@@ -64,6 +70,16 @@ std::vector<std::string> JoinerBeats::alive(const std::vector<std::string>& entr
     if (e == self || beating) out.push_back(e);
   }
   return out;
+}
+
+bool JoinerBeats::undecided(const std::vector<std::string>& entries, const std::string& self) const {
+  const auto now = std::chrono::steady_clock::now();
+  for (const std::string& e : entries) {
+    if (e == self) continue;
+    auto it = seen_.find(seq_of(e));
+    if (it != seen_.end() && !it->second.moved && now - it->second.first < lease_) return true;
+  }
+  return false;
 }
 
 std::vector<std::string> wait_for_alive(Store& s, const std::vector<std::string>& entries, size_t want,

@@ -28,7 +28,8 @@ std::string host_of(const std::string& entry);
 /// @brief The beat key of the joiner with this seq.
 std::string joiner_beat_key(long long seq);
 /// @brief How long a joiner's beat may stand still before it no longer counts: at least 1 s,
-/// and three heartbeat intervals (joiners beat every 50 ms).
+/// and three heartbeat intervals (joiners beat every 50 ms); with etcd also two attempt timeouts
+/// and two intervals (a beat that waits out a failed member, then lands on the next).
 Duration joiner_lease(const LaunchOptions& o);
 
 /// @brief What one observer has seen of the joiners' beats (each gzrun keeps its own: a beat is
@@ -41,11 +42,16 @@ class JoinerBeats {
   /// @brief The entries whose beat moved within the lease, as of the last observe(), plus
   /// `self` (this observer's own entry, alive by definition) when it is among them; in order.
   std::vector<std::string> alive(const std::vector<std::string>& entries, const std::string& self = {}) const;
+  /// @brief Whether some entry (not `self`) is undecided: first read less than a lease ago and not
+  /// seen to move yet (one read cannot tell a live joiner from a dead one). A round is not closed
+  /// while one is: waiting at most a lease beats leaving a live joiner out of it.
+  bool undecided(const std::vector<std::string>& entries, const std::string& self = {}) const;
 
  private:
   struct Seen {
     int64_t beats = -1;
     bool moved = false;  // changed at least once since first read
+    std::chrono::steady_clock::time_point first{};
     std::chrono::steady_clock::time_point changed{};
   };
   Duration lease_;

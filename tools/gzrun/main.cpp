@@ -62,10 +62,10 @@ int preflight_step(const LaunchOptions& o, StoreHost& store) {
   }
 }
 
-int run(int argc, char** argv) {
-  ensure_std_fds();
-  const gz::Env env = gz::Env::from_process();
-  LaunchOptions o;
+// The command line, the environment's defaults, the program and the log directory; --analyze and
+// --status, which need no job of their own. Returns an exit code when gzrun is done already
+// (help, version, those two, bad input), else -1.
+int parse(int argc, char** argv, const gz::Env& env, LaunchOptions& o, SupervisorConfig& cfg) {
   try {
     o = parse_options(std::vector<std::string>(argv + 1, argv + argc), detect_auto_nproc());
   } catch (const gz::Error& e) {
@@ -85,7 +85,6 @@ int run(int argc, char** argv) {
 
   // Flight-recorder verdicts without a job of our own: offline, or asking a running one.
   if (!o.analyze_dir.empty()) return run_analyze(o.analyze_dir);
-  SupervisorConfig cfg;
   try {
     apply_env_defaults(o, env.get("GZ_HEARTBEAT_TIMEOUT_S", ""), env.get("GZ_HEARTBEAT_INTERVAL_S", ""));
   } catch (const gz::Error& e) {
@@ -106,6 +105,91 @@ int run(int argc, char** argv) {
       return 1;
     }
   }
+  return -1;
+}
+
+// Elastic: the rendezvous assigns node ranks round by round; the store host is whoever owns
+// --master-addr.
+void elastic_rounds(const LaunchOptions& o, StoreHost& store, SupervisorConfig& cfg,
+                    std::unique_ptr<ElasticRendezvous>& elastic) {
+  auto me = cfg.hostname + ":" + std::to_string(getpid());
+  cfg.begin_round = [&store, &elastic, &o, me](int, const SupervisorConfig::Cancelled& c) {
+    if (!elastic) {
+      // etcd: a job of this --rdzv-id that ended, or died, is refused, not taken for ours.
+      store.refuse_old_job();
+      elastic = std::make_unique<ElasticRendezvous>(o, store.client(), me);
+    }
+    RoundInfo r = elastic->join(c);
+    // TcpStore: MASTER_ADDR stays --master-addr (the store host). etcd: node 0's host.
+    if (!o.etcd()) r.master_addr.clear();
+    return r;
+  };
+  cfg.next_round = [&elastic](const RoundInfo& r, const JobFailure& f) {
+    elastic->advance(r, f);
+    return r.round + 1;
+  };
+  cfg.cannot_continue = [&elastic](const RoundInfo& r, const JobFailure& f) {
+    return elastic->cannot_continue(r, f);
+  };
+  cfg.end_job = [&elastic](const std::string& reason, bool success) {
+    if (elastic) elastic->end_job(reason, success);
+  };
+}
+
+// Fixed node ranks: the nodes' gzruns meet in the store before every attempt.
+void static_rounds(const LaunchOptions& o, StoreHost& store, SupervisorConfig& cfg) {
+  cfg.begin_round = [&store, &o](int round, const SupervisorConfig::Cancelled& c) {
+    RoundInfo r;
+    r.round = r.restarts = round;
+    r.node_rank = o.node_rank;
+    r.nnodes = o.nnodes;
+    // etcd: nobody hosts a store, so MASTER_ADDR is node 0's host (meet() tells it).
+    r.run_id = store.meet(round, c, &r.master_addr);
+    return r;
+  };
+  if (o.etcd())
+    // The end marker in etcd (where a store outlives the job): a new job with this --rdzv-id is refused.
+    cfg.end_job = [&store](const std::string& reason, bool success) {
+      try {
+        store.client().compare_set("gzrun/ended", gz::Bytes{},
+                                   gz::to_bytes((success ? "done|" : "failed|") + reason));
+      } catch (const std::exception&) {
+        // the job ends anyway
+      }
+    };
+}
+
+// The process limits and the workers' common environment, ports and host.
+void worker_setup(const gz::Env& env, const LaunchAuth& auth, const StoreHost& store, const LaunchOptions& o,
+                  SupervisorConfig& cfg) {
+  // Two pipes per worker: make room for large --nproc-per-node within the hard limit.
+  rlimit nofile{};
+  const rlim_t needed = static_cast<rlim_t>(o.nproc_per_node) * 2 + 64;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < needed) {
+    nofile.rlim_cur = std::min(needed, nofile.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  // Descendants that leave their worker's process group (setsid) are re-parented to gzrun
+  // instead of init when their parent dies, so gzrun can still clean them up.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  cfg.base_env = env;
+  // Workers get the token in their environment, never on a command line.
+  if (!auth.token.empty()) cfg.base_env.set("GZ_RDZV_TOKEN", auth.token);
+  if (auth.insecure) cfg.base_env.set("GZ_RDZV_INSECURE", "1");
+  cfg.master_addr = o.master_addr;
+  cfg.store_port = store.port();
+  cfg.master_port = store.program_port();
+  cfg.cores = usable_cores();
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) == 0) cfg.hostname = host;
+}
+
+int run(int argc, char** argv) {
+  ensure_std_fds();
+  const gz::Env env = gz::Env::from_process();
+  LaunchOptions o;
+  SupervisorConfig cfg;
+  if (int code = parse(argc, argv, env, o, cfg); code >= 0) return code;
 
   // Rendezvous authentication: a token for every client of the store (launch_auth.h).
   hide_token_args(argc, argv, argc - 1 - static_cast<int>(o.args.size()));
@@ -130,69 +214,13 @@ int run(int argc, char** argv) {
     if (rc != 0 || o.program.empty()) return rc;
   }
 
-  // Two pipes per worker: make room for large --nproc-per-node within the hard limit.
-  rlimit nofile{};
-  const rlim_t needed = static_cast<rlim_t>(o.nproc_per_node) * 2 + 64;
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < needed) {
-    nofile.rlim_cur = std::min(needed, nofile.rlim_max);
-    setrlimit(RLIMIT_NOFILE, &nofile);
-  }
-  // Descendants that leave their worker's process group (setsid) are re-parented to gzrun
-  // instead of init when their parent dies, so gzrun can still clean them up.
-  prctl(PR_SET_CHILD_SUBREAPER, 1);
-  cfg.base_env = env;
-  // Workers get the token in their environment, never on a command line.
-  if (!auth.token.empty()) cfg.base_env.set("GZ_RDZV_TOKEN", auth.token);
-  if (auth.insecure) cfg.base_env.set("GZ_RDZV_INSECURE", "1");
-  cfg.master_addr = o.master_addr;
-  cfg.store_port = store.port();
-  cfg.master_port = store.program_port();
-  cfg.cores = usable_cores();
-  char host[256] = {0};
-  if (gethostname(host, sizeof host - 1) == 0) cfg.hostname = host;
+  worker_setup(env, auth, store, o, cfg);
   std::unique_ptr<JobMonitor> monitor;
   std::unique_ptr<ElasticRendezvous> elastic;
-  if (o.elastic) {
-    // Elastic: the rendezvous assigns node ranks round by round; the store host is whoever owns
-    // --master-addr.
-    auto me = cfg.hostname + ":" + std::to_string(getpid());
-    cfg.begin_round = [&store, &elastic, &o, me](int, const SupervisorConfig::Cancelled& c) {
-      if (!elastic) elastic = std::make_unique<ElasticRendezvous>(o, store.client(), me);
-      RoundInfo r = elastic->join(c);
-      // TcpStore: MASTER_ADDR stays --master-addr (the store host). etcd: node 0's host.
-      if (!o.etcd()) r.master_addr.clear();
-      return r;
-    };
-    cfg.next_round = [&elastic](const RoundInfo& r, const JobFailure& f) {
-      elastic->advance(r, f);
-      return r.round + 1;
-    };
-    cfg.cannot_continue = [&elastic](const RoundInfo& r, const JobFailure& f) {
-      return elastic->cannot_continue(r, f);
-    };
-    cfg.end_job = [&elastic](const std::string& reason, bool success) {
-      if (elastic) elastic->end_job(reason, success);
-    };
-  } else {
-    cfg.begin_round = [&store, &o](int round, const SupervisorConfig::Cancelled& c) {
-      RoundInfo r;
-      r.round = r.restarts = round;
-      r.node_rank = o.node_rank;
-      r.nnodes = o.nnodes;
-      r.run_id = store.meet(round, c);
-      return r;
-    };
-    if (o.etcd())
-      // The end marker in etcd (where a store outlives the job): a new job with this --rdzv-id is refused.
-      cfg.end_job = [&store](const std::string& reason, bool success) {
-        try {
-          store.client().compare_set("gzrun/ended", gz::Bytes{},
-                                     gz::to_bytes((success ? "done|" : "failed|") + reason));
-        } catch (const std::exception&) {
-          // the job ends anyway
-        }
-      };
-  }
+  if (o.elastic)
+    elastic_rounds(o, store, cfg, elastic);
+  else
+    static_rounds(o, store, cfg);
   cfg.after_success = [&store](const RoundInfo& r, const SupervisorConfig::Cancelled& c,
                                const std::function<bool()>& failed) { return store.finish(r, c, failed); };
   // Several nodes: failures, lost nodes and restarts are decided job-wide through the store.

@@ -9,10 +9,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "gz/core/env.h"    // parse_int, parse_double
-#include "gz/core/error.h"  // InvalidArgument
+#include "gz/core/env.h"          // parse_int, parse_double
+#include "gz/core/error.h"        // InvalidArgument
 #include "gz/store/etcd_store.h"  // parse_etcd_endpoints
-#include "gz/store/rdzv_auth.h"  // check_rdzv_token
+#include "gz/store/rdzv_auth.h"   // check_rdzv_token
 
 namespace gz::launcher {
 namespace {
@@ -68,8 +68,7 @@ const Spec* find_spec(const std::string& name) {
 
 int parse_bounded(const std::string& v, const std::string& opt, long long lo, long long hi) {
   long long n = parse_int(v, "--" + opt);
-  if (n < lo || n > hi)
-    GZ_THROW(InvalidArgument, "--", opt, " must be in [", lo, ", ", hi, "], got ", v);
+  if (n < lo || n > hi) GZ_THROW(InvalidArgument, "--", opt, " must be in [", lo, ", ", hi, "], got ", v);
   return static_cast<int>(n);
 }
 
@@ -101,10 +100,11 @@ void apply_backend_option(LaunchOptions& o, const std::string& name, const std::
   } else if (name == "rdzv-endpoints") {
     o.rdzv_endpoints = parse_etcd_endpoints(v);
   } else if (name == "rdzv-id") {
-    const bool ok = !v.empty() && v.size() <= 128 && std::all_of(v.begin(), v.end(), [](char c) {
+    // At most 120: gzrun's store proves "gzrun/<id>" (store names: 128 bytes at most).
+    const bool ok = !v.empty() && v.size() <= 120 && std::all_of(v.begin(), v.end(), [](char c) {
       return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
     });
-    if (!ok) GZ_THROW(InvalidArgument, "--rdzv-id '", v, "': 1-128 letters, digits, '-', '_' or '.'");
+    if (!ok) GZ_THROW(InvalidArgument, "--rdzv-id '", v, "': 1-120 letters, digits, '-', '_' or '.'");
     o.rdzv_id = v;
   } else if (name == "rdzv-conf") {
     // KEY=VALUE,KEY=VALUE (torchrun's form).
@@ -141,9 +141,10 @@ void apply_backend_option(LaunchOptions& o, const std::string& name, const std::
 
 void validate_backend(LaunchOptions& o) {
   if (!o.etcd()) {
-    if (!o.rdzv_endpoints.empty() || !o.rdzv_id.empty() || !o.etcd_user.empty() || !o.etcd_cacert.empty() ||
-        !o.etcd_cert.empty() || !o.etcd_key.empty())
-      GZ_THROW(InvalidArgument, "--rdzv-endpoints, --rdzv-id and --rdzv-conf are for --rdzv-backend etcd");
+    // --rdzv-id is the job's name with gzrun's own store too (its store proves it).
+    if (!o.rdzv_endpoints.empty() || !o.etcd_user.empty() || !o.etcd_cacert.empty() || !o.etcd_cert.empty() ||
+        !o.etcd_key.empty())
+      GZ_THROW(InvalidArgument, "--rdzv-endpoints and --rdzv-conf are for --rdzv-backend etcd");
     return;
   }
   if (o.rdzv_endpoints.empty() && !o.rdzv_endpoint_text.empty()) {
@@ -270,7 +271,8 @@ void validate(LaunchOptions& o) {
   if (o.standalone) {
     // torchrun's --standalone: one node, a free local port, no endpoint to agree on.
     if (o.nnodes != 1) GZ_THROW(InvalidArgument, "--standalone runs on one node, but --nnodes is ", o.nnodes);
-    if (o.node_rank != 0) GZ_THROW(InvalidArgument, "--standalone runs on one node, but --node-rank is ", o.node_rank);
+    if (o.node_rank != 0)
+      GZ_THROW(InvalidArgument, "--standalone runs on one node, but --node-rank is ", o.node_rank);
     if (!o.master_addr_given) o.master_addr = "127.0.0.1";
   }
   if (!o.rdzv_token.empty() && !o.rdzv_token_file.empty())
@@ -292,7 +294,8 @@ void validate(LaunchOptions& o) {
                " gzrun's store listens on MASTER_PORT+1, which must be a valid port");
   }
   if (static_cast<long long>(o.nnodes) * o.nproc_per_node > (1 << 24))
-    GZ_THROW(InvalidArgument, "world size ", static_cast<long long>(o.nnodes) * o.nproc_per_node, " is too large");
+    GZ_THROW(InvalidArgument, "world size ", static_cast<long long>(o.nnodes) * o.nproc_per_node,
+             " is too large");
 }
 
 }  // namespace
@@ -302,13 +305,16 @@ double LaunchOptions::effective_heartbeat_interval_s() const {
   return std::clamp(heartbeat_timeout_s / 10, 0.05, 1.0);
 }
 
-void apply_env_defaults(LaunchOptions& o, const std::string& heartbeat_timeout, const std::string& heartbeat_interval) {
+void apply_env_defaults(LaunchOptions& o, const std::string& heartbeat_timeout,
+                        const std::string& heartbeat_interval) {
   if (!o.heartbeat_timeout_given && !heartbeat_timeout.empty()) {
-    o.heartbeat_timeout_s = parse_seconds(heartbeat_timeout, "heartbeat-timeout (GZ_HEARTBEAT_TIMEOUT_S)", false);
+    o.heartbeat_timeout_s =
+        parse_seconds(heartbeat_timeout, "heartbeat-timeout (GZ_HEARTBEAT_TIMEOUT_S)", false);
     o.heartbeat_timeout_given = true;
   }
   if (o.heartbeat_interval_s == 0 && !heartbeat_interval.empty())
-    o.heartbeat_interval_s = parse_seconds(heartbeat_interval, "heartbeat-interval (GZ_HEARTBEAT_INTERVAL_S)", false);
+    o.heartbeat_interval_s =
+        parse_seconds(heartbeat_interval, "heartbeat-interval (GZ_HEARTBEAT_INTERVAL_S)", false);
 }
 
 LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc) {
@@ -325,8 +331,7 @@ LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc
       continue;
     }
     if (a.size() < 2 || a[0] != '-') break;  // PROGRAM: the rest belongs to it
-    if (a[1] != '-')
-      GZ_THROW(InvalidArgument, "unknown option '", a, "' (see gzrun --help)");
+    if (a[1] != '-') GZ_THROW(InvalidArgument, "unknown option '", a, "' (see gzrun --help)");
     std::string body = a.substr(2);
     std::string value;
     bool has_value = false;
@@ -441,8 +446,11 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            nobody hosts it and losing any one host does not end the job
   --rdzv-endpoints LIST    etcd: the members, h1:2379,h2:2379,https://h3:2379 (--rdzv-endpoint
                            A:P works too, as in torchrun)
-  --rdzv-id JOB            etcd: the job's name, the same on every node and new for every job
-                           (its keys live under /gz/JOB; removed when the job succeeded)
+  --rdzv-id JOB            the job's name, the same on every node (at most 120 characters).
+                           tcp: gzrun's store proves it, so a gzrun never joins another job's
+                           store that shares its token and port (elastic jobs on one host).
+                           etcd (required): new for every job; its keys live under /gz/JOB
+                           (removed when the job succeeded)
   --rdzv-conf K=V,...      etcd: user=NAME (the etcd user; its password is the rendezvous token),
                            cacert=FILE (CA of the members' https certificates), cert=FILE and
                            key=FILE (client certificate), root=/gz (key root). The password only

@@ -53,7 +53,7 @@ struct LaunchOptions {
   std::string rdzv_backend = "tcp";  ///< --rdzv-backend: "tcp" (also c10d, static) or "etcd"
   std::vector<std::string>
       rdzv_endpoints;   ///< --rdzv-endpoints (etcd members); with etcd also --rdzv-endpoint
-  std::string rdzv_id;  ///< --rdzv-id: the job's name, keys under "<root>/<id>" in etcd
+  std::string rdzv_id;  ///< --rdzv-id: the job's name (etcd: keys under "<root>/<id>")
   /// @brief --rdzv-conf user=NAME,cacert=FILE,cert=FILE,key=FILE,root=/gz: the etcd user whose
   /// password is the rendezvous token; TLS files for https:// endpoints; the key root.
   std::string etcd_user, etcd_cacert, etcd_cert, etcd_key, etcd_root = "/gz";
@@ -62,6 +62,10 @@ struct LaunchOptions {
   bool etcd() const { return rdzv_backend == "etcd"; }
   /// @brief The job's key prefix in etcd: "<root>/<rdzv-id>".
   std::string etcd_prefix() const { return etcd_root + "/" + rdzv_id; }
+  /// @brief The name gzrun's TcpStore proves in every handshake: "gzrun", or "gzrun/<rdzv-id>".
+  /// A gzrun never takes another store that shares its token (a program's own, another job's
+  /// elastic store on the same host and port) for its job's.
+  std::string store_name() const { return rdzv_id.empty() ? "gzrun" : "gzrun/" + rdzv_id; }
 
   // Flight-recorder verdicts (dump_collector.h, verdict_report.h; docs/debugging.md).
   bool status = false;        ///< --status: ask the running job for its picture (no PROGRAM)
@@ -99,7 +103,8 @@ LaunchOptions parse_options(const std::vector<std::string>& argv, int auto_nproc
 
 /// @brief Apply GZ_HEARTBEAT_TIMEOUT_S / GZ_HEARTBEAT_INTERVAL_S where the options were not given.
 /// Throws gz::InvalidArgument naming the variable.
-void apply_env_defaults(LaunchOptions& o, const std::string& heartbeat_timeout, const std::string& heartbeat_interval);
+void apply_env_defaults(LaunchOptions& o, const std::string& heartbeat_timeout,
+                        const std::string& heartbeat_interval);
 
 /// @brief Workers for "--nproc-per-node auto": GPUs (/dev/nvidia[0-9]*) when present, else cores.
 int detect_auto_nproc();

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "etcd_backend.h"
@@ -23,12 +25,6 @@
 #include "output_relay.h"  // say()
 
 namespace gz::launcher {
-
-namespace {
-// The name gzrun's store proves in every handshake (TcpStoreServerOptions::name): a gzrun never
-// takes another store that happens to share the token (a program's own store, say) for its job's.
-const char* const kStoreName = "gzrun";
-}  // namespace
 
 struct StoreHost::Impl {
   std::unique_ptr<EtcdStore> etcd;  // --rdzv-backend etcd: this gzrun's client (nobody hosts)
@@ -149,7 +145,7 @@ void StoreHost::start() {
   so.port = want;
   so.token = token_;
   so.allow_insecure = o_.rdzv_insecure;
-  so.name = kStoreName;
+  so.name = o_.store_name();
   try {
     impl_->server = std::make_unique<TcpStoreServer>(so);
   } catch (const Error& e) {
@@ -174,7 +170,7 @@ std::unique_ptr<TcpStore> connect_client(const LaunchOptions& o, const std::stri
                                          const std::string& token) {
   TcpStoreOptions co;
   co.token = token;
-  co.server_name = kStoreName;
+  co.server_name = o.store_name();
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_s * 1000));
   auto client = std::make_unique<TcpStore>(host, port, co);
   // Connecting may take the whole rendezvous timeout (nodes start at different times); each
@@ -223,7 +219,7 @@ std::unique_ptr<Store> StoreHost::monitor_client() const {
   if (o_.etcd()) return std::make_unique<EtcdStore>(etcd_store_options(o_, token_, o_.rdzv_insecure));
   TcpStoreOptions co;
   co.token = token_;
-  co.server_name = kStoreName;
+  co.server_name = o_.store_name();
   co.timeout = std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000));
   return std::make_unique<TcpStore>(client_host(), port_, co);
 }
@@ -260,22 +256,67 @@ bool StoreHost::node_barrier(const std::string& name, int nnodes, const Cancelle
   return true;
 }
 
-std::string StoreHost::meet(int attempt, const Cancelled& cancelled) {
-  std::string local_id = std::to_string(::getpid()) + "-" + std::to_string(attempt);
-  if (o_.etcd() && attempt == 0) {
-    // etcd outlives jobs: a job that reuses an --rdzv-id would meet the old job's keys.
-    Store& s = client();
-    if (s.check({"gzrun/ended"}))
-      GZ_THROW(Error, "a job with --rdzv-id ", o_.rdzv_id, " already ran to its end in etcd (",
-               to_string(s.get("gzrun/ended", Deadline::after(std::chrono::seconds(5)))),
-               "): give this job a new --rdzv-id, or remove the old job's keys (etcdctl del --prefix ",
-               o_.etcd_prefix(), "/)");
+void StoreHost::refuse_old_job() {
+  if (!o_.etcd()) return;
+  // etcd outlives jobs: a job that reuses an --rdzv-id would meet the old job's keys.
+  Store& s = client();
+  if (s.check({"gzrun/ended"}))
+    GZ_THROW(Error, "a job with --rdzv-id ", o_.rdzv_id, " already ran to its end in etcd (",
+             to_string(s.get("gzrun/ended", Deadline::after(std::chrono::seconds(5)))),
+             "): give this job a new --rdzv-id, or remove the old job's keys (etcdctl del --prefix ",
+             o_.etcd_prefix(), "/)");
+  // A job that never ended (its gzruns were killed) left its round and heartbeats: joining a live
+  // job is fine (a heartbeat moves within an interval), meeting a dead one's counters is not.
+  const std::string round_text =
+      s.check({"gzrun/round"}) ? to_string(s.get("gzrun/round", Deadline::after(std::chrono::seconds(5))))
+                               : std::string("0");
+  const int round = std::atoi(round_text.c_str());
+  const std::string hb = "gzrun/round" + std::to_string(round) + "/hb/";
+  std::vector<std::string> keys;
+  for (int n = 0; n < std::max(o_.nnodes, o_.max_nodes); ++n) keys.push_back(hb + std::to_string(n));
+  auto beats = [&] {
+    std::vector<int64_t> v;
+    for (const auto& k : keys) v.push_back(s.check({k}) ? s.add(k, 0) : -1);
+    return v;
+  };
+  const std::vector<int64_t> first = beats();
+  if (std::all_of(first.begin(), first.end(), [](int64_t b) { return b < 0; })) return;  // nobody beats yet
+  const auto interval =
+      std::chrono::milliseconds(static_cast<long long>(o_.effective_heartbeat_interval_s() * 1000));
+  const Deadline d =
+      Deadline::after(std::chrono::milliseconds(static_cast<long long>(o_.heartbeat_timeout_s * 1000)));
+  while (!d.expired()) {
+    std::this_thread::sleep_for(std::min<Duration>(interval, std::max(d.remaining(), Duration(1))));
+    if (beats() != first) return;  // a live job: join it
   }
+  GZ_THROW(Error, "a job with --rdzv-id ", o_.rdzv_id, " left its keys in etcd (round ", round,
+           ") without ending, and none of its nodes heartbeats any more (killed?): remove them (etcdctl del "
+           "--prefix ",
+           o_.etcd_prefix(), "/) or give this job a new --rdzv-id");
+}
+
+namespace {
+std::string this_host() {
+  char host[256] = {0};
+  return gethostname(host, sizeof host - 1) == 0 && host[0] ? std::string(host) : std::string("127.0.0.1");
+}
+}  // namespace
+
+std::string StoreHost::meet(int attempt, const Cancelled& cancelled, std::string* master_addr) {
+  std::string local_id = std::to_string(::getpid()) + "-" + std::to_string(attempt);
+  if (attempt == 0) refuse_old_job();
   if (o_.nnodes == 1) return local_id;
   const std::string name = "gzrun/attempt" + std::to_string(attempt);
   Store& s = client();
-  if (o_.node_rank == 0) s.set(name + "/run_id", to_bytes(local_id));
+  if (o_.node_rank == 0) {
+    // etcd: nobody hosts a store, so node 0 says where the program's rank 0 runs.
+    if (o_.etcd())
+      s.set(name + "/master_addr", to_bytes(o_.master_addr_given ? o_.master_addr : this_host()));
+    s.set(name + "/run_id", to_bytes(local_id));
+  }
   node_barrier(name + "/nodes", o_.nnodes, cancelled);
+  if (master_addr && o_.etcd())
+    *master_addr = to_string(s.get(name + "/master_addr", Deadline::after(std::chrono::seconds(30))));
   return to_string(s.get(name + "/run_id", Deadline::after(std::chrono::seconds(30))));
 }
 

@@ -48,7 +48,14 @@ class StoreHost {
   /// `attempt`; returns the run id shared by all nodes ("<node0 pid>-<attempt>"). On one node
   /// it returns "<pid>-<attempt>" at once. Throws gz::TimeoutError naming how many nodes came,
   /// gz::Aborted when cancelled.
-  std::string meet(int attempt, const Cancelled& cancelled);
+  /// With etcd, `master_addr` (when given) receives the program's MASTER_ADDR: node 0's host
+  /// (--master-addr when given there), published by node 0, since no store host names it.
+  std::string meet(int attempt, const Cancelled& cancelled, std::string* master_addr = nullptr);
+  /// @brief etcd: throw gz::Error when a job with this --rdzv-id already ran to its end, or left
+  /// its keys without ending and none of its nodes heartbeats (watched up to the heartbeat
+  /// timeout). etcd outlives jobs: a rerun would meet the old job's counters and, elastic, its
+  /// end marker. No-op for gzrun's own store.
+  void refuse_old_job();
   /// @brief Multi-node only, after this node's workers all succeeded: wait (up to
   /// --rdzv-timeout) for the round's other nodes to finish too, so the store host keeps serving
   /// the store while their workers still use it (torchrun's exit barrier). Returns false on

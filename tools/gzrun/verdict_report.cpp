@@ -60,9 +60,11 @@ void save(const std::string& path, const std::string& text) {
 
 StoreConnect verdict_store_client(const LaunchOptions& o, const std::string& token) {
   const long long ms = std::clamp<long long>(static_cast<long long>(o.heartbeat_timeout_s * 500), 100, 1000);
-  return [host = o.master_addr, port = o.store_port(), token, ms]() -> std::unique_ptr<Store> {
+  return [host = o.master_addr, port = o.store_port(), token, ms,
+          name = o.store_name()]() -> std::unique_ptr<Store> {
     TcpStoreOptions so;
     so.token = token;
+    so.server_name = name;  // this job's store only (options.h)
     so.timeout = Duration(ms);
     return std::make_unique<TcpStore>(host, port, so);
   };

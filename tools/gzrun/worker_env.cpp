@@ -10,6 +10,12 @@ namespace gz::launcher {
 std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptions& o, const AttemptInfo& a,
                                               int local_rank) {
   std::map<std::string, std::string> env = base.vars();
+  // Variables gzrun decides for this job: values inherited from its own environment (the user's
+  // shell, a gzrun above it) never reach the workers, whichever backend and mode set them.
+  for (const char* v :
+       {"GZ_STORE_BACKEND", "GZ_STORE_ENDPOINTS", "GZ_STORE_PREFIX", "GZ_STORE_USER", "GZ_STORE_CACERT",
+        "GZ_STORE_CERT", "GZ_STORE_KEY", "GZ_STORE_ADDR", "GZ_STORE_PORT", "GZ_MIN_NODES", "GZ_MAX_NODES"})
+    env.erase(v);
   auto s = [](long long v) { return std::to_string(v); };
   const int node = a.node_rank >= 0 ? a.node_rank : o.node_rank;
   const int nnodes = a.nnodes > 0 ? a.nnodes : o.nnodes;
@@ -33,7 +39,6 @@ std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptio
   if (o.etcd()) {
     add_etcd_worker_env(o, env);  // no store host: every worker reaches the etcd cluster
   } else {
-    for (const char* v : {"GZ_STORE_BACKEND", "GZ_STORE_ENDPOINTS", "GZ_STORE_PREFIX"}) env.erase(v);
     env["GZ_STORE_ADDR"] = a.master_addr;
     env["GZ_STORE_PORT"] = s(a.store_port);
   }

@@ -15,10 +15,10 @@ namespace gz {
 /// Security, the same rule as the TcpStore's token: a client never hands its credentials to a
 /// server that has not proved who it is. The password (and the auth token etcd returns for it)
 /// only travels over https with the server's certificate verified (against `ca_file`, else the
-/// system's trust store, and naming the host dialled), or to a loopback endpoint, or with
-/// `allow_insecure`. An endpoint beyond loopback also needs some authentication of the client
-/// (a user and password, or a client certificate for etcd's --client-cert-auth), unless
-/// `allow_insecure`.
+/// system's trust store, and naming the host dialled), or to a loopback endpoint whose listening
+/// process belongs to this user, root or the system user "etcd", or with `allow_insecure`. An endpoint beyond
+/// loopback also needs some authentication of the client (a user and password, or a client certificate for
+/// etcd's --client-cert-auth), unless `allow_insecure`.
 struct EtcdStoreOptions {
   /// @brief The members' client URLs: "host:port", "http://host:port" or "https://host:port"
   /// (port 2379 when left out). Operations go to one member and move to the next when it does

@@ -15,36 +15,44 @@ namespace gz {
 /// a mutual challenge-response on the token (the token itself never travels; details in
 /// docs/multi-node.md); until it succeeds a client may send its two small handshake messages and
 /// nothing else, within `auth_timeout`. Unauthenticated connections are bounded in all and per
-/// source (an address; on loopback, the local user owning the peer's socket): refused ones are
+/// source (the local user owning the peer's socket for a peer on this host, whatever address it
+/// dialled; else the peer's address): refused ones are
 /// closed first, then the oldest of the source waiting with the most, authenticated ones never. A
 /// correct proof is accepted as soon as it arrives, whatever others sent before it.
 struct TcpStoreServerOptions {
   std::string bind_addr = "127.0.0.1";
-  int port = 0;       ///< 0 = pick a free port; port() tells which.
-  std::string token;  ///< empty = no authentication (loopback, or allow_insecure)
+  int port = 0;  ///< 0 = pick a free port; port() tells which.
+  /// @brief Empty = no token: then, unless allow_insecure, the server listens on loopback only
+  /// and admits only processes of its own local user (told by the kernel, see peer_identity.h), so
+  /// a tokenless store of one node is not open to the machine's other users.
+  std::string token;
   /// @brief What this server is, proved together with the token in every handshake (at most
   /// 128 bytes): a client that expects another name (TcpStoreOptions::server_name) refuses it.
   std::string name;
-  bool allow_insecure = false;         ///< listen beyond loopback without a token (trusted networks only)
+  /// @brief Without a token: listen beyond loopback, and admit every local user (trusted networks only).
+  bool allow_insecure = false;
   size_t max_value_bytes = 64u << 20;  ///< larger messages are rejected
   size_t max_total_bytes = 1u << 30;   ///< total stored bytes cap
   size_t max_clients = 4096;           ///< authenticated connections
   Duration auth_timeout{5000};         ///< time from accept to a valid auth
   size_t max_pending_auth = 256;       ///< unauthenticated connections, all sources together
-  /// @brief Unauthenticated connections waiting per source: an address (IPv6: its /64), or on
-  /// loopback a local user.
+  /// @brief Unauthenticated connections waiting per source: a local user (for peers on this host),
+  /// else an address (IPv6: its /64).
   size_t max_pending_per_source = 32;
 };
 
 /// @brief Counters of a running server (for tests, benchmarks and diagnostics).
 struct TcpStoreServerStats {
-  uint64_t accepted = 0;          ///< connections accepted
-  uint64_t authenticated = 0;     ///< handshakes accepted
-  uint64_t wrong_token = 0;       ///< auths refused for their proof (another token, or none)
-  uint64_t bad_hello = 0;         ///< first messages refused otherwise (not a hello, malformed, version)
-  uint64_t oversized = 0;         ///< first messages refused for their announced size, unread
-  uint64_t auth_timeouts = 0;     ///< connections closed for sending no valid hello in time
-  uint64_t evicted = 0;           ///< unauthenticated connections closed to free a slot
+  uint64_t accepted = 0;       ///< connections accepted
+  uint64_t authenticated = 0;  ///< handshakes accepted
+  uint64_t wrong_token = 0;    ///< auths refused for their proof (another token, or none)
+  uint64_t bad_hello = 0;      ///< first messages refused otherwise (not a hello, malformed, version)
+  uint64_t oversized = 0;      ///< first messages refused for their announced size, unread
+  uint64_t auth_timeouts = 0;  ///< connections closed for sending no valid hello in time
+  uint64_t evicted = 0;        ///< unauthenticated connections closed to free a slot
+  /// @brief Looks at unauthenticated connections' input (one per arrival of bytes: a connection
+  /// that stalls mid-message is not looked at again until more comes).
+  uint64_t handshake_passes = 0;
   size_t clients = 0;             ///< authenticated connections open now
   size_t pending = 0;             ///< unauthenticated connections open now
   size_t peak_pending = 0;        ///< most unauthenticated connections open at once

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -196,9 +197,10 @@ class Watchdog {
     return ticket;
   }
   // After this returns the watchdog no longer touches the ticket's mesh (expire() runs under mu_).
-  void disarm(uint64_t ticket) {
+  // False when the timer had fired already.
+  bool disarm(uint64_t ticket) {
     std::lock_guard<std::mutex> lock(mu_);
-    timers_.erase(ticket);
+    return timers_.erase(ticket) > 0;
   }
 
  private:
@@ -232,7 +234,12 @@ class Watchdog {
 };
 
 SyncMesh::Op::~Op() {
-  if (ticket_) Watchdog::instance().disarm(ticket_);
+  if (!ticket_ || Watchdog::instance().disarm(ticket_)) return;
+  // Expired. An op that fails says why itself (run_sync poisons with its message); one that got
+  // through its last call first leaves a mesh whose sockets are shut down: say so.
+  if (std::uncaught_exceptions() == 0)
+    mesh_->poison(
+        "an op's deadline passed just as it completed, and the deadline watchdog shut the mesh down");
 }
 
 void SyncMesh::check_usable() {
@@ -246,7 +253,7 @@ void SyncMesh::check_usable() {
 
 SyncMesh::Op SyncMesh::begin(Deadline deadline) {
   check_usable();
-  return Op(Watchdog::instance().arm(this, deadline.at()));
+  return Op(this, Watchdog::instance().arm(this, deadline.at()));
 }
 
 void SyncMesh::expire() noexcept {

@@ -115,16 +115,20 @@ class SyncMesh {
   size_t window(int peer) const { return links_[peer].window; }
 
   /// @brief The watchdog's registration of one op (begin()); unregisters when it goes away.
+  /// When the deadline passed after the op's last call but before it ended (it succeeded, yet the
+  /// watchdog shut the mesh down), ending it poisons the mesh saying so: the next op then fails
+  /// with that reason, instead of reporting a timeout of its own that blames a peer.
   class Op {
    public:
-    Op(Op&& o) noexcept : ticket_(o.ticket_) { o.ticket_ = 0; }
+    Op(Op&& o) noexcept : mesh_(o.mesh_), ticket_(o.ticket_) { o.ticket_ = 0; }
     ~Op();
     Op(const Op&) = delete;
     Op& operator=(const Op&) = delete;
 
    private:
     friend class SyncMesh;
-    explicit Op(uint64_t ticket) : ticket_(ticket) {}
+    Op(SyncMesh* mesh, uint64_t ticket) : mesh_(mesh), ticket_(ticket) {}
+    SyncMesh* mesh_;
     uint64_t ticket_;
   };
   /// @brief Start an op that must end by `deadline`: past it, the watchdog shuts the mesh down

@@ -1,10 +1,15 @@
 #include "store/etcd/etcd_client.h"
 
+#include <pwd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <random>
 #include <thread>
 
 #include "gz/store/rdzv_auth.h"  // is_loopback_host
+#include "store/peer_identity.h"
 
 namespace gz::etcd {
 
@@ -197,7 +202,45 @@ std::unique_ptr<HttpConn> Client::take(size_t member, Deadline deadline) {
       return c;
     }
   }
-  return std::make_unique<HttpConn>(eps_[member], tls_.get(), deadline);
+  auto conn = std::make_unique<HttpConn>(eps_[member], tls_.get(), deadline);
+  check_listener(*conn);
+  return conn;
+}
+
+namespace {
+/// The uid of the system user `name`, or -1.
+long long uid_of(const char* name) {
+  passwd pw{}, *found = nullptr;
+  char buf[1024];
+  return getpwnam_r(name, &pw, buf, sizeof buf, &found) == 0 && found ? static_cast<long long>(pw.pw_uid)
+                                                                      : -1;
+}
+}  // namespace
+
+void Client::check_listener(const HttpConn& conn) const {
+  const Endpoint& ep = conn.endpoint();
+  // Beyond loopback plain http with a password needs allow_insecure (check_etcd_options); https
+  // proves the server by its certificate.
+  if (o_.user.empty() || ep.tls || o_.allow_insecure || !is_loopback_host(ep.host)) return;
+  // On loopback any local user may listen on a port etcd does not hold (etcd down, or not yet
+  // up): the password (the rendezvous token) and etcd's auth token only go to a listener of this
+  // user, of root or of the system user "etcd" (Debian's etcd-server), as the kernel tells.
+  sockaddr_storage peer{}, local{};
+  socklen_t pl = sizeof peer, ll = sizeof local;
+  long long owner = -1;
+  if (getpeername(conn.fd(), reinterpret_cast<sockaddr*>(&peer), &pl) == 0 &&
+      getsockname(conn.fd(), reinterpret_cast<sockaddr*>(&local), &ll) == 0) {
+    wire::PeerIdentity id;
+    owner = id.listener_uid(peer, local);
+  }
+  if (owner >= 0 && (owner == static_cast<long long>(::geteuid()) || owner == 0 || owner == uid_of("etcd")))
+    return;
+  GZ_THROW(InvalidArgument, "etcd endpoint ", ep.url(), ": ",
+           owner >= 0 ? "the process listening there belongs to local user " + std::to_string(owner) +
+                            ", neither this user, root nor etcd"
+                      : std::string("cannot tell which local user listens there (no sock_diag for TCP)"),
+           ", so the etcd password (the rendezvous token) is not sent to it in clear text; use an https "
+           "endpoint with a CA file, or --rdzv-insecure (GZ_RDZV_INSECURE=1) if every local user is trusted");
 }
 
 void Client::give(size_t member, std::unique_ptr<HttpConn> conn) {
@@ -270,8 +313,10 @@ void Client::with_failover(const std::string& what, Deadline deadline, const Att
       if (std::all_of(untrusted.begin(), untrusted.end(), [](bool u) { return u; })) {
         std::string all;
         for (size_t i = 0; i < eps_.size(); ++i) all += (i ? "; " : "") + last[i];
-        GZ_THROW(InvalidArgument, "etcd ", what, ": no member has a certificate this client trusts (", all,
-                 ")");
+        GZ_THROW(InvalidArgument, "etcd ", what,
+                 ": no member completed a TLS handshake this client trusts (its certificate, or the TLS "
+                 "protocol, was refused: ",
+                 all, ")");
       }
     } catch (const ServerError& e) {
       const bool expired_token = e.code() == 16 && !o_.user.empty() && !reauthed;

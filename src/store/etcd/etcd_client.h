@@ -89,6 +89,9 @@ class Client {
   void with_failover(const std::string& what, Deadline deadline, const Attempt& attempt);
   std::unique_ptr<HttpConn> take(size_t member, Deadline deadline);
   void give(size_t member, std::unique_ptr<HttpConn> conn);
+  /// @brief Plain http on loopback with a password: throw gz::InvalidArgument unless the listener
+  /// belongs to this user, root or "etcd" (anyone local can listen on a free port).
+  void check_listener(const HttpConn& conn) const;
   Headers headers() const;
   void authenticate(size_t member, Deadline deadline);
   /// @brief Turn a non-200 answer into a ServerError (or InvalidArgument for bad requests).

@@ -25,7 +25,10 @@ namespace gz::etcd {
 namespace {
 
 constexpr size_t kMaxHead = 64 << 10;
-constexpr long long kMaxBody = 512ll << 20;  // far above etcd's request limits; bounds a bad server
+// Far above what etcd answers (its requests are at most --max-request-bytes, 1.5 MiB by default;
+// a range of a key's change records a few times that): bounds what a bad server makes us buffer.
+// A watch stream is bounded per message (etcd_client.cpp), not in total.
+constexpr long long kMaxBody = 64ll << 20;
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -220,11 +223,20 @@ HttpConn::HttpConn(const Endpoint& ep, const TlsContext* tls, Deadline deadline)
   int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (!ep.tls) return;
-  if (!tls) {
+  // A constructor that throws runs no destructor: free what the handshake holds here.
+  try {
+    start_tls(ep, tls, deadline);
+  } catch (...) {
+    if (ssl_) SSL_free(ssl_);
+    ssl_ = nullptr;
     ::close(fd_);
     fd_ = -1;
-    GZ_THROW(InvalidArgument, "etcd endpoint ", ep.url(), " needs TLS settings");
+    throw;
   }
+}
+
+void HttpConn::start_tls(const Endpoint& ep, const TlsContext* tls, Deadline deadline) {
+  if (!tls) GZ_THROW(InvalidArgument, "etcd endpoint ", ep.url(), " needs TLS settings");
   ssl_ = SSL_new(tls->get());
   if (!ssl_) fail("TLS: " + ssl_errors());
   BIO* bio = BIO_new(nosignal_method());
@@ -253,6 +265,13 @@ HttpConn::HttpConn(const Endpoint& ep, const TlsContext* tls, Deadline deadline)
           ep_.url() + ": TLS: the server's certificate is not trusted: " + X509_verify_cert_error_string(v) +
               " (check the CA file and that the certificate names " + ep.host + ")",
           false, false, true);
+    // A protocol error (e.g. a plain-http server on an https endpoint: "wrong version number")
+    // will be the same on every try: refused like an untrusted certificate, not retried until
+    // the deadline. A reset or close mid-handshake (a member restarting) is retried.
+    if (e == SSL_ERROR_SSL)
+      throw TransportError(ep_.url() + ": TLS handshake refused: " + ssl_errors() +
+                               " (is this endpoint https? plain-http members are named http://)",
+                           false, false, true);
     fail("TLS handshake failed: " + ssl_errors());
   }
 }
@@ -482,6 +501,7 @@ int HttpConn::post_stream(const std::string& path, const std::string& body, cons
 
 bool HttpConn::read_body(std::string& out, Deadline deadline) {
   const size_t before = out.size();
+  body_bytes_ = 0;  // a stream lives long: its messages are bounded one by one by the caller
   if (decode_body(out)) fail("the stream ended");
   if (out.size() > before) return true;
   char buf[16384];

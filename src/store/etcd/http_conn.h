@@ -92,8 +92,12 @@ class HttpConn {
   /// @brief Whether another request may follow on this connection (keep-alive, nothing pending).
   bool reusable() const { return reusable_; }
   const Endpoint& endpoint() const { return ep_; }
+  /// @brief The connected socket (to ask the kernel who listens on a loopback endpoint).
+  int fd() const { return fd_; }
 
  private:
+  /// The TLS handshake on the connected socket, the certificate verified.
+  void start_tls(const Endpoint& ep, const TlsContext* tls, Deadline deadline);
   void send_all(const std::string& data, Deadline deadline);
   /// Read what is available (blocking until something is or `deadline`); 0 = deadline passed.
   size_t read_some(char* buf, size_t n, Deadline deadline);
