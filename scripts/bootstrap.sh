@@ -4,6 +4,8 @@
 #   scripts/bootstrap.sh test     + test tools (clang for the fuzz target and the ASan+UBSan build, iproute2 for netns
 #                                   tests) and the Python package's build and test dependencies
 #   scripts/bootstrap.sh bench    + python3-torch for the PyTorch DDP comparison
+#   scripts/bootstrap.sh python   + what `pip install --no-build-isolation ./python` needs (Debian's torch,
+#                                   headers, pybind11, pip, setuptools, wheel: nothing from PyPI)
 set -euo pipefail
 pkgs=(g++ cmake make git ca-certificates pkg-config ccache
       libtorch-dev libopenblas0-openmp libgloo-dev libopenmpi-dev openmpi-bin
@@ -13,9 +15,11 @@ for profile in "$@"; do
   case "$profile" in
     test) pkgs+=(libgtest-dev clang libclang-rt-dev iproute2 python3
                  python3-torch python3-dev pybind11-dev python3-pytest  # + the Python package
+                 python3-pip python3-setuptools python3-wheel  # + its pip wheel (test_package.py)
                  etcd-server etcd-client) ;;  # the etcd store's tests (members started by the tests)
+    python) pkgs+=(python3 python3-torch python3-dev pybind11-dev python3-pip python3-setuptools python3-wheel) ;;
     bench) pkgs+=(python3-torch python3-matplotlib iproute2 etcd-server) ;;  # etcd: bench/run_rdzv_bench.sh
-    *) echo "bootstrap: unknown profile '$profile' (expected: test, bench)" >&2; exit 2 ;;
+    *) echo "bootstrap: unknown profile '$profile' (expected: test, bench, python)" >&2; exit 2 ;;
   esac
 done
 missing=()

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: bootstrap, build, ctest; then a link-only build of the NCCL backend (where
+# The whole test suite: bootstrap, build, ctest; the C++ package installed and examples/cpp built
+# against it; then a link-only build of the NCCL backend (where
 # CUDA + NCCL are installed); then ASan+UBSan builds (the LibTorch-free layers
 # with their unit tests; the LibTorch layer's DDP, Horovod-mode and trainer/resume tests) and a
-# TSan build of the comm tests; then the store wire-decoder fuzz target for a while.
+# TSan build of the comm tests; then the store wire-decoder fuzz target for a while. The
+# LibTorch/PyTorch 2.6 stage (Debian 13 root) is CI's second job, .ci/run-libtorch2 (GZ_LIBTORCH2=1:
+# also here, last).
 # The release and TSan builds use GCC; ASan+UBSan uses clang, which keeps the layers (the reduce
 # kernels' vector extensions and CPU dispatch included) building with clang too.
 # Every ctest stage goes through ctest_stage, which fails when a stage selects no test.
@@ -25,6 +28,15 @@ if [ "$(ctest_count build -L python)" -eq 0 ]; then
   exit 1
 fi
 stage_time "release build + ctest"
+echo "== C++ package: cmake --install, then examples/cpp built against it and run on 2 ranks under gzrun"
+# What a C++ user does (README "Using it from C++"): install, find_package(Guozhuang) from another
+# project, link Guozhuang::torch. Nothing of the build tree is on that project's paths.
+rm -rf build/install build/example-cpp
+cmake --install build --prefix "$root/build/install" >/dev/null
+cmake -S examples/cpp -B build/example-cpp -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
+cmake --build build/example-cpp -j "${GZ_JOBS:-$(nproc)}" >/dev/null
+ctest_stage build/example-cpp --timeout 120
+stage_time "C++ package + examples/cpp"
 echo "== NCCL backend build (link only)"
 # Compiles and links the NCCL backend and test_nccl against a CUDA + NCCL install when there is
 # one (no GPU needed); test_nccl's multi-rank tests skip with their reason where no GPU is
@@ -98,5 +110,15 @@ if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
   build-fuzz/fuzz/fuzz_store_wire -max_total_time="${GZ_FUZZ_SECONDS:-30}" -print_final_stats=1 \
     -artifact_prefix=build-fuzz/ build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 4
   stage_time "fuzz"
+fi
+if [ "${GZ_LIBTORCH2:-0}" = 1 ]; then
+  # A separate stage (.ci/run-libtorch2), here only on request: on a fresh 2-core machine it costs
+  # more than the rest of this script's budget allows (debootstrap + packages alone ~9 min, then the
+  # LibTorch layer, its tests and the Python suites built and run again; docs/results/verification.md).
+  echo "== LibTorch 2.x: Debian 13's LibTorch/PyTorch 2.6 in a root at ${GZ_LIBTORCH2_ROOT:-/var/tmp/gz-trixie}"
+  .ci/run-libtorch2
+  stage_time "LibTorch 2.x (Debian 13 root)"
+else
+  echo "== LibTorch 2.x stage not run here: it is CI's separate job .ci/run-libtorch2 (or GZ_LIBTORCH2=1)"
 fi
 echo "all test stages passed"

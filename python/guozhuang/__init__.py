@@ -21,11 +21,32 @@ Horovod's API over Guozhuang's Horovod-mode core: ``import guozhuang.torch as hv
 import os
 from datetime import timedelta
 
-import torch  # noqa: F401  (loads libtorch before our extension)
+# Private names only: the package has a submodule `torch` (guozhuang.torch, Horovod's API), and
+# importing it binds the package attribute `torch` -- which is this module's global `torch`. A
+# global named after the real torch would then point at our submodule.
+import torch as _torch  # loads libtorch before our extension
 import torch.distributed as _dist
 
-from . import _C
-from ._C import ProcessGroupGz, available_backends
+from . import _build_info
+
+
+def _check_torch(built, running):
+    """The extension links the LibTorch it was compiled against: another torch in this process would
+    make it fail to load or crash later. Refuse with the remedy instead."""
+    if running.split("+")[0] != built:
+        raise ImportError(
+            f"guozhuang was built against torch {built} but this Python imports torch {running} "
+            f"(from {_torch.__file__}): rebuild it with this interpreter "
+            "(pip install --no-build-isolation ./python, or scripts/build.sh)")
+
+
+_check_torch(_build_info.TORCH_VERSION, _torch.__version__)
+try:
+    from . import _C
+except ImportError as e:
+    raise ImportError(f"guozhuang: its extension does not load ({e}); it was built for Python "
+                      f"{_build_info.PYTHON_VERSION} and torch {_build_info.TORCH_VERSION}") from e
+from ._C import ProcessGroupGz, available_backends  # noqa: E402
 
 __all__ = ["ProcessGroupGz", "available_backends", "create_process_group", "comm_backend", "abort",
            "set_launcher_env", "rendezvous_store"]
@@ -53,7 +74,7 @@ def _backend_of(group):
         return group
     get = getattr(group, "_get_backend", None)
     if get is not None:
-        backend = get(torch.device("cpu"))
+        backend = get(_torch.device("cpu"))
         if isinstance(backend, ProcessGroupGz):
             return backend
     raise ValueError(f"not a process group of backend \"gz\": {group!r}")

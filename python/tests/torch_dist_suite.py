@@ -75,9 +75,13 @@ if args.backend == "gz":
         dist.init_process_group = to_gz(dist.init_process_group)
         dist.new_group = to_gz(dist.new_group)
 if not args.replicated_tensor:
-    import torch.nn.parallel._replicated_tensor_ddp_utils as _rt  # noqa: E402
-    _set_rt = _rt._set_ddp_with_replicated_tensor
-    _rt._set_ddp_with_replicated_tensor = lambda value: _set_rt(False)
+    try:  # torch 1.13 only: 2.x removed the mode (and this module)
+        import torch.nn.parallel._replicated_tensor_ddp_utils as _rt  # noqa: E402
+    except ImportError:
+        _rt = None
+    if _rt is not None:
+        _set_rt = _rt._set_ddp_with_replicated_tensor
+        _rt._set_ddp_with_replicated_tensor = lambda value: _set_rt(False)
 
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
 

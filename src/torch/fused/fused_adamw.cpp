@@ -4,27 +4,14 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <sstream>
-#include <type_traits>
 
 #include "torch/fused/kernels.h"
+#include "torch/torch_compat.h"
 
 namespace gz {
 namespace {
 
-// The optimizer state is keyed by the parameter's TensorImpl: as a string in LibTorch 1.x, as the
-// pointer itself in later versions. Build whichever key this LibTorch's map uses.
-template <typename Map>
-typename Map::key_type state_key(const Map&, const torch::Tensor& p) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream os;
-    os << p.unsafeGetTensorImpl();
-    return os.str();
-  } else {
-    return reinterpret_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
+using torch_compat::state_key;
 
 bool fusable(const torch::Tensor& p, const torch::Tensor& g, const torch::optim::AdamWOptions& o) {
   return !o.amsgrad() && p.device().is_cpu() && p.scalar_type() == torch::kFloat &&

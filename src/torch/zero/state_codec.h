@@ -4,11 +4,10 @@
 
 #include <torch/optim/optimizer.h>
 
-#include <sstream>
-#include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "torch/torch_compat.h"
 
 namespace gz::zero {
 
@@ -23,18 +22,6 @@ struct StateFields {
 /// gz::FusedAdamW), Adagrad, RMSprop. Throws gz::InvalidArgument for another state type.
 StateFields state_fields(torch::optim::OptimizerParamState& state);
 
-/// @brief The optimizer's state-map key of parameter `p` (a string in LibTorch 1.x, the
-/// TensorImpl pointer in 2.x).
-template <typename Map>
-typename Map::key_type state_key(const Map&, const torch::Tensor& p) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream os;
-    os << p.unsafeGetTensorImpl();
-    return os.str();
-  } else {
-    return reinterpret_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
+using torch_compat::state_key;  // the optimizer's state-map key of a parameter (torch_compat.h)
 
 }  // namespace gz::zero
