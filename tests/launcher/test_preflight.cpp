@@ -27,7 +27,23 @@ TEST(Preflight, OptionWithOrWithoutStrictAndProgramOptional) {
   EXPECT_THROW(parse({"--preflight=loud", "x"}), InvalidArgument);
   EXPECT_THROW(parse({"--nnodes", "2"}), InvalidArgument);                        // no program, no preflight
   EXPECT_THROW(parse({"--preflight", "--nnodes", "1:3", "x"}), InvalidArgument);  // elastic
-  EXPECT_NE(usage_text().find("--preflight[=strict]"), std::string::npos);
+  EXPECT_NE(usage_text().find("--preflight[=warn|strict]"), std::string::npos);
+}
+
+// Written before the etcd backend: with etcd every node advertised 127.0.0.1 (the default master
+// address) and the probe stalled for its 60 s deadline. Refused at once instead, as is --status,
+// which only knows gzrun's own store.
+TEST(Preflight, RefusedWithEtcdAsIsStatus) {
+  const std::vector<std::string> etcd = {"--rdzv-backend", "etcd", "--rdzv-endpoints", "127.0.0.1:2379",
+                                         "--rdzv-id", "j", "--nnodes", "2", "--rdzv-insecure"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto argv = etcd;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  EXPECT_NO_THROW(parse(with({"prog"})));
+  EXPECT_THROW(parse(with({"--preflight", "prog"})), InvalidArgument);
+  EXPECT_THROW(parse(with({"--status"})), InvalidArgument);
 }
 
 TEST(Preflight, RecordsRoundTripAndBadOnesAreErrors) {

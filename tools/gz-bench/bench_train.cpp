@@ -262,6 +262,7 @@ int bench_train(int argc, char** argv) {
   if (o.bucket_mb > 0) so.ddp.bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
   if (o.first_bucket_mb > 0) so.ddp.first_bucket_bytes = static_cast<size_t>(o.first_bucket_mb * (1 << 20));
   so.zero_stage = o.zero;
+  so.zero.stats = stats;  // ZeRO's reduce-scatters and all-gathers are its gradient traffic
   if (o.cycle_us >= 0) so.horovod.cycle_time = std::chrono::microseconds(o.cycle_us);
   so.horovod.row_sparse.enabled = o.row_sparse;
   if (o.bucket_mb > 0) so.horovod.replay_bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
@@ -318,6 +319,7 @@ int bench_train(int argc, char** argv) {
   for (int i = 0; i < o.steps; ++i) step();
   // Async: the rounds still in flight belong to the timed steps.
   if (async_avg) async_avg->synchronize();
+  strategy->synchronize();  // ZeRO: the last step's parameter all-gathers belong to the timed steps
   double secs = sw.seconds();
   const double bytes_per_step = static_cast<double>(stats->bytes.load() - bytes0) / o.steps;
   const double wire_per_step = static_cast<double>(wire_tx_bytes() - wire0) / o.steps;

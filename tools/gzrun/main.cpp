@@ -238,7 +238,11 @@ int run(int argc, char** argv) {
   // Several nodes: the verdict's reports and status requests go through the store.
   auto status_hook = std::make_shared<StatusWatcher*>(nullptr);
   if (o.nnodes > 1) {
-    cfg.store_client = verdict_store_client(o, auth.token);
+    // etcd: no gzrun hosts a store at master_port+1; the monitor's client reaches the cluster.
+    if (o.etcd())
+      cfg.store_client = [&store] { return store.monitor_client(); };
+    else
+      cfg.store_client = verdict_store_client(o, auth.token);
     cfg.ask_status = [status_hook] {
       if (*status_hook) (*status_hook)->ask_job();
     };

@@ -255,6 +255,9 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
 void validate(LaunchOptions& o) {
   if (o.help || o.version) return;
   validate_backend(o);
+  if (o.status && o.etcd())
+    GZ_THROW(InvalidArgument, "--status asks gzrun's own store and does not work with --rdzv-backend etcd yet; "
+             "send SIGUSR1 to any of the job's gzruns instead (docs/debugging.md)");
   if (o.status || !o.analyze_dir.empty()) {
     if (!o.program.empty()) GZ_THROW(InvalidArgument, "--status and --analyze take no PROGRAM");
     if (o.status && !o.analyze_dir.empty()) GZ_THROW(InvalidArgument, "give either --status or --analyze");
@@ -265,6 +268,9 @@ void validate(LaunchOptions& o) {
   }
   if (o.program.empty() && !o.preflight)
     GZ_THROW(InvalidArgument, "no program given (usage: gzrun [options] [--] PROGRAM [ARGS...])");
+  if (o.preflight && o.etcd())
+    GZ_THROW(InvalidArgument, "--preflight needs gzrun's own store (--rdzv-backend tcp): with etcd the nodes "
+             "have no master address to find each other by");
   if (o.preflight && o.elastic)
     GZ_THROW(InvalidArgument, "--preflight needs a fixed --nnodes N (node ranks known in advance), not ",
              o.min_nodes, ":", o.max_nodes);
@@ -457,7 +463,7 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
                            goes over https with a verified certificate or to loopback, unless
                            --rdzv-insecure; beyond loopback the job must authenticate (user or
                            client certificate) unless --rdzv-insecure
-  --preflight[=strict]     before the job (or alone, without PROGRAM) measure every node: link
+  --preflight[=warn|strict] before the job (or alone, without PROGRAM) measure every node: link
                            bandwidth and round trip to its ring neighbours and a sample of other
                            nodes, GFLOP/s per local rank, free /dev/shm and memory; node 0 prints
                            a table flagging outliers (below half the median). =strict: do not

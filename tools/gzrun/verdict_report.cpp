@@ -170,6 +170,7 @@ int run_status_client(const LaunchOptions& o, const std::string& env_token) {
   try {
     TcpStoreOptions so;
     so.token = token;
+    so.server_name = o.store_name();  // this job's store only (options.h)
     so.timeout = Duration(static_cast<long long>(o.heartbeat_timeout_s * 1000));
     TcpStore store(o.master_addr, as_client.store_port(), so);
     std::istringstream job(to_string(store.get(kStatusJob, Deadline::after(so.timeout))));

@@ -2,6 +2,7 @@
 // and the gradients (stage 2).
 #include <optional>
 
+#include "gz/core/phase.h"
 #include "strategies.h"
 
 namespace gz::train {
@@ -41,13 +42,19 @@ class DdpStrategy : public ParallelStrategy {
   void end_micro_step() override { no_sync_.reset(); }
   double clip_grad_norm(double max_norm) override {
     // ZeRO: only the owned gradient blocks are averaged.
-    return zero_ ? zero_->clip_grad_norm_(max_norm) : ParallelStrategy::clip_grad_norm(max_norm);
+    if (!zero_) return ParallelStrategy::clip_grad_norm(max_norm);
+    gz::ScopedPhase waiting(gz::Phase::comm);  // collective: the norm over every rank's blocks
+    return zero_->clip_grad_norm_(max_norm);
   }
   void before_save() override {
     if (zero_) zero_->consolidate_state_dict(0);  // collective: rank 0 saves the whole state
   }
   void synchronize() override {
-    if (zero_) zero_->synchronize();  // the last step's parameter all-gathers
+    if (!zero_) return;
+    // Waiting for the other ranks' all-gathers: comm, or the straggler report would count the
+    // fast ranks' wait for a slow one as their optimizer time.
+    gz::ScopedPhase waiting(gz::Phase::comm);
+    zero_->synchronize();  // the last step's parameter all-gathers
   }
   ExchangeBytes last_exchange() const override {
     ExchangeBytes b;
