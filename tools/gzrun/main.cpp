@@ -237,12 +237,16 @@ int run(int argc, char** argv) {
   }
   // Several nodes: the verdict's reports and status requests go through the store.
   auto status_hook = std::make_shared<StatusWatcher*>(nullptr);
+  // etcd: no gzrun hosts a store at master_port+1; the monitor's client reaches the cluster. tcp:
+  // a client whose ops give up within a second, so that neither the report upload nor the status
+  // watcher, both joined on the way out, delays the exit of a node cut off from the store.
+  StoreConnect verdict_client;
+  if (o.etcd())
+    verdict_client = [&store] { return store.monitor_client(); };
+  else
+    verdict_client = verdict_store_client(o, auth.token);
   if (o.nnodes > 1) {
-    // etcd: no gzrun hosts a store at master_port+1; the monitor's client reaches the cluster.
-    if (o.etcd())
-      cfg.store_client = [&store] { return store.monitor_client(); };
-    else
-      cfg.store_client = verdict_store_client(o, auth.token);
+    cfg.store_client = verdict_client;
     cfg.ask_status = [status_hook] {
       if (*status_hook) (*status_hook)->ask_job();
     };
@@ -251,8 +255,7 @@ int run(int argc, char** argv) {
   Supervisor sup(o, std::move(cfg));
   std::unique_ptr<StatusWatcher> watcher;  // destroyed before sup, whose board it reads
   if (o.nnodes > 1) {
-    watcher = std::make_unique<StatusWatcher>(
-        o, [&store] { return store.monitor_client(); }, sup.board(), hostname);
+    watcher = std::make_unique<StatusWatcher>(o, verdict_client, sup.board(), hostname);
     *status_hook = watcher.get();
   }
   return sup.run();
