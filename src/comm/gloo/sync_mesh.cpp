@@ -223,7 +223,10 @@ class Watchdog {
         first->second.mesh->expire();
         timers_.erase(first);
       } else {
-        cv_.wait_until(lock, first->second.at);
+        // A copy: wait_until reads its argument after re-locking, when disarm() may have erased
+        // the timer (a use after free ASan found).
+        const Clock::time_point at = first->second.at;
+        cv_.wait_until(lock, at);
       }
     }
   }
