@@ -49,12 +49,16 @@ trap 'exit 143' TERM
 "${C[@]}" up $hosts || exit $?
 master=$("${C[@]}" ip 0)
 now_ns() { date +%s%N; }
+# The bound below is on failure handling; the flight-recorder verdict that node 0 prints after a
+# failure waits for the other nodes' reports (--verdict-wait, default 3 s) and is tested by
+# flight_faults.sh: short waits here keep it from eating the bound (it did, 1 run in 2 under ctest -j2).
 
 for ((i = 0; i < hosts; ++i)); do
   (
     "${C[@]}" run "$i" env -u GZ_NODE_ID GZ_RDZV_TOKEN="ef-test-$$" sh -c 'echo $$ >"$0"; exec "$@"' "$dir/gzpid_$i" \
       "$gzrun" --nnodes $hosts --node-rank "$i" --master-addr "$master" --master-port $port --nproc-per-node 2 \
-      --rdzv-timeout 30 --heartbeat-timeout "$hb" --grace-period 1 -- "$worker" "$dir" 65536 "$hb" \
+      --rdzv-timeout 30 --heartbeat-timeout "$hb" --grace-period 1 --dump-wait 0.3 --verdict-wait 0.5 \
+      -- "$worker" "$dir" 65536 "$hb" \
       >"$dir/host$i.log" 2>&1
     echo $? >"$dir/rc_$i"
     now_ns >"$dir/end_$i.tmp" && mv "$dir/end_$i.tmp" "$dir/end_$i"  # whole or absent
