@@ -154,6 +154,32 @@ TEST(GzrunAuthUnit, TokenValueIsHiddenFromPs) {
   EXPECT_STREQ(argv[8], "mine");  // the program's own arguments are its business
 }
 
+// `gzrun --status --rdzv-token T` has no PROGRAM: the token is the last argument and must be
+// hidden too (it was not: the end was taken as argc - 1, one short).
+TEST(GzrunAuthUnit, TokenHiddenWithoutAProgram) {
+  for (const std::vector<std::string>& line :
+       {std::vector<std::string>{"--status", "--master-addr", "127.0.0.1", "--master-port", "29500",
+                                 "--rdzv-token", "sekrit"},
+        std::vector<std::string>{"--preflight", "--rdzv-token=sekrit"}}) {
+    std::vector<std::string> args{"gzrun"};
+    args.insert(args.end(), line.begin(), line.end());
+    std::vector<std::vector<char>> bufs;
+    std::vector<char*> argv;
+    for (auto& a : args) {
+      bufs.emplace_back(a.begin(), a.end());
+      bufs.back().push_back('\0');
+    }
+    for (auto& b : bufs) argv.push_back(b.data());
+    const int argc = static_cast<int>(argv.size());
+    const LaunchOptions o = parse(line);
+    hide_token_args(argc, argv.data(), program_arg_index(argc, o));
+    EXPECT_EQ(std::string(argv.back()).find("sekrit"), std::string::npos) << argv.back();
+  }
+  // With a program, its own arguments stay untouched.
+  const LaunchOptions p = parse({"--rdzv-token", "t", "prog", "--rdzv-token", "mine"});
+  EXPECT_EQ(program_arg_index(6, p), 3);
+}
+
 TEST(GzrunAuthUnit, EtcdPasswordOnlyOverVerifiedTlsOrLoopback) {
   auto etcd = [](std::vector<std::string> extra) {
     std::vector<std::string> a{"--rdzv-backend", "etcd", "--rdzv-id",   "j",

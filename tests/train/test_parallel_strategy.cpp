@@ -9,6 +9,8 @@
 
 #include "gz/comm/shm.h"
 #include "gz/core/error.h"
+#include "gz/core/phase.h"
+#include "gz/store/mem_store.h"
 #include "gz/train/parallel_strategy.h"
 #include "support/run_ranks.h"
 
@@ -105,6 +107,38 @@ TEST(ParallelStrategy, EveryModeMatchesOneProcess) {
       got[static_cast<size_t>(rank)] = train_two_steps(mode, g, rank * 4, rank * 4 + 4, 2);
     });
     for (auto& t : got) EXPECT_TRUE(torch::allclose(t, ref, 1e-5, 1e-6)) << gz::train::to_string(mode);
+  }
+}
+
+// ZeRO's waits for other ranks (the last step's parameter all-gathers in synchronize(), the
+// sharded norm in clip_grad_norm()) count as comm, not as the phase around them: otherwise the
+// straggler report charges a fast rank's wait for a slow one to its optimizer. Mutation check:
+// removing either ScopedPhase in ddp_strategy.cpp leaves comm unchanged here.
+TEST(ParallelStrategy, ZeroWaitsAreMarkedAsComm) {
+  for (int stage : {1, 2}) {
+    auto model = std::make_shared<TinyImpl>();
+    auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+    gz::train::StrategyOptions so;
+    so.mode = ParallelMode::ddp;
+    so.zero_stage = stage;
+    so.group = gz::comm::create_shm_communicator(0, 1, std::make_shared<gz::MemStore>());
+    auto s = gz::train::make_strategy(so, model, opt);
+    s->zero_grad();
+    s->begin_micro_step(true);
+    torch::nn::functional::cross_entropy(s->forward(batch_x()), batch_y()).backward();
+    s->end_micro_step();
+    gz::set_phase(gz::Phase::optimizer);
+    auto before = gz::phase_totals();
+    s->clip_grad_norm(1.0);
+    auto after = gz::phase_totals();
+    EXPECT_GT(after.of(gz::Phase::comm) - before.of(gz::Phase::comm), 0) << "clip, stage " << stage;
+    EXPECT_EQ(gz::current_phase().phase, gz::Phase::optimizer) << "the mark is restored";
+    s->step();
+    before = gz::phase_totals();
+    s->synchronize();
+    after = gz::phase_totals();
+    EXPECT_GT(after.of(gz::Phase::comm) - before.of(gz::Phase::comm), 0) << "synchronize, stage " << stage;
+    gz::set_phase(gz::Phase::idle);
   }
 }
 

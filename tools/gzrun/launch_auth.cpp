@@ -107,4 +107,8 @@ void hide_token_args(int argc, char** argv, int program_index) {
   }
 }
 
+int program_arg_index(int argc, const LaunchOptions& o) {
+  return o.program.empty() ? argc : argc - 1 - static_cast<int>(o.args.size());
+}
+
 }  // namespace gz::launcher

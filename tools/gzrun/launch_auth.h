@@ -38,4 +38,8 @@ LaunchAuth resolve_launch_auth(const LaunchOptions& o, const std::string& env_to
 /// show) with '*'. `program_index` is where PROGRAM starts (its arguments are left alone).
 void hide_token_args(int argc, char** argv, int program_index);
 
+/// @brief Where PROGRAM starts in gzrun's argv as `o` was parsed from it: argc when there is none
+/// (--status, --preflight alone), so that a token at the end of the line is still hidden.
+int program_arg_index(int argc, const LaunchOptions& o);
+
 }  // namespace gz::launcher

@@ -72,6 +72,8 @@ int parse(int argc, char** argv, const gz::Env& env, LaunchOptions& o, Superviso
     say(std::string("error: ") + e.what());
     return 2;
   }
+  // Before anything that can take long (--status waits for a job): ps must not show the token.
+  hide_token_args(argc, argv, program_arg_index(argc, o));
   if (o.help) {
     std::string u = usage_text();
     write_all(1, u.data(), u.size());
@@ -192,7 +194,6 @@ int run(int argc, char** argv) {
   if (int code = parse(argc, argv, env, o, cfg); code >= 0) return code;
 
   // Rendezvous authentication: a token for every client of the store (launch_auth.h).
-  hide_token_args(argc, argv, argc - 1 - static_cast<int>(o.args.size()));
   LaunchAuth auth;
   try {
     auth = resolve_launch_auth(o, env.get("GZ_RDZV_TOKEN", ""));
