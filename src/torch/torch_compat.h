@@ -6,6 +6,11 @@
 // Differences kept here:
 // - The optimizer's per-parameter state map is keyed by the parameter's TensorImpl: as a string
 //   (its address printed) in 1.x, as the pointer itself in 2.x.
+// - Not a difference, checked for fully_shard: the StorageImpl calls of src/torch/fsdp/
+//   flat_storage.h (set_data_ptr_noswap, set_nbytes(size_t), allocator()) exist in 1.13 and 2.x
+//   alike (2.x adds a SymInt set_nbytes); custom autograd Functions, FunctionPostHook and
+//   Engine::queue_callback are the same too. Neither has forward pre-hooks on C++ modules (Python
+//   modules only), so models mark their fully sharded units with gz::run_unit().
 // - Autocast's per-device functions: 2.4 replaced the cpu_/gpu_ variants with ones taking the
 //   device type and deprecated the old names; 1.13 has only the old ones.
 #pragma once

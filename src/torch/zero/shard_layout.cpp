@@ -31,13 +31,26 @@ std::vector<ShardBucket> plan_shards(const std::vector<size_t>& order, const std
     }
     out.push_back(std::move(b));
   }
-  for (auto& b : out) {
-    // ceil(numel / world) rounded up to the alignment; at least one aligned block per rank, so a
-    // rank whose block is all padding still holds a (zero) shard and runs the same collectives.
-    const int64_t per = std::max<int64_t>(1, (b.numel + world - 1) / world);
-    b.shard = (per + kAlign - 1) / kAlign * kAlign;
-  }
+  for (auto& b : out) b.shard = shard_numel(b.numel, world);
   return out;
+}
+
+int64_t shard_numel(int64_t numel, int world) {
+  GZ_CHECK_ARG(world > 0, "shard_numel: world must be positive");
+  const int64_t per = std::max<int64_t>(1, (numel + world - 1) / world);
+  return (per + kAlign - 1) / kAlign * kAlign;
+}
+
+ShardBucket flat_bucket(const std::vector<int64_t>& numels, int world) {
+  ShardBucket b;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    b.params.push_back(i);
+    b.offsets.push_back(b.numel);
+    b.numels.push_back(numels[i]);
+    b.numel += numels[i];
+  }
+  b.shard = shard_numel(b.numel, world);
+  return b;
 }
 
 std::pair<int64_t, int64_t> owned_part(const ShardBucket& b, size_t j, int r) {

@@ -39,6 +39,15 @@ constexpr int64_t kAlign = 16;
 std::vector<ShardBucket> plan_shards(const std::vector<size_t>& order, const std::vector<ParamInfo>& params,
                                      int world, size_t first_bucket_bytes, size_t bucket_bytes);
 
+/// @brief Elements per rank of a flat bucket of `numel` real elements over `world` ranks:
+/// ceil(numel / world) rounded up to kAlign, and at least one aligned block, so that a rank whose
+/// block is all padding still holds a (zero) shard and runs the same collectives.
+int64_t shard_numel(int64_t numel, int world);
+
+/// @brief One bucket over parameters with these element counts, back to back (offsets, numel and
+/// shard filled in; params are 0..n-1).
+ShardBucket flat_bucket(const std::vector<int64_t>& numels, int world);
+
 /// @brief The part of parameter j of bucket b that lies in rank r's block: flat range
 /// [first, second) (empty when first >= second).
 std::pair<int64_t, int64_t> owned_part(const ShardBucket& b, size_t j, int r);

@@ -1,0 +1,167 @@
+// ZeRO stage 3 / fully sharded data parallel for LibTorch C++ modules (in the spirit of PyTorch's
+// FSDP2 fully_shard): every rank keeps 1/world of each unit's parameters, gradients and optimizer
+// state; a unit's parameters are whole only while it runs forward or backward.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gz/comm/communicator.h"
+
+namespace gz {
+
+/// @brief Options of FullyShardedDataParallel.
+struct FullyShardOptions {
+  /// @brief While a unit runs forward, start the all-gather of the unit that ran after it in the
+  /// last forward (in backward: of the one before it), so that gather overlaps the compute.
+  bool prefetch = true;
+  /// @brief Free a unit's whole parameters when its forward returns (gathered again for its
+  /// backward). false: keep them until its gradients are reduced (less communication, more memory).
+  /// The root unit always keeps them: its backward comes first.
+  bool reshard_after_forward = true;
+  /// @brief Rank whose parameters and buffers every rank starts from (broadcast at construction).
+  int root_rank = 0;
+};
+
+/// @brief Memory held by a FullyShardedDataParallel on this rank, in bytes.
+struct FullyShardMemory {
+  int64_t shard_params = 0;  ///< this rank's parameter shards (what the optimizer steps)
+  int64_t shard_grads = 0;   ///< this rank's averaged gradient shards (defined ones)
+  int64_t whole_now = 0;     ///< whole parameters and gradients of units now unsharded
+  int64_t whole_peak = 0;    ///< the most whole_now has been since construction (or reset_peak())
+};
+
+/// @brief Fully sharded data parallel (ZeRO stage 3) over module units.
+///
+/// The parameters of each unit (a submodule; the root module holds those in no unit) are laid out
+/// back to back in one flat buffer padded to world blocks; rank r keeps block r (its shard) and the
+/// model's parameters become views into a buffer whose memory exists only while the unit is
+/// unsharded. LibTorch C++ modules have no forward pre-hooks, so the model marks where a unit
+/// runs with gz::run_unit(); the whole model runs through forward():
+/// @code
+///   auto fsdp = gz::fully_shard(model, {model->block1, model->block2}, group);
+///   torch::optim::AdamW opt(fsdp->parameters(), torch::optim::AdamWOptions(1e-3));  // the shards
+///   // in Model::forward:  x = gz::run_unit(*block1, [&] { return block1->forward(x); });
+///   opt.zero_grad();
+///   auto out = fsdp->forward([&] { return model->forward(x); });
+///   loss_fn(out, y).backward();   // each unit's gradients reduce-scattered as its backward ends
+///   fsdp->clip_grad_norm_(1.0);   // optional: the global norm over every shard
+///   opt.step();                   // steps the shards; the next forward gathers them
+/// @endcode
+/// Forward of a unit: wait for (or start) its all-gather, start the next unit's, run it, free its
+/// whole parameters. Backward of a unit (an autograd node on its output): the same, in reverse
+/// order; when every parameter of the unit has its gradient, the unit's flat gradient is
+/// reduce-scattered (averaged) on the group's progress thread into this rank's shard gradient
+/// (added to it when it is already defined: accumulation) and the whole memory is freed. Backward
+/// returns once every reduce-scatter has.
+///
+/// Requirements and limits (each refused with gz::InvalidArgument where it can be detected):
+/// the optimizer is built over parameters() and is elementwise (SGD, Adam, AdamW, gz::FusedAdamW,
+/// Adagrad, RMSprop: a shard is a flat slice of several parameters, so one parameter group per
+/// unit); every parameter of a unit has one dtype and device; a parameter belongs to the smallest
+/// unit containing it (units may nest, the root takes the rest); every rank runs the same units in
+/// the same order; the module's parameters must not be read outside forward() (they hold no memory
+/// between steps: use gather_full_parameters()); buffers are broadcast once, at construction.
+/// A unit that the model never runs through gz::run_unit() during the first forward stays whole
+/// for good (logged once; correct, but saves no memory).
+class FullyShardedDataParallel {
+ public:
+  /// @brief As gz::fully_shard(). Collective.
+  FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                           std::vector<std::shared_ptr<torch::nn::Module>> units, comm::CommPtr group,
+                           FullyShardOptions options);
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  /// @brief Run the model's forward `fn` with this object active on the calling thread: the root
+  /// unit is gathered first, units run through gz::run_unit() gather and free themselves.
+  torch::Tensor forward(const std::function<torch::Tensor()>& fn);
+  /// @brief The flat parameter shards, one per unit (root first): build the optimizer over these.
+  std::vector<torch::Tensor> parameters() const;
+  /// @brief Scale the shard gradients so that the global L2 norm over the whole model is at most
+  /// max_norm (torch::nn::utils::clip_grad_norm_'s rule); returns the norm before. Collective.
+  double clip_grad_norm_(double max_norm);
+  /// @brief Drop the shard gradients and any gradients kept by no_sync().
+  void zero_grad();
+
+  /// @brief While a guard lives, backward passes keep each unit's whole gradient (summed locally)
+  /// instead of reduce-scattering it; the first backward after it reduces the sum. Costs one whole
+  /// gradient of the model per rank (as PyTorch's FSDP no_sync). Accumulation without no_sync
+  /// (every backward reduces and adds to the shard gradient) needs no guard.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(FullyShardedDataParallel& fsdp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    FullyShardedDataParallel& fsdp_;
+  };
+
+  /// @brief Collective: gather every unit into the module's parameters and keep them whole until
+  /// the next forward() (which shards them again): for reading the model outside forward(), such
+  /// as an evaluation loop or saving it. Holds the whole model meanwhile.
+  void unshard();
+  /// @brief Collective: copies of the whole parameters, in module->parameters() order.
+  std::vector<torch::Tensor> gather_full_parameters();
+  /// @brief Collective. Turns `opt` (built over parameters(); one group) into the optimizer over the
+  /// module's sharded parameters that unsharded training has: on `root` with every parameter's
+  /// whole state (what its save() writes: the format of ZeRO 1/2 and plain training), elsewhere
+  /// with none; root -1: none anywhere, to load such a state (not collective then).
+  /// restore_optimizer() or shard_optimizer() turns it back.
+  void unshard_optimizer(torch::optim::Optimizer& opt, int root = 0);
+  /// @brief After unshard_optimizer(): the shards and their state as before (nothing if not).
+  void restore_optimizer(torch::optim::Optimizer& opt);
+  /// @brief `opt` holds the unsharded state (loaded after unshard_optimizer(opt, -1), the same on
+  /// every rank): each shard gets this rank's block of it, and `opt` steps the shards again.
+  void shard_optimizer(torch::optim::Optimizer& opt);
+  /// @brief After the module's parameters were overwritten while whole (unshard(), then loading
+  /// them, the same on every rank): each rank's shards take their block. Not collective.
+  void reshard_module();
+
+  /// @brief Units, root first: each one's name (the module's name, "" for the root), parameter
+  /// count and padded flat size.
+  struct UnitInfo {
+    std::string name;
+    size_t params = 0;
+    int64_t numel = 0, padded = 0;
+  };
+  std::vector<UnitInfo> units() const;
+  FullyShardMemory memory() const;
+  void reset_peak();
+  const comm::CommPtr& group() const;
+
+  /// @brief Internal state (src/torch/fsdp/fsdp_impl.h).
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;  // the autograd hooks hold it weakly
+};
+
+/// @brief Shard `module` over `group` (nullptr = the default group): `units` are submodules (for
+/// instance each transformer block); the root module is a unit too. Collective.
+std::shared_ptr<FullyShardedDataParallel> fully_shard(std::shared_ptr<torch::nn::Module> module,
+                                                      std::vector<std::shared_ptr<torch::nn::Module>> units,
+                                                      comm::CommPtr group = nullptr,
+                                                      FullyShardOptions options = {});
+
+/// @brief The size policy (as FSDP's size_based_auto_wrap_policy): bottom up, a descendant of
+/// `module` becomes a unit when its parameters not already in a unit below it reach `min_bytes`.
+std::vector<std::shared_ptr<torch::nn::Module>> units_by_size(
+    const std::shared_ptr<torch::nn::Module>& module, int64_t min_bytes);
+
+/// @brief Run `fn` (the forward of `unit`) as a sharded unit when a FullyShardedDataParallel that
+/// has `unit` is running forward() on this thread; otherwise just `fn()`. Models call it where
+/// a unit runs, so the same model code serves plain, DDP and fully sharded training.
+torch::Tensor run_unit(const torch::nn::Module& unit, const std::function<torch::Tensor()>& fn);
+
+}  // namespace gz

@@ -1,0 +1,275 @@
+// FullyShardedDataParallel: construction, forward, the units' memory and all-gathers, the public
+// accessors. Backward (hooks, reduce-scatters, clipping) is in fsdp_backward.cpp.
+#include "gz/torch/fully_shard.h"
+
+#include <exception>
+
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/torch/collectives.h"
+#include "gz/torch/process_group.h"
+#include "gz/torch/tensor_adapter.h"
+#include "torch/fsdp/flat_storage.h"
+#include "torch/fsdp/fsdp_impl.h"
+
+namespace gz {
+
+namespace {
+bool live(const FsdpUnit& u) { return !u.params.empty(); }
+int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// Makes an Impl the active one of this thread for one forward(), and undoes it however it ends.
+struct ActiveScope {
+  explicit ActiveScope(FullyShardedDataParallel::Impl* s) : prev(active_fsdp()) {
+    if (prev) GZ_THROW(Error, "FullyShardedDataParallel: forward() inside another one's forward()");
+    active_fsdp() = s;
+    s->in_forward = true;
+  }
+  ~ActiveScope() {
+    active_fsdp()->in_forward = false;
+    active_fsdp() = prev;
+  }
+  FullyShardedDataParallel::Impl* prev;
+};
+}  // namespace
+
+FullyShardedDataParallel::Impl*& active_fsdp() {
+  thread_local FullyShardedDataParallel::Impl* active = nullptr;
+  return active;
+}
+
+void FullyShardedDataParallel::Impl::track(int64_t bytes) {
+  whole_now += bytes;
+  whole_peak = std::max(whole_peak, whole_now);
+}
+
+void FullyShardedDataParallel::Impl::allocate_full(FsdpUnit& u) {
+  const auto want = static_cast<size_t>(bytes_of(u.full));
+  if (fsdp::storage_bytes(u.full) == want) return;
+  fsdp::set_storage_bytes(u.full, want);
+  track(static_cast<int64_t>(want));
+}
+
+void FullyShardedDataParallel::Impl::release_full(FsdpUnit& u) {
+  if (u.gather) ensure_whole(static_cast<size_t>(&u - units.data()));  // never free under an all-gather
+  const auto had = static_cast<int64_t>(fsdp::storage_bytes(u.full));
+  fsdp::set_storage_bytes(u.full, 0);
+  track(-had);
+  u.state = FsdpUnit::State::sharded;
+}
+
+void FullyShardedDataParallel::Impl::start_gather(size_t i) {
+  auto& u = units[i];
+  if (!live(u) || u.state != FsdpUnit::State::sharded) return;
+  allocate_full(u);
+  u.gather = allgather_async(u.shard.detach(), u.full, group);
+  u.state = FsdpUnit::State::gathering;
+}
+
+void FullyShardedDataParallel::Impl::ensure_whole(size_t i) {
+  auto& u = units[i];
+  if (!live(u) || u.state == FsdpUnit::State::whole) return;
+  if (u.state == FsdpUnit::State::sharded) start_gather(i);
+  auto work = std::move(u.gather);
+  u.state = FsdpUnit::State::whole;  // set first: a failed gather leaves the unit to be released
+  try {
+    work->wait();
+  } catch (...) {
+    comm::finish_or_abort(*group, *work, "FullyShardedDataParallel: an all-gather past its deadline");
+    throw;
+  }
+}
+
+void FullyShardedDataParallel::Impl::prefetch(int64_t position) {
+  if (options.prefetch && position >= 0 && position < static_cast<int64_t>(order.size()))
+    start_gather(order[static_cast<size_t>(position)]);
+}
+
+void FullyShardedDataParallel::Impl::wait_all_work() noexcept {
+  for (auto& u : units)
+    for (auto* w : {&u.gather, &u.reduce})
+      if (*w) comm::finish_or_abort(*group, **w, "FullyShardedDataParallel: an op still running at teardown");
+}
+
+torch::Tensor FullyShardedDataParallel::Impl::run_unit(size_t i, const std::function<torch::Tensor()>& fn) {
+  auto& u = units[i];
+  u.entered = true;
+  const auto pos = static_cast<int64_t>(cur_order.size());
+  cur_order.push_back(i);
+  ensure_whole(i);
+  // The unit that came next in the last forward gathers while this one computes.
+  if (pos < static_cast<int64_t>(order.size()) && order[static_cast<size_t>(pos)] == i) prefetch(pos + 1);
+  torch::Tensor out = fn();
+  const bool grad = torch::GradMode::is_enabled() && out.defined() && out.requires_grad();
+  if (grad) out = attach_pre_backward(i, out);
+  if (!u.always_whole && (!grad || options.reshard_after_forward)) release_full(u);
+  return out;
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                   std::vector<std::shared_ptr<torch::nn::Module>> units,
+                                                   comm::CommPtr group, FullyShardOptions options)
+    : impl_(std::make_shared<Impl>()) {
+  auto& im = *impl_;
+  GZ_CHECK_ARG(module != nullptr, "fully_shard: null module");
+  im.group = resolve_group(group);
+  im.rank = im.group->rank();
+  im.world = im.group->size();
+  im.options = options;
+  GZ_CHECK_ARG(options.root_rank >= 0 && options.root_rank < im.world, "fully_shard: root_rank ",
+               options.root_rank, " outside the group of ", im.world);
+  im.module = std::move(module);
+  im.assign_units(units);
+  for (auto& u : im.units) {
+    if (!live(u)) continue;
+    check_device(u.params[0], *im.group, "fully_shard");
+    to_dtype(u.params[0].scalar_type(), "fully_shard");
+    im.build_flat(u);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& b : im.module->buffers()) broadcast(b, options.root_rank, im.group);
+  im.pos_in_order.assign(im.units.size(), -1);
+  im.install_hooks();
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  impl_->wait_all_work();
+  impl_->remove_hooks();
+}
+
+torch::Tensor FullyShardedDataParallel::forward(const std::function<torch::Tensor()>& fn) {
+  auto& im = *impl_;
+  ActiveScope scope(&im);
+  im.begin_forward();
+  torch::Tensor out = fn();
+  const bool grad = torch::GradMode::is_enabled() && out.defined() && out.requires_grad();
+  if (grad) out = im.attach_pre_backward(0, out);  // the root stays whole: its backward comes first
+  im.end_forward(grad);
+  return out;
+}
+
+void FullyShardedDataParallel::Impl::mark_stale() {
+  // Whatever is whole outside forward and backward is stale: the optimizer may have stepped the
+  // shards since. Its memory is kept for the next gather.
+  for (auto& u : units) {
+    if (u.gather) ensure_whole(static_cast<size_t>(&u - units.data()));
+    if (u.state == FsdpUnit::State::whole) u.state = FsdpUnit::State::sharded;
+  }
+}
+
+void FullyShardedDataParallel::Impl::begin_forward() {
+  mark_stale();
+  // The first forward gathers every unit: one that the model does not run through run_unit()
+  // must still be whole when it is read.
+  const bool first = forwards == 0;
+  cur_order.assign(1, 0);
+  for (size_t i = 0; i < units.size(); ++i)
+    if (i == 0 || first || units[i].always_whole) start_gather(i);
+  prefetch(1);
+  for (size_t i = 0; i < units.size(); ++i)
+    if (i == 0 || first || units[i].always_whole) ensure_whole(i);
+}
+
+void FullyShardedDataParallel::Impl::end_forward(bool grad) {
+  if (!grad) release_full(units[0]);
+  if (forwards++ == 0)
+    for (size_t i = 1; i < units.size(); ++i) {
+      auto& u = units[i];
+      if (!live(u) || u.entered) continue;
+      u.always_whole = true;
+      GZ_LOG(warn, "fully_shard: unit '", u.name,
+             "' did not run through gz::run_unit() in the first forward: it stays whole on every rank");
+    }
+  // A prefetch the forward did not use (the order changed) must not outlive it.
+  for (size_t i = 0; i < units.size(); ++i)
+    if (units[i].state == FsdpUnit::State::gathering) {
+      ensure_whole(i);
+      if (!units[i].always_whole) release_full(units[i]);
+    }
+  order = cur_order;
+  pos_in_order.assign(units.size(), -1);
+  for (size_t p = 0; p < order.size(); ++p)
+    if (pos_in_order[order[p]] < 0) pos_in_order[order[p]] = static_cast<int64_t>(p);
+}
+
+torch::Tensor run_unit(const torch::nn::Module& unit, const std::function<torch::Tensor()>& fn) {
+  auto* s = active_fsdp();
+  if (!s) return fn();
+  auto it = s->unit_of_module.find(&unit);
+  if (it == s->unit_of_module.end() || s->units[it->second].params.empty()) return fn();
+  return s->run_unit(it->second, fn);
+}
+
+std::shared_ptr<FullyShardedDataParallel> fully_shard(std::shared_ptr<torch::nn::Module> module,
+                                                      std::vector<std::shared_ptr<torch::nn::Module>> units,
+                                                      comm::CommPtr group, FullyShardOptions options) {
+  return std::make_shared<FullyShardedDataParallel>(std::move(module), std::move(units), std::move(group),
+                                                    options);
+}
+
+std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (auto& u : impl_->units)
+    if (live(u)) out.push_back(u.shard);
+  return out;
+}
+
+void FullyShardedDataParallel::unshard() {
+  auto& im = *impl_;
+  GZ_CHECK_ARG(!im.in_forward, "FullyShardedDataParallel: unshard() inside forward()");
+  im.mark_stale();
+  for (size_t i = 0; i < im.units.size(); ++i) im.start_gather(i);
+  for (size_t i = 0; i < im.units.size(); ++i) im.ensure_whole(i);
+}
+
+std::vector<torch::Tensor> FullyShardedDataParallel::gather_full_parameters() {
+  auto& im = *impl_;
+  GZ_CHECK_ARG(!im.in_forward, "FullyShardedDataParallel: gather_full_parameters() inside forward()");
+  std::unordered_map<const void*, torch::Tensor> whole;
+  torch::NoGradGuard no_grad;
+  for (auto& u : im.units) {
+    if (!live(u)) continue;
+    auto flat = torch::empty({u.layout.padded(im.world)}, u.shard.options().requires_grad(false));
+    allgather_async(u.shard.detach(), flat, im.group)->wait();
+    for (size_t j = 0; j < u.params.size(); ++j)
+      whole[u.params[j].unsafeGetTensorImpl()] =
+          flat.narrow(0, u.layout.offsets[j], u.layout.numels[j]).view(u.params[j].sizes()).clone();
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : im.module->parameters()) {
+    auto it = whole.find(p.unsafeGetTensorImpl());
+    out.push_back(it != whole.end() ? it->second : p.detach().clone());
+  }
+  return out;
+}
+
+std::vector<FullyShardedDataParallel::UnitInfo> FullyShardedDataParallel::units() const {
+  std::vector<UnitInfo> out;
+  for (auto& u : impl_->units)
+    out.push_back(
+        {u.name, u.params.size(), live(u) ? u.layout.numel : 0, live(u) ? u.layout.padded(impl_->world) : 0});
+  return out;
+}
+
+FullyShardMemory FullyShardedDataParallel::memory() const {
+  FullyShardMemory m;
+  for (auto& u : impl_->units) {
+    if (!live(u)) continue;
+    m.shard_params += bytes_of(u.shard);
+    if (u.shard.grad().defined()) m.shard_grads += bytes_of(u.shard.grad());
+  }
+  m.whole_now = impl_->whole_now;
+  m.whole_peak = impl_->whole_peak;
+  return m;
+}
+
+void FullyShardedDataParallel::reset_peak() { impl_->whole_peak = impl_->whole_now; }
+
+const comm::CommPtr& FullyShardedDataParallel::group() const { return impl_->group; }
+
+FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel& fsdp) : fsdp_(fsdp) {
+  fsdp_.impl_->sync = false;
+}
+FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() { fsdp_.impl_->sync = true; }
+
+}  // namespace gz

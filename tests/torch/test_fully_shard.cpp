@@ -1,0 +1,336 @@
+// fully_shard (ZeRO stage 3): 100 steps equal plain DDP's losses at 1-4 ranks (plain, gradient
+// accumulation with and without no_sync, clipping), each rank holds a quarter of DDP's parameter,
+// gradient and optimizer memory at 4 ranks, units by size, misuse refused.
+#include <torch/optim/adamw.h>
+
+#include <optional>
+#include <unordered_set>
+
+#include "gz/core/error.h"
+#include "gz/torch/ddp.h"
+#include "gz/torch/fully_shard.h"
+#include "gz/torch/zero_redundancy_optimizer.h"
+#include "torch/support/torch_test_util.h"
+#include "torch/torch_compat.h"
+
+namespace {
+using namespace gz;
+using namespace gz::test;
+
+const bool kOneThread = [] {
+  torch::set_num_threads(1);
+  return true;
+}();
+
+constexpr int64_t kB = 4;  // rows per rank per micro-step
+
+// Residual block of two linear layers: a unit with four parameters, cut across by the shards.
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t w) {
+    a = register_module("a", torch::nn::Linear(w, w));
+    b = register_module("b", torch::nn::Linear(w, w));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + b->forward(torch::tanh(a->forward(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(Block);
+
+// in (root) -> blocks (units, run through gz::run_unit) -> head (root).
+struct StackImpl : torch::nn::Module {
+  StackImpl(int64_t width, int blocks) {
+    torch::manual_seed(99);
+    in = register_module("in", torch::nn::Linear(8, width));
+    body = register_module("body", torch::nn::ModuleList());
+    for (int i = 0; i < blocks; ++i) body->push_back(Block(width));
+    head = register_module("head", torch::nn::Linear(width, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& input) {
+    auto x = torch::tanh(in->forward(input));
+    for (const auto& m : *body) {
+      auto* blk = m->as<BlockImpl>();
+      x = run_unit(*blk, [&] { return blk->forward(x); });
+    }
+    return head->forward(x);
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> units() const {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (size_t i = 0; i < body->size(); ++i) out.push_back(body->ptr(i));
+    return out;
+  }
+  torch::nn::Linear in{nullptr}, head{nullptr};
+  torch::nn::ModuleList body{nullptr};
+};
+TORCH_MODULE(Stack);
+
+struct Config {
+  int micro = 1;
+  bool no_sync = false;
+  double clip = 0;
+  int64_t width = 24;
+  int blocks = 3;
+};
+
+struct TrainRun {
+  std::vector<double> losses;         // rank 0's, every micro-step
+  std::vector<torch::Tensor> params;  // rank 0's at the end
+  int64_t live_bytes = 0;             // rank 0's parameters + gradients + optimizer state
+  FullyShardMemory mem;               // FSDP only
+};
+
+// The optimizer's state-map key of `p` (a string in LibTorch 1.x, the TensorImpl in 2.x).
+template <typename Opt>
+auto zero_key(Opt& opt, const torch::Tensor& p) {
+  return torch_compat::state_key(opt.state(), p);
+}
+
+torch::optim::AdamWOptions adamw() { return torch::optim::AdamWOptions(3e-3).weight_decay(0.01); }
+
+// Bytes of the distinct storages behind `ts` (and their .grad): what the tensors really hold.
+int64_t storage_bytes(const std::vector<torch::Tensor>& ts) {
+  std::unordered_set<const void*> seen;
+  int64_t bytes = 0;
+  for (const auto& t : ts)
+    for (const auto& x : {t, t.grad()})
+      if (x.defined() && seen.insert(x.storage().unsafeGetStorageImpl()).second)
+        bytes += static_cast<int64_t>(x.storage().nbytes());
+  return bytes;
+}
+
+template <typename Forward, typename Clip>
+void train(
+    torch::optim::Optimizer& opt, const Config& c, const Data& d, int steps, int r, TrainRun& run,
+    Forward forward, Clip clip, const std::function<std::optional<std::shared_ptr<void>>()>& no_sync,
+    const std::function<void()>& after_step = [] {}) {
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    for (int k = 0; k < c.micro; ++k) {
+      const int i = s * c.micro + k;
+      std::optional<std::shared_ptr<void>> guard;
+      if (c.no_sync && k + 1 < c.micro) guard = no_sync();
+      auto loss = torch::mse_loss(forward(shard(d.x[i], r, kB)), shard(d.y[i], r, kB));
+      loss.backward();
+      if (r == 0) run.losses.push_back(loss.template item<double>());
+    }
+    if (c.clip > 0) clip(c.clip);
+    opt.step();
+    after_step();
+  }
+}
+
+// One model per rank, made on the calling thread: their constructor seeds the global RNG, which
+// rank threads would race on (and start DDP and stage 3 from different weights).
+std::vector<Stack> make_stacks(int n, const Config& c) {
+  std::vector<Stack> out;
+  for (int i = 0; i < n; ++i) out.emplace_back(c.width, c.blocks);
+  return out;
+}
+
+TrainRun run_ddp(int world, const Config& c, const Data& d, int steps) {
+  TrainRun out;
+  auto models = make_stacks(world, c);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    DistributedDataParallel ddp(m.ptr(), g);
+    torch::optim::AdamW opt(m->parameters(), adamw());
+    TrainRun run;
+    train(
+        opt, c, d, steps, r, run,
+        [&](const torch::Tensor& x) { return ddp.forward([&] { return m->forward(x); }); },
+        [&](double max) { torch::nn::utils::clip_grad_norm_(m->parameters(), max); },
+        [&]() -> std::optional<std::shared_ptr<void>> {
+          return std::make_shared<DistributedDataParallel::NoSyncGuard>(ddp.reducer());
+        });
+    if (r != 0) return;
+    run.live_bytes = storage_bytes(m->parameters()) + optimizer_state_bytes(opt);
+    for (auto& p : m->parameters()) run.params.push_back(p.detach().clone());
+    out = std::move(run);
+  });
+  return out;
+}
+
+TrainRun run_fsdp(int world, const Config& c, const Data& d, int steps, FullyShardOptions fo = {}) {
+  TrainRun out;
+  std::vector<std::vector<torch::Tensor>> params(world);
+  auto models = make_stacks(world, c);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    auto fsdp = fully_shard(m.ptr(), m->units(), g, fo);
+    torch::optim::AdamW opt(fsdp->parameters(), adamw());
+    TrainRun run;
+    train(
+        opt, c, d, steps, r, run,
+        [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); },
+        [&](double max) { fsdp->clip_grad_norm_(max); },
+        [&]() -> std::optional<std::shared_ptr<void>> {
+          return std::make_shared<FullyShardedDataParallel::NoSyncGuard>(*fsdp);
+        },
+        // The first forward gathers every unit (it learns which ones the model runs): the peak
+        // that matters is a later step's.
+        [&, done = 0]() mutable {
+          if (++done == 1) fsdp->reset_peak();
+        });
+    run.live_bytes =
+        storage_bytes(m->parameters()) + storage_bytes(fsdp->parameters()) + optimizer_state_bytes(opt);
+    run.mem = fsdp->memory();
+    params[r] = fsdp->gather_full_parameters();
+    if (r == 0) out = std::move(run);
+  });
+  for (int r = 1; r < world; ++r)
+    for (size_t i = 0; i < params[0].size(); ++i)
+      EXPECT_TRUE(torch::equal(params[r][i], params[0][i])) << "rank " << r << " parameter " << i;
+  out.params = params[0];
+  return out;
+}
+
+double max_rel(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double scale = std::max(b[i].abs().max().item<double>(), 1e-12);
+    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+void expect_same_training(int world, const Config& c) {
+  const int steps = 100;
+  auto d = make_data(steps * c.micro, world * kB);
+  const TrainRun ref = run_ddp(world, c, d, steps);
+  const TrainRun got = run_fsdp(world, c, d, steps);
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  std::vector<torch::Tensor> start;
+  for (auto& p : Stack(c.width, c.blocks)->parameters()) start.push_back(p.detach().clone());
+  ASSERT_GT(max_rel(ref.params, start), 1e-2) << "training did not move the parameters";
+  double worst = 0;
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    worst = std::max(worst, std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
+  EXPECT_LE(worst, 1e-5) << "losses differ from DDP's";
+  EXPECT_LE(max_rel(got.params, ref.params), 1e-4) << "parameters differ from DDP's";
+}
+
+class FullyShardVsDdp : public ::testing::TestWithParam<int> {};
+
+TEST_P(FullyShardVsDdp, LossesEqualDdpFor100Steps) { expect_same_training(GetParam(), Config{}); }
+
+TEST_P(FullyShardVsDdp, AccumulationWithNoSyncEqualsDdp) {
+  Config c;
+  c.micro = 2;
+  c.no_sync = true;
+  expect_same_training(GetParam(), c);
+}
+
+// Every micro-step reduce-scatters and adds to the shard's gradient.
+TEST_P(FullyShardVsDdp, AccumulationWithoutNoSyncEqualsDdp) {
+  Config c;
+  c.micro = 2;
+  expect_same_training(GetParam(), c);
+}
+
+// A small max norm: clipping scales every step, by the norm over every rank's shards.
+TEST_P(FullyShardVsDdp, ClippingByGlobalNormEqualsDdp) {
+  Config c;
+  c.clip = 0.05;
+  expect_same_training(GetParam(), c);
+}
+
+INSTANTIATE_TEST_SUITE_P(FullyShard, FullyShardVsDdp, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "w" + std::to_string(i.param);
+                         });
+
+// Parameters + gradients + AdamW state per rank, from the live tensors after a step.
+TEST(FullyShard, FourRanksHoldAQuarterOfDdpsMemory) {
+  Config c;
+  c.width = 128;
+  c.blocks = 4;
+  auto d = make_data(3, 4 * kB);
+  const TrainRun ddp = run_ddp(4, c, d, 3);
+  const TrainRun fsdp = run_fsdp(4, c, d, 3);
+  const double ratio = static_cast<double>(fsdp.live_bytes) / static_cast<double>(ddp.live_bytes);
+  std::cout << "live bytes per rank: DDP " << ddp.live_bytes << ", fully_shard " << fsdp.live_bytes << " ("
+            << ratio << "x); whole peak during a step " << fsdp.mem.whole_peak << "\n";
+  EXPECT_LE(ratio, 0.30);
+  EXPECT_EQ(fsdp.mem.whole_now, 0) << "whole parameters or gradients left after the step";
+  // Parameters + gradients whole at once: never the model's (a unit or two, the root, a prefetch).
+  const int64_t model_bytes = ddp.live_bytes / 4;  // AdamW: params, grads, 2 moments
+  EXPECT_LE(fsdp.mem.whole_peak, model_bytes) << "more than one model's worth whole at once";
+}
+
+TEST(FullyShard, WithoutPrefetchOrReshardTrainsTheSame) {
+  const int world = 2, steps = 20;
+  Config c;
+  auto d = make_data(steps, world * kB);
+  const TrainRun ref = run_fsdp(world, c, d, steps);
+  FullyShardOptions fo;
+  fo.prefetch = false;
+  fo.reshard_after_forward = false;
+  const TrainRun got = run_fsdp(world, c, d, steps, fo);
+  EXPECT_EQ(got.losses, ref.losses);
+}
+
+// The unsharded optimizer state (what checkpoints hold) cut back into shards is the state the
+// shards had: rank 0 consolidates, then rebuilds its shards from the whole state, rank 1 restores.
+TEST(FullyShard, OptimizerStateUnshardsAndShardsBack) {
+  const int world = 2;
+  Config c;
+  auto d = make_data(4, world * kB);
+  auto models = make_stacks(world, c);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    auto fsdp = fully_shard(m.ptr(), m->units(), g);
+    torch::optim::AdamW opt(fsdp->parameters(), adamw());
+    TrainRun run;
+    train(
+        opt, c, d, 4, r, run,
+        [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); }, [](double) {},
+        [] { return std::optional<std::shared_ptr<void>>(); });
+    std::vector<torch::Tensor> moments;  // exp_avg of each shard, in parameters() order
+    for (auto& s : fsdp->parameters())
+      moments.push_back(
+          static_cast<torch::optim::AdamWParamState&>(*opt.state().at(zero_key(opt, s))).exp_avg().clone());
+    fsdp->unshard_optimizer(opt, 0);
+    const auto whole = m->parameters();
+    EXPECT_EQ(opt.param_groups()[0].params().size(), whole.size());
+    EXPECT_EQ(opt.state().size(), r == 0 ? whole.size() : 0u);
+    if (r == 0) {
+      auto& first = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(zero_key(opt, whole[0])));
+      EXPECT_EQ(first.exp_avg().sizes(), whole[0].sizes());
+      fsdp->shard_optimizer(opt);
+    } else {
+      fsdp->restore_optimizer(opt);
+    }
+    const auto shards = fsdp->parameters();
+    ASSERT_EQ(opt.state().size(), shards.size());
+    for (size_t i = 0; i < shards.size(); ++i)
+      EXPECT_TRUE(torch::equal(
+          static_cast<torch::optim::AdamWParamState&>(*opt.state().at(zero_key(opt, shards[i]))).exp_avg(),
+          moments[i]))
+          << "rank " << r << " shard " << i;
+  });
+}
+
+TEST(FullyShard, UnitsBySizeTakeTheBlocks) {
+  Stack m(24, 3);
+  // A block holds 2 * (24 * 24 + 24) floats = 4800 bytes; the root's layers are smaller.
+  auto units = units_by_size(m.ptr(), 4000);
+  ASSERT_EQ(units.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(units[i].get(), m->body->ptr(i).get());
+  EXPECT_EQ(units_by_size(m.ptr(), 1 << 20).size(), 0u);
+}
+
+TEST(FullyShard, MisuseIsReported) {
+  run_ranks(1, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, 1, store);
+    Stack m(8, 2);
+    Stack other(8, 1);
+    EXPECT_THROW(fully_shard(m.ptr(), {other->body->ptr(0)}, g), InvalidArgument);  // not a submodule
+    EXPECT_THROW(fully_shard(m.ptr(), {m.ptr()}, g), InvalidArgument);              // the root itself
+    Stack mixed(8, 1);
+    mixed->body->ptr(0)->as<BlockImpl>()->b->to(torch::kDouble);
+    EXPECT_THROW(fully_shard(mixed.ptr(), mixed->units(), g), InvalidArgument);  // two dtypes in a unit
+  });
+}
+
+}  // namespace
