@@ -1,7 +1,9 @@
 // gz-train: train a classifier from a YAML config, one process or many under gzrun.
 //   gz-train --config configs/fashion_mnist.yaml [--key value | --key=value ...]
 //   gzrun --nproc-per-node 2 gz-train --config configs/fashion_mnist.yaml
+#include <signal.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +19,16 @@
 #include "gz/train/trainer.h"
 
 namespace {
+
+// TEST ONLY: SIGKILL this process when step `step` begins (its peers are then inside that step's
+// collectives): a worker lost without any chance to clean up.
+struct KillAtStep : gz::train::Callback {
+  explicit KillAtStep(int64_t s) : step(s) {}
+  void on_step_begin(gz::train::Trainer& t) override {
+    if (t.state().step == step) ::kill(::getpid(), SIGKILL);
+  }
+  int64_t step;
+};
 
 void usage(std::ostream& os) {
   os << "usage: gz-train --config FILE [--key value | --key=value ...]\n"
@@ -81,6 +93,10 @@ int main(int argc, char** argv) {
     if (crash_step > 0 && env.get_int("GZ_RESTART_COUNT", 0) == 0 &&
         env.get_int("GZ_TRAIN_CRASH_RANK", 0) == rank)
       trainer.set_crash_at_step(crash_step);
+    long long kill_step = env.get_int("GZ_TRAIN_KILL_AT_STEP", -1);
+    if (kill_step > 0 && env.get_int("GZ_RESTART_COUNT", 0) == 0 &&
+        env.get_int("GZ_TRAIN_CRASH_RANK", 0) == rank)
+      trainer.add_callback(std::make_shared<KillAtStep>(kill_step));
     // TEST ONLY: a rank whose data phase is slower (GZ_TEST_SLOW_DATA_MS), for the straggler tests.
     if (auto slow = gz::train::make_test_fault_injection(env)) trainer.add_callback(slow);
     trainer.train();

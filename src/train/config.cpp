@@ -105,6 +105,8 @@ std::vector<Field> fields(TrainConfig& c) {
       {"eval_steps", Kind::Int, &c.eval_steps, at_least<int64_t>(&c.eval_steps, 0)},
       {"save_steps", Kind::Int, &c.save_steps, at_least<int64_t>(&c.save_steps, 0)},
       {"save_total_limit", Kind::Int, &c.save_total_limit, at_least<int64_t>(&c.save_total_limit, 1)},
+      {"snapshot_every", Kind::Int, &c.snapshot_every, at_least<int64_t>(&c.snapshot_every, 0)},
+      {"snapshot_dir", Kind::String, &c.snapshot_dir, none},
       {"metric_for_best_model", Kind::String, &c.metric_for_best_model,
        one_of(&c.metric_for_best_model, {"test_accuracy", "test_loss", "train_loss"})},
       {"greater_is_better", Kind::Bool, &c.greater_is_better, none},

@@ -200,6 +200,7 @@ void Trainer::setup() {
       callbacks_.push_back(std::make_shared<EarlyStopping>(c.early_stopping_patience, c.early_stopping_threshold));
   }
   if (c.log_samples) callbacks_.push_back(std::make_shared<SampleLog>());
+  setup_snapshots();
   for (auto& cb : user_callbacks_) callbacks_.push_back(cb);
   impl_->set_up = true;
 }
@@ -211,6 +212,19 @@ std::vector<size_t> Trainer::epoch_order(int64_t epoch) const {
   std::mt19937_64 rng(mix(static_cast<uint64_t>(config_.seed), static_cast<uint64_t>(epoch)));
   for (size_t i = n; i > 1; --i) std::swap(perm[i - 1], perm[rng() % i]);  // Fisher-Yates, portable
   return perm;
+}
+
+std::vector<std::vector<size_t>> Trainer::epoch_batches(const EpochPlan& plan, int64_t epoch,
+                                                        size_t steps) const {
+  const std::vector<size_t> order = epoch_order(epoch);
+  std::vector<std::vector<size_t>> batches;
+  batches.reserve(steps * static_cast<size_t>(impl_->plan.accumulation));
+  for (size_t k = 0; k < steps; ++k)
+    for (auto& mb : plan.micro_batches(k)) {
+      for (auto& pos : mb) pos = order[pos];
+      batches.push_back(std::move(mb));
+    }
+  return batches;
 }
 
 void Trainer::plan_steps(int64_t reference) {
@@ -364,6 +378,36 @@ std::map<std::string, double> Trainer::evaluate() {
   return out;
 }
 
+void Trainer::run_eval() {
+  const auto& c = config_;
+  Stopwatch eval_clock;
+  auto m = evaluate();
+  impl_->eval_seconds += eval_clock.seconds();
+  if (m.empty()) return;
+  impl_->last_eval_step = state_.step;
+  state_.metrics = m;
+  state_.metrics["train_loss"] = state_.loss;
+  // Time-to-accuracy logs subtract evaluation time; bytes this rank handed to collectives.
+  state_.metrics["eval_seconds"] = impl_->eval_seconds;
+  if (group_)
+    state_.metrics["comm_bytes_per_step"] = static_cast<double>(impl_->comm.bytes()) /
+                                            static_cast<double>(std::max<int64_t>(1, state_.step - impl_->first_step));
+  auto it = state_.metrics.find(c.metric_for_best_model);
+  if (it != state_.metrics.end()) {
+    double v = it->second;
+    bool first = std::isnan(state_.best_metric);
+    double delta = c.greater_is_better ? v - state_.best_metric : state_.best_metric - v;
+    if (first || delta > c.early_stopping_threshold) {
+      state_.best_metric = v;
+      state_.best_step = state_.step;
+      state_.evals_without_improvement = 0;
+    } else {
+      ++state_.evals_without_improvement;
+    }
+  }
+  for (auto& cb : callbacks_) cb->on_evaluate(*this);
+}
+
 std::map<std::string, double> Trainer::train() {
   setup();
   impl_->clock.reset();
@@ -375,6 +419,8 @@ std::map<std::string, double> Trainer::train() {
     save_config(c, (fs::path(c.work_dir) / "config.yaml").string());
   }
   maybe_resume();
+  // Snapshots newer than this run's start (another run's, or refused) would outrank its own.
+  if (impl_->snapshot_writer && !restored_snapshot_) impl_->snapshots->remove_all();
   if (c.log_samples) {
     // One id per launch, the same on every rank (rank 0's clock), naming this session's sample logs.
     const auto now = std::chrono::system_clock::now().time_since_epoch();
@@ -384,34 +430,6 @@ std::map<std::string, double> Trainer::train() {
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
 
   impl_->first_step = state_.step;
-  auto run_eval = [&] {
-    Stopwatch eval_clock;
-    auto m = evaluate();
-    impl_->eval_seconds += eval_clock.seconds();
-    if (m.empty()) return;
-    impl_->last_eval_step = state_.step;
-    state_.metrics = m;
-    state_.metrics["train_loss"] = state_.loss;
-    // Time-to-accuracy logs subtract evaluation time; bytes this rank handed to collectives.
-    state_.metrics["eval_seconds"] = impl_->eval_seconds;
-    if (group_)
-      state_.metrics["comm_bytes_per_step"] = static_cast<double>(impl_->comm.bytes()) /
-                                              static_cast<double>(std::max<int64_t>(1, state_.step - impl_->first_step));
-    auto it = state_.metrics.find(c.metric_for_best_model);
-    if (it != state_.metrics.end()) {
-      double v = it->second;
-      bool first = std::isnan(state_.best_metric);
-      double delta = c.greater_is_better ? v - state_.best_metric : state_.best_metric - v;
-      if (first || delta > c.early_stopping_threshold) {
-        state_.best_metric = v;
-        state_.best_step = state_.step;
-        state_.evals_without_improvement = 0;
-      } else {
-        ++state_.evals_without_improvement;
-      }
-    }
-    for (auto& cb : callbacks_) cb->on_evaluate(*this);
-  };
 
   const size_t n = train_data_->size();
   while (state_.step < state_.total_steps && !state_.should_stop) {
@@ -427,16 +445,9 @@ std::map<std::string, double> Trainer::train() {
     }
     if (state_.epoch_samples == 0)
       for (auto& cb : callbacks_) cb->on_epoch_begin(*this);
-    const std::vector<size_t> order = epoch_order(epoch);
     const size_t steps =
         std::min<size_t>(plan.steps(), static_cast<size_t>(state_.total_steps - state_.step));
-    std::vector<std::vector<size_t>> batches;
-    batches.reserve(steps * static_cast<size_t>(p.accumulation));
-    for (size_t k = 0; k < steps; ++k)
-      for (auto& mb : plan.micro_batches(k)) {
-        for (auto& pos : mb) pos = order[pos];
-        batches.push_back(std::move(mb));
-      }
+    std::vector<std::vector<size_t>> batches = epoch_batches(plan, epoch, steps);
     DataLoader::Transform transform;
     if (c.augment) {
       const uint64_t seed = mix(static_cast<uint64_t>(c.seed) + 1, static_cast<uint64_t>(epoch));
@@ -460,6 +471,7 @@ std::map<std::string, double> Trainer::train() {
       state_.samples_seen += p.global_batch;
       if (c.eval_steps > 0 && state_.step % c.eval_steps == 0) run_eval();
       for (auto& cb : callbacks_) cb->on_step_end(*this);
+      if (impl_->snapshot_writer && state_.step % c.snapshot_every == 0) take_snapshot();
       if (state_.step == crash_at_step_)
         GZ_THROW(Aborted, "rank ", rank_, ": simulated crash after step ", state_.step);
     }
@@ -473,6 +485,7 @@ std::map<std::string, double> Trainer::train() {
   }
   if (impl_->last_eval_step != state_.step) run_eval();
   for (auto& cb : callbacks_) cb->on_train_end(*this);
+  finish_snapshots(state_.step >= state_.total_steps);
   return state_.metrics;
 }
 

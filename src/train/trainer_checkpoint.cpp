@@ -65,6 +65,28 @@ void Trainer::agree(std::exception_ptr error, const std::string& what) {
   GZ_THROW(Error, "rank ", rank_, ": ", what, " failed on rank(s) ", ranks, ": ", message);
 }
 
+void Trainer::write_state(torch::serialize::OutputArchive& root) {
+  torch::serialize::OutputArchive model_archive, opt_archive, scaler_archive;
+  save_module_state(*model_, model_archive);
+  root.write("model", model_archive);
+  impl_->strategy->optimizer().save(opt_archive);
+  root.write("optimizer", opt_archive);
+  impl_->scaler->save(scaler_archive);
+  root.write("scaler", scaler_archive);
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    root.write("rng_cpu", gen.get_state());
+  }
+  root.write("counters",
+             torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
+                            static_cast<int64_t>(world_), state_.total_steps, config_.batch_size,
+                            config_.gradient_accumulation_steps, state_.epoch_samples, state_.samples_seen,
+                            impl_->plan.reference_global_batch},
+                           torch::kInt64));
+  root.write("best_metric", torch::tensor({state_.best_metric}, torch::kFloat64));
+}
+
 std::string Trainer::save_checkpoint() {
   gz::ScopedPhase phase(gz::Phase::checkpoint);
   std::string dir;
@@ -73,25 +95,7 @@ std::string Trainer::save_checkpoint() {
   if (is_main()) {
     try {
       torch::serialize::OutputArchive root;
-      torch::serialize::OutputArchive model_archive, opt_archive, scaler_archive;
-      save_module_state(*model_, model_archive);
-      root.write("model", model_archive);
-      impl_->strategy->optimizer().save(opt_archive);
-      root.write("optimizer", opt_archive);
-      impl_->scaler->save(scaler_archive);
-      root.write("scaler", scaler_archive);
-      {
-        auto gen = at::detail::getDefaultCPUGenerator();
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        root.write("rng_cpu", gen.get_state());
-      }
-      root.write("counters",
-                 torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
-                                static_cast<int64_t>(world_), state_.total_steps, config_.batch_size,
-                                config_.gradient_accumulation_steps, state_.epoch_samples,
-                                state_.samples_seen, impl_->plan.reference_global_batch},
-                               torch::kInt64));
-      root.write("best_metric", torch::tensor({state_.best_metric}, torch::kFloat64));
+      write_state(root);
       auto metrics = state_.metrics;
       metrics["train_loss"] = state_.loss;
       dir = impl_->checkpoints->save(root, state_.step, state_.epoch, metrics);
@@ -181,6 +185,10 @@ void Trainer::maybe_resume() {
   std::optional<CheckpointInfo> info;
   std::exception_ptr error;
   std::string path = r;
+  if (r == "auto" && impl_->snapshots && restore_snapshot()) {
+    restored_snapshot_ = true;
+    return;
+  }
   if (r == "auto") {
     int64_t step = kNone;
     if (is_main()) {

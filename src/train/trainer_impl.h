@@ -11,6 +11,7 @@
 #include "gz/train/checkpoint.h"
 #include "gz/train/elastic_batch.h"
 #include "gz/train/parallel_strategy.h"
+#include "gz/train/recovery/snapshot_store.h"
 #include "gz/train/scheduler.h"
 #include "gz/train/trainer.h"
 
@@ -34,6 +35,12 @@ struct Trainer::Impl {
   CommAlgorithms comm;
   double eval_seconds = 0;
   int64_t first_step = 0;
+  // In-memory snapshots (snapshot_every): the node's folder, its writer on local rank 0 (the
+  // writer refers to the store: declared after it, destroyed before it).
+  std::unique_ptr<SnapshotStore> snapshots;
+  std::unique_ptr<SnapshotWriter> snapshot_writer;
+  double snapshot_seconds = 0;  // spent on the training thread (serializing)
+  int64_t snapshots_taken = 0;
 };
 
 }  // namespace gz::train

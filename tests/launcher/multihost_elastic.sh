@@ -8,6 +8,11 @@
 #               resumed from the last checkpoint); then host 2's gzrun is started again and is
 #               admitted at round 2 (3 nodes). The job must finish, and CHECKER must find every
 #               epoch read each sample exactly once across the 3 -> 2 -> 3 worlds.
+#     snapshot  as resize, with in-memory snapshots every step and disk checkpoints only at epoch
+#               ends: host 2 is lost whole (gzrun and worker SIGKILLed, its /dev/shm wiped); the
+#               survivors must restore the snapshot of the last step (at most 1 step redone per
+#               restart); host 2 comes back with an empty /dev/shm and gets the snapshot from a
+#               peer over the network.
 #     belowmin  2 hosts, --nnodes 2:3 (gzrun_test_worker job): the job starts with 2 nodes after
 #               the join window; host 1's gzrun is SIGKILLed: host 0 must give up within the bound,
 #               saying that fewer than MIN nodes are left, and exit 1.
@@ -23,10 +28,12 @@ for f in "$cluster" "$gzrun" "$worker" "$checker"; do [ -x "$f" ] || { echo "FAI
 "$cluster" check || exit $?
 
 hb=${HB:-3}
+log_level=warn
+[ "$scenario" = snapshot ] && log_level=info  # the restores' log lines
 bound_ms=$(((hb + 2) * 1000))
 port=29500
 case $scenario in
-  resize)
+  resize|snapshot)
     [ -x "$gztrain" ] || { echo "SKIP: gz-train not built ($gztrain)"; exit 77; }
     [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
       { echo "SKIP: Fashion-MNIST not installed (dataset-fashion-mnist)"; exit 77; }
@@ -75,7 +82,7 @@ start_node() {
   k=$starts
   starts=$((starts + 1))
   (
-    "${C[@]}" run "$i" env -u GZ_NODE_ID GZ_RDZV_TOKEN="el-test-$$" GZ_TIMEOUT_S=20 \
+    "${C[@]}" run "$i" env -u GZ_NODE_ID GZ_RDZV_TOKEN="el-test-$$" GZ_TIMEOUT_S=20 GZ_LOG_LEVEL="$log_level" \
       sh -c 'echo $$ >"$0"; exec "$@"' "$dir/gzpid_$i.$k" \
       "$gzrun" --nnodes "${nnodes:-2:3}" --master-addr "$master" --master-port $port --nproc-per-node 1 --rdzv-timeout 30 \
       --rdzv-join-window 1 --heartbeat-timeout "$hb" --grace-period 1 --max-restarts 2 -- "${program[@]}" \
@@ -143,23 +150,38 @@ if [ "$scenario" = ghost ]; then
   exit 0
 fi
 
-# resize: 3 -> 2 -> 3 with gz-train.
+# resize (and snapshot): 3 -> 2 -> 3 with gz-train.
 program=("$gztrain" --config "$config" --work_dir "$dir/work" --num_epochs 3)
+[ "$scenario" = snapshot ] && program+=(--snapshot_every 1 --save_steps 0)
+rank0_steps() {  # rank 0's sample log of the newest session has more than $1 steps
+  local f
+  f=$(ls -t "$dir"/work/samples/session-*-rank0.txt 2>/dev/null | head -n 1)
+  [ -n "$f" ] && [ "$(wc -l <"$f")" -gt "$1" ]
+}
 start_node 0; k0=$k
 start_node 1; k1=$k
 start_node 2; k2=$k
 for i in 0 1 2; do wait_for 60 "host $i in round 0 with 3 nodes" in_log $i 'elastic round 0: node . of 3'; done
-wait_for 90 "a checkpoint at step 15" test -d "$dir/work/checkpoints/checkpoint-00000015"
+if [ "$scenario" = snapshot ]; then
+  wait_for 90 "round 0 to train 17 steps" rank0_steps 17
+else
+  wait_for 90 "a checkpoint at step 15" test -d "$dir/work/checkpoints/checkpoint-00000015"
+fi
 survivors="$(pgrep -P "$(cat "$dir/gzpid_0.$k0")") $(pgrep -P "$(cat "$dir/gzpid_1.$k1")")"
 victim=$(cat "$dir/gzpid_2.$k2")
 t0=$(now_ns)
 kill -9 "$victim" $(pgrep -P "$victim")
+[ "$scenario" = snapshot ] && "${C[@]}" run 2 sh -c 'rm -rf /dev/shm/gz-snapshots-*'  # the node is gone
 # Every survivor's worker stops (raises, or gzrun stops it) within the bound.
 wait_for 20 "the survivors' round-0 workers to stop" gone $survivors
 stop_ms=$(ms_since "$t0")
 [ "$stop_ms" -le "$bound_ms" ] || fail "survivors' workers stopped $stop_ms ms after the fault (bound $bound_ms ms)"
 for i in 0 1; do wait_for 30 "host $i in round 1 with 2 nodes" in_log $i 'elastic round 1: node . of 2'; done
 for i in 0 1; do in_log $i 'job failure in round 0: ' || fail "host $i reports no failure of round 0"; done
+if [ "$scenario" = snapshot ]; then
+  any_log() { cat "$dir"/host*.log 2>/dev/null | grep -q "$1"; }
+  wait_for 60 "round 1 to restore a snapshot" any_log 'restored the snapshot of step .* held by [12] of 2 rank'
+fi
 # Round 1 trains on 2 ranks for a while (its sample log grows), then host 2 comes back.
 round1_steps() {
   local f
@@ -184,7 +206,18 @@ for f in "rc_0.$k0" "rc_1.$k1" "rc_2.$k2b"; do
 done
 final=$(grep -ho 'final: test_accuracy=[0-9.]*' "$dir"/host*.log | tail -n 1)
 [ -n "$final" ] || fail "no final evaluation line"
-audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size 4800 --epochs 3 --worlds 3,2,3) || fail "$audit"
+audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size 4800 --epochs 3 --worlds 3,2,3 2>&1) || fail "$audit"
+if [ "$scenario" = snapshot ]; then
+  # Round 2: host 2's folder is empty, a peer sends it the snapshot.
+  any_log 'restored the snapshot of step .* held by [12] of 3 rank(s), sent by rank' ||
+    fail "round 2 did not send the snapshot to the returning node: $(grep 'restored\|resumed' "$dir/host0.log")"
+  redone=$(echo "$audit" | sed -n 's/.*; \([0-9]*\) step(s) run twice.*/\1/p')
+  [ -n "$redone" ] && [ "$redone" -le 2 ] || fail "$redone steps redone over 2 restarts (at most 1 each): $audit"
+  restores=$(grep -h 'restored the snapshot' "$dir"/host*.log | sed 's/.*\] //' | tr '\n' ';')
+  echo "PASS: snapshot: node 2 lost whole mid-epoch, survivors restored in round 1, node 2 back with an" \
+    "empty /dev/shm got the snapshot over the network in round 2 ($restores) -> finished ($final); $audit"
+  exit 0
+fi
 echo "PASS: resize: 3 nodes -> node 2 SIGKILLed: survivors' workers stopped in $stop_ms ms (bound $bound_ms ms)," \
   "2 nodes in round 1 -> node 2 back: admitted, 3 nodes in round 2 after $admit_ms ms -> finished ($final);" \
   "$audit"

@@ -8,6 +8,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,12 +108,28 @@ class Trainer {
   void train_step(class DataLoader& loader, int64_t accumulation, int64_t global_batch);
   /// @brief The epoch's order of the training set (a permutation depending on seed and epoch).
   std::vector<size_t> epoch_order(int64_t epoch) const;
+  /// @brief This rank's micro-batches (dataset indices) of the next `steps` steps of `plan`.
+  std::vector<std::vector<size_t>> epoch_batches(const class EpochPlan& plan, int64_t epoch,
+                                                 size_t steps) const;
   /// @brief Global batch, accumulation, steps and lr schedule on this world; `reference` = the
   /// first launch's global batch (0 = this is it). Called by setup() and after a resume.
   void plan_steps(int64_t reference);
   void maybe_resume();
+  // Evaluate, record the metrics and the best one, tell the callbacks.
+  void run_eval();
+  // The archive of a checkpoint or snapshot: model, optimizer, scaler, RNG, counters.
+  void write_state(torch::serialize::OutputArchive& root);
+  // In-memory snapshots (src/train/recovery/trainer_snapshot.cpp). restore_snapshot() is
+  // collective: false when no rank holds one, the disk checkpoint is newer, or it cannot be read.
+  void setup_snapshots();
+  void take_snapshot();
+  bool restore_snapshot();
+  std::optional<std::string> read_snapshot(int64_t step, int source, bool all_hold);
+  void finish_snapshots(bool completed);
+  uint64_t snapshot_fingerprint() const;
   // Apply an opened checkpoint archive (`file` names it in errors).
-  void apply_checkpoint(torch::serialize::InputArchive& root, const CheckpointInfo& info, const std::string& file);
+  void apply_checkpoint(torch::serialize::InputArchive& root, const CheckpointInfo& info,
+                        const std::string& file);
   // Collective: an all-reduce of per-rank failure flags. If any rank failed, every rank throws: a
   // failing rank its own exception, the others a gz::Error quoting the lowest failing rank's.
   void agree(std::exception_ptr error, const std::string& what);
@@ -133,6 +150,7 @@ class Trainer {
   int64_t crash_at_step_ = -1;
   std::vector<size_t> step_samples_;
   int64_t session_id_ = 0;
+  bool restored_snapshot_ = false;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# In-memory snapshots (issue 22): what a SIGKILLed worker costs with and without them, and what
+# taking one every step costs. gz-train under gzrun --nproc-per-node 2 (DDP over shm), for the cnn
+# of configs/fashion_mnist.yaml and bert_small (generated text lines).
+#
+# recovery  per model: an uninterrupted run (REF), then rank 1 SIGKILLed as step KILL begins
+#           (gzrun --max-restarts 1 restarts both ranks): DISK restarts from the disk checkpoint
+#           (cnn: the config's one per epoch; bert_small: every BERT_SAVE steps), SNAP with
+#           snapshot_every 1. Seconds lost = the run's wall time - REF's (same round); steps
+#           redone from the sample audit (tests/train/check_sample_log.py).
+# cost      per model, ROUNDS rounds of ON (snapshot_every 1), OFF, OFF2 (OFF again: the control),
+#           order reversed every other round; throughput = steps/s between the history rows of
+#           step WARMUP and the last step.
+#
+#   flock /work/.bench.lock bench/run_snapshot_bench.sh [BUILD_DIR]
+#   env: PARTS ("recovery cost"), MODELS ("cnn bert_small"), ROUNDS (4), CNN_STEPS (300),
+#        BERT_STEPS (60), WARMUP (10), CNN_KILL (307, of 468 steps), BERT_KILL (70 of 100),
+#        BERT_SAVE (50), KEEP (a directory for every run's output)
+set -euo pipefail
+. "$(dirname "$0")/autogroup.sh"
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-${GZ_BUILD_DIR:-$root/build}}
+PARTS=${PARTS:-"recovery cost"}
+MODELS=${MODELS:-"cnn bert_small"}
+ROUNDS=${ROUNDS:-4}
+CNN_STEPS=${CNN_STEPS:-300}
+BERT_STEPS=${BERT_STEPS:-60}
+WARMUP=${WARMUP:-10}
+CNN_KILL=${CNN_KILL:-307}
+BERT_KILL=${BERT_KILL:-70}
+BERT_SAVE=${BERT_SAVE:-50}
+gzrun=$build/tools/gzrun/gzrun
+train=$build/apps/gz-train/gz-train
+for f in "$gzrun" "$train"; do [ -x "$f" ] || { echo "missing $f: build first" >&2; exit 1; }; done
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GZ_LOG_LEVEL=info  # info: the restore and cost lines
+work=${KEEP:-$(mktemp -d)}
+mkdir -p "$work"
+echo "runs: $work; build: $build ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+echo "start: $(date -u '+%F %T') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+mkdir -p "$work/text"  # bert_small's data: "label<TAB>words", 4 classes, 4000 + 200 lines
+awk -v dir="$work/text" 'BEGIN { srand(7); for (f = 0; f < 2; ++f) { n = f ? 200 : 4000;
+  out = dir "/" (f ? "test.tsv" : "train.tsv");
+  for (i = 0; i < n; ++i) { c = int(rand() * 4); line = c "\t";
+    for (w = 0; w < 48; ++w) line = line sprintf("w%d ", int(rand() * 500) + 500 * (rand() < 0.3 ? c : 0));
+    print line > out } } }'
+
+args_of() {  # MODEL -> gz-train arguments
+  case $1 in
+    cnn) echo "--config $root/configs/fashion_mnist.yaml --test_limit 2000" ;;
+    bert_small) echo "--dataset text_lines --train_data $work/text --test_data $work/text --net_type bert_small \
+      --input_size 64 --num_classes 4 --batch_size 8 --eval_batch_size 64 --test_limit 200 --mode ddp \
+      --num_workers 1 --num_threads 1" ;;
+    *) echo "unknown model $1" >&2; exit 2 ;;
+  esac
+}
+
+# gzrun_train DIR ENV... -- ARGS...: run, print wall seconds ("nan" on failure); output in DIR.out
+gzrun_train() {
+  local dir=$1 env=() t0 rc=0
+  shift
+  while [ "$1" != -- ]; do env+=("$1"); shift; done
+  shift
+  rm -rf "$dir"
+  t0=$(date +%s.%N)
+  env "${env[@]}" timeout 900 "$gzrun" --nproc-per-node 2 --master-port 0 --max-restarts 1 -- "$train" "$@" \
+    --progress false --tensorboard true --log_every 10 --work_dir "$dir" >"$dir.out" 2>&1 || rc=$?
+  [ $rc = 0 ] && echo "$(date +%s.%N) $t0" | awk '{printf "%.1f\n", $1 - $2}' || echo nan
+}
+
+redone() { python3 "$root/tests/train/check_sample_log.py" "$1" 2>&1 | sed -n 's/.*; \([0-9]*\) step(s) run twice.*/\1/p'; }
+
+if [[ " $PARTS " = *" recovery "* ]]; then
+  echo
+  echo "| model | steps | killed at | REF s | DISK s | DISK lost s | DISK redone | SNAP s | SNAP lost s | SNAP redone | restore |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+  for model in $MODELS; do
+    if [ "$model" = cnn ]; then steps=(--num_epochs 1); kill=$CNN_KILL; n=468; save=(); else
+      steps=(--max_steps 100); kill=$BERT_KILL; n=100; save=(--save_steps "$BERT_SAVE"); fi
+    # shellcheck disable=SC2046
+    common=($(args_of "$model") "${steps[@]}" "${save[@]}" --log_samples true --resume_from_checkpoint auto)
+    ref=$(gzrun_train "$work/$model-ref" X=1 -- "${common[@]}")
+    disk=$(gzrun_train "$work/$model-disk" GZ_TRAIN_KILL_AT_STEP=$kill GZ_TRAIN_CRASH_RANK=1 -- "${common[@]}")
+    snap=$(gzrun_train "$work/$model-snap" GZ_TRAIN_KILL_AT_STEP=$kill GZ_TRAIN_CRASH_RANK=1 -- "${common[@]}" \
+      --snapshot_every 1)
+    restore=$(grep -ho 'restored the snapshot of step [0-9]* ([^)]*) in [0-9.e-]* s' "$work/$model-snap.out" |
+      sed 's/ (.*) / /' | head -n 1)
+    echo "| $model | $n | $kill | $ref | $disk | $(awk "BEGIN{printf \"%.1f\", $disk - $ref}") | $(redone "$work/$model-disk") |" \
+      "$snap | $(awk "BEGIN{printf \"%.1f\", $snap - $ref}") | $(redone "$work/$model-snap") | ${restore:-none} |"
+  done
+fi
+
+[[ " $PARTS " = *" cost "* ]] || exit 0
+# run MODEL MODE -> steps/s ("nan" on failure)
+run() {
+  local model=$1 mode=$2 dir every=0
+  dir=$work/$model-$mode-r$r
+  [ "$mode" = on ] && every=1
+  local max=$CNN_STEPS
+  [ "$model" = bert_small ] && max=$BERT_STEPS
+  # shellcheck disable=SC2046
+  [ "$(gzrun_train "$dir" X=1 -- $(args_of "$model") --max_steps "$max" --save_steps 100000 --eval_steps 100000 \
+    --snapshot_every $every)" = nan ] && { echo nan; return; }
+  python3 - "$dir/history.jsonl" "$WARMUP" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+train = [r for r in rows if r["kind"] == "train"]
+a = next(r for r in train if r["step"] == int(sys.argv[2]))
+b = train[-1]
+print("%.4f" % ((b["step"] - a["step"]) / (b["time"] - a["time"])))
+PY
+}
+declare -A sps
+loads=""
+for ((r = 1; r <= ROUNDS; ++r)); do
+  loads="$loads $(cut -d' ' -f1 /proc/loadavg)"
+  for model in $MODELS; do
+    order="on off off2"
+    [ $((r % 2)) = 0 ] && order="off2 off on"
+    for mode in $order; do
+      s=$(run "$model" "$mode")
+      sps[$model/$mode]="${sps[$model/$mode]:-} $s"
+      own=""
+      [ "$mode" = on ] && own=$(grep -o 'snapshots: .*' "$work/$model-on-r$r.out" | tail -n 1)
+      printf 'round %d %-10s %-4s %9s steps/s  load %s  %s\n' "$r" "$model" "$mode" "$s" \
+        "$(cut -d' ' -f1 /proc/loadavg)" "$own"
+    done
+  done
+done
+median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {
+  if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.4f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+ratios() { awk -v a="$1" -v b="$2" 'BEGIN { n = split(a, x, " "); split(b, y, " ");
+  for (i = 1; i <= n; ++i) printf "%s%s", (i > 1 ? " " : ""), (x[i] == "nan" || y[i] == "nan") ? "nan" : sprintf("%.4f", x[i] / y[i]) }'; }
+echo
+echo "end: $(date -u '+%F %T') UTC; 1-min load at each round's start:$loads"
+echo
+echo "| model | steps/s OFF (median) | steps/s ON (median) | ON/OFF per round | ON/OFF median | control OFF2/OFF per round | control median |"
+echo "|---|---:|---:|---|---:|---|---:|"
+for model in $MODELS; do
+  on=$(ratios "${sps[$model/on]}" "${sps[$model/off]}")
+  ctl=$(ratios "${sps[$model/off2]}" "${sps[$model/off]}")
+  echo "| $model | $(median "${sps[$model/off]}") | $(median "${sps[$model/on]}") | $on | **$(median "$on")** | $ctl |" \
+    "$(median "$ctl") |"
+done

@@ -1,0 +1,227 @@
+// Snapshot files: header + payload, temp file then rename; the writer thread.
+#include "gz/train/recovery/snapshot_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/train/atomic_file.h"
+
+namespace gz::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'G', 'Z', 'S', 'N', 'A', 'P', '1', '\0'};
+
+// On disk: magic, step, epoch, world, fingerprint, payload bytes, payload hash (host byte order:
+// a snapshot never leaves its node as a file).
+struct FileHeader {
+  char magic[8];
+  int64_t step, epoch, world;
+  uint64_t fingerprint, payload_bytes, payload_hash;
+};
+
+// Four independent multiply-xor lanes: a few GB/s, enough to tell a damaged payload.
+uint64_t payload_hash(const std::string& data) {
+  uint64_t lane[4] = {0x9E3779B97F4A7C15ULL, 0xC2B2AE3D27D4EB4FULL, 0x165667B19E3779F9ULL,
+                      0x27D4EB2F165667C5ULL};
+  const size_t words = data.size() / 8;
+  const char* p = data.data();
+  size_t i = 0;
+  for (; i + 4 <= words; i += 4)
+    for (int k = 0; k < 4; ++k) {
+      uint64_t w;
+      std::memcpy(&w, p + 8 * (i + static_cast<size_t>(k)), 8);
+      lane[k] = (lane[k] ^ w) * 0x100000001B3ULL;
+    }
+  uint64_t h = lane[0] ^ (lane[1] << 1) ^ (lane[2] << 2) ^ (lane[3] << 3);
+  for (size_t b = 8 * i; b < data.size(); ++b) h = (h ^ static_cast<unsigned char>(p[b])) * 0x100000001B3ULL;
+  return h ^ data.size();
+}
+
+void write_all(int fd, const char* p, size_t n, const std::string& file) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw SystemError("write snapshot " + file, errno);
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+std::optional<FileHeader> read_header(const std::string& file) {
+  FileHeader h{};
+  std::FILE* f = std::fopen(file.c_str(), "rb");
+  if (!f) return std::nullopt;
+  const bool ok = std::fread(&h, sizeof h, 1, f) == 1 && std::memcmp(h.magic, kMagic, 8) == 0;
+  std::fclose(f);
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  if (!ok || ec || size != sizeof(FileHeader) + h.payload_bytes) return std::nullopt;
+  return h;
+}
+
+}  // namespace
+
+uint64_t stable_hash(const std::string& text) {
+  uint64_t h = 0xCBF29CE484222325ULL;
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001B3ULL;
+  return h;
+}
+
+SnapshotStore::SnapshotStore(std::string dir, int keep) : dir_(std::move(dir)), keep_(std::max(1, keep)) {}
+
+std::string SnapshotStore::path(int64_t step) const {
+  char name[40];
+  std::snprintf(name, sizeof name, "snap-%012lld.bin", static_cast<long long>(step));
+  return (fs::path(dir_) / name).string();
+}
+
+void SnapshotStore::write(const SnapshotHeader& header, const std::string& payload) const {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) throw SystemError("create snapshot folder " + dir_, ec.value());
+  const std::string final_path = path(header.step), tmp = temp_name_for(final_path);
+  FileHeader h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.step = header.step;
+  h.epoch = header.epoch;
+  h.world = header.world;
+  h.fingerprint = header.fingerprint;
+  h.payload_bytes = payload.size();
+  h.payload_hash = payload_hash(payload);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw SystemError("create snapshot " + tmp, errno);
+  try {
+    write_all(fd, reinterpret_cast<const char*>(&h), sizeof h, tmp);
+    write_all(fd, payload.data(), payload.size(), tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  // No fsync: a snapshot guards against lost processes and nodes, not power loss (disk
+  // checkpoints do that); rename() alone makes it whole or absent to every reader.
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw SystemError("rename snapshot " + tmp + " to " + final_path, err);
+  }
+  // Older generations and temp files of writers that died in the middle of a write.
+  auto kept = steps();
+  for (auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".snap-", 0) == 0) {  // temp_name_for(): ".snap-<step>.bin.tmp-<pid>-<n>"
+      fs::remove(entry.path(), ec);
+      continue;
+    }
+    if (name.rfind("snap-", 0) != 0 || name == fs::path(final_path).filename().string()) continue;
+    const auto pos = std::find(kept.begin(), kept.end(), std::atoll(name.c_str() + 5));
+    if (pos == kept.end() || pos - kept.begin() >= keep_) fs::remove(entry.path(), ec);
+  }
+}
+
+std::vector<int64_t> SnapshotStore::steps() const {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() != 21 || name.rfind("snap-", 0) != 0 || name.substr(17) != ".bin") continue;
+    auto h = read_header(entry.path().string());
+    if (h && h->step == std::atoll(name.c_str() + 5)) out.push_back(h->step);
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+std::string SnapshotStore::read(int64_t step, uint64_t fingerprint, SnapshotHeader* header) const {
+  const std::string file = path(step);
+  auto h = read_header(file);
+  if (!h) GZ_THROW(Error, "snapshot ", file, " is missing, truncated or not a snapshot");
+  if (h->step != step)
+    GZ_THROW(InvalidArgument, "snapshot ", file, " is of step ", h->step, ", not ", step, ": refused");
+  if (h->fingerprint != fingerprint)
+    GZ_THROW(InvalidArgument, "snapshot ", file, " of step ", step,
+             " was written by another config (fingerprint ", h->fingerprint, ", this run's ", fingerprint,
+             "): refused; remove the folder or set snapshot_dir to start clean");
+  std::string all = read_file(file);
+  std::string payload = all.substr(sizeof(FileHeader));
+  if (payload.size() != h->payload_bytes || payload_hash(payload) != h->payload_hash)
+    GZ_THROW(Error, "snapshot ", file, " is damaged (its payload does not match its hash): refused");
+  if (header) *header = SnapshotHeader{h->step, h->epoch, h->world, h->fingerprint};
+  return payload;
+}
+
+void SnapshotStore::remove_all() const {
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+SnapshotWriter::SnapshotWriter(const SnapshotStore& store) : store_(store), thread_([this] { loop(); }) {}
+
+SnapshotWriter::~SnapshotWriter() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !job_ && !busy_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void SnapshotWriter::rethrow_locked() {
+  if (error_.empty()) return;
+  std::string e;
+  e.swap(error_);
+  GZ_THROW(Error, "writing a snapshot failed: ", e);
+}
+
+void SnapshotWriter::submit(const SnapshotHeader& header, std::string payload) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !job_ && !busy_; });
+  rethrow_locked();
+  job_.emplace(header, std::move(payload));
+  cv_.notify_all();
+}
+
+void SnapshotWriter::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !job_ && !busy_; });
+  rethrow_locked();
+}
+
+void SnapshotWriter::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || job_.has_value(); });
+    if (!job_) return;
+    auto job = std::move(*job_);
+    job_.reset();
+    busy_ = true;
+    lock.unlock();
+    std::string error;
+    try {
+      store_.write(job.first, job.second);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    job.second.clear();
+    job.second.shrink_to_fit();
+    lock.lock();
+    busy_ = false;
+    if (!error.empty()) error_ = error;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace gz::train

@@ -1,0 +1,152 @@
+// The Trainer's in-memory snapshots: taken after a step (one writer per node), restored after a
+// restart when every rank can get the newest one (its node's file or a peer's copy over the
+// group), else the disk checkpoint.
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "../trainer_impl.h"
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/torch/process_group.h"
+#include "gz/train/recovery/snapshot_store.h"
+
+namespace gz::train {
+
+namespace fs = std::filesystem;
+
+uint64_t Trainer::snapshot_fingerprint() const {
+  const auto& c = config_;
+  // What shapes the state and its trajectory; not the world or the per-rank batch, which an
+  // elastic round may change (the snapshot is re-sharded like a disk checkpoint).
+  return stable_hash(detail::concat(c.net_type, '|', c.num_classes, '|', c.in_channels, '|', c.input_size,
+                                    '|', c.optimizer, '|', c.dataset, '|', c.train_data, '|', c.train_limit,
+                                    '|', c.seed, '|', c.mixed_precision, '|', c.mode, '|', c.elastic_batch,
+                                    '|', c.zero_stage, '|', c.global_batch_size, '|', c.dropout));
+}
+
+void Trainer::setup_snapshots() {
+  const auto& c = config_;
+  if (c.snapshot_every <= 0) return;
+  if (c.zero_stage > 0) {
+    // A ZeRO rank's optimizer state is its own shard: it would need a copy on another node.
+    if (is_main())
+      GZ_LOG(warn, "snapshot_every is ignored with zero_stage ", c.zero_stage,
+             ": restarts use disk checkpoints");
+    return;
+  }
+  std::string dir = c.snapshot_dir;
+  if (dir.empty()) {
+    std::error_code ec;
+    const std::string work = fs::absolute(c.work_dir, ec).lexically_normal().string();
+    char name[24];
+    std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(stable_hash(work)));
+    dir = detail::concat("/dev/shm/gz-snapshots-", ::getuid(), "/", name);
+  }
+  impl_->snapshots = std::make_unique<SnapshotStore>(dir, 2);
+  // In ddp/horovod/dp every rank holds the same model and optimizer state after a step, so one
+  // copy per node is enough and every other node holds the same one: losing a node loses none.
+  const int local = gz::is_initialized() ? gz::local_rank() : rank_;
+  if (local == 0) impl_->snapshot_writer = std::make_unique<SnapshotWriter>(*impl_->snapshots);
+}
+
+void Trainer::take_snapshot() {
+  Stopwatch clock;
+  torch::serialize::OutputArchive root;
+  write_state(root);
+  std::string bytes;
+  root.save_to([&bytes](const void* p, size_t n) {
+    bytes.append(static_cast<const char*>(p), n);
+    return n;
+  });
+  SnapshotHeader h{state_.step, state_.epoch, world_, snapshot_fingerprint()};
+  impl_->snapshot_writer->submit(h, std::move(bytes));
+  impl_->snapshot_seconds += clock.seconds();
+  ++impl_->snapshots_taken;
+}
+
+void Trainer::finish_snapshots(bool completed) {
+  if (!impl_->snapshot_writer) return;
+  impl_->snapshot_writer->flush();
+  if (completed) impl_->snapshots->remove_all();  // the run is done: free the node's memory
+  if (is_main() && impl_->snapshots_taken > 0)
+    GZ_LOG(info, "snapshots: ", impl_->snapshots_taken, " taken in ", impl_->snapshot_seconds,
+           " s on the training thread (",
+           1e3 * impl_->snapshot_seconds / static_cast<double>(impl_->snapshots_taken), " ms each)");
+}
+
+std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool all_hold) {
+  std::string payload, message;
+  bool ok = true;
+  if (all_hold || rank_ == source) {
+    try {
+      payload = impl_->snapshots->read(step, snapshot_fingerprint());
+    } catch (const std::exception& e) {
+      ok = false;
+      message = e.what();
+    }
+  }
+  std::vector<double> failed{ok ? 0.0 : 1.0};
+  allreduce_sum(failed);
+  if (failed[0] > 0) {
+    if (!ok) GZ_LOG(warn, "rank ", rank_, ": ", message);
+    if (is_main())
+      GZ_LOG(warn, "the snapshot of step ", step, " could not be read on ", failed[0],
+             " rank(s): using the disk checkpoint");
+    return std::nullopt;
+  }
+  if (!all_hold) payload = broadcast_string(payload, source);  // the ranks whose node lost it
+  return payload;
+}
+
+bool Trainer::restore_snapshot() {
+  Stopwatch clock;
+  const auto held = impl_->snapshots->steps();
+  const int64_t mine = held.empty() ? -1 : held.front();
+  // Every rank's newest step (+1, 0 = none), summed into its own slot.
+  std::vector<double> newest(static_cast<size_t>(world_), 0.0);
+  newest[static_cast<size_t>(rank_)] = static_cast<double>(mine + 1);
+  allreduce_sum(newest);
+  int64_t step = -1;
+  for (double v : newest) step = std::max(step, static_cast<int64_t>(v) - 1);
+  if (step < 0) return false;
+  int source = -1, holders = 0;
+  for (int r = 0; r < world_; ++r)
+    if (static_cast<int64_t>(newest[static_cast<size_t>(r)]) - 1 == step) {
+      if (source < 0) source = r;
+      ++holders;
+    }
+  int64_t disk = -1;
+  if (is_main())
+    if (auto latest = impl_->checkpoints->latest()) disk = latest->step;
+  disk = broadcast_value(disk);
+  if (disk > step) {
+    if (is_main())
+      GZ_LOG(info, "the disk checkpoint of step ", disk, " is newer than the snapshot of step ", step);
+    return false;
+  }
+  auto payload = read_snapshot(step, source, holders == world_);
+  if (!payload) return false;
+  std::exception_ptr error;
+  const std::string name = detail::concat("snapshot of step ", step, " (", impl_->snapshots->path(step), ")");
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(payload->data(), payload->size());
+    CheckpointInfo info;
+    info.dir = impl_->snapshots->dir();
+    info.step = step;
+    apply_checkpoint(archive, info, name);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree(error, "restoring the " + name);
+  if (is_main())
+    GZ_LOG(info, "restored the ", name, " in ", clock.seconds(), " s: held by ", holders, " of ", world_,
+           " rank(s)", holders == world_ ? "" : detail::concat(", sent by rank ", source),
+           "; disk checkpoint: ", disk < 0 ? std::string("none") : std::to_string(disk));
+  return true;
+}
+
+}  // namespace gz::train

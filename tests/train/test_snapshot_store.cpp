@@ -1,0 +1,106 @@
+// SnapshotStore and SnapshotWriter: atomic files, generations kept, refusals.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gz/core/error.h"
+#include "gz/train/recovery/snapshot_store.h"
+
+namespace fs = std::filesystem;
+using gz::train::SnapshotHeader;
+using gz::train::SnapshotStore;
+using gz::train::SnapshotWriter;
+
+namespace {
+
+struct Dir {
+  fs::path path = fs::temp_directory_path() / ("gz_snapstore_" + std::to_string(::getpid()));
+  Dir() { fs::remove_all(path); }
+  ~Dir() { fs::remove_all(path); }
+};
+
+std::string payload(int64_t step) {
+  return std::string(1000 + static_cast<size_t>(step), static_cast<char>('a' + step));
+}
+
+}  // namespace
+
+TEST(SnapshotStore, KeepsTheNewestGenerationsAndReadsThemBack) {
+  Dir d;
+  SnapshotStore s(d.path.string(), 2);
+  EXPECT_TRUE(s.steps().empty());
+  for (int64_t step = 1; step <= 4; ++step) s.write({step, 0, 2, 77}, payload(step));
+  EXPECT_EQ(s.steps(), (std::vector<int64_t>{4, 3}));
+  SnapshotHeader h;
+  EXPECT_EQ(s.read(4, 77, &h), payload(4));
+  EXPECT_EQ(h.step, 4);
+  EXPECT_EQ(h.world, 2);
+  EXPECT_EQ(s.read(3, 77), payload(3));
+}
+
+TEST(SnapshotStore, RefusesAnotherConfigAStepMismatchAndDamage) {
+  Dir d;
+  SnapshotStore s(d.path.string(), 2);
+  s.write({5, 0, 2, 77}, payload(5));
+  try {
+    s.read(5, 78);
+    FAIL() << "a snapshot of another config was accepted";
+  } catch (const gz::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("written by another config"), std::string::npos) << e.what();
+  }
+  // A file renamed to another step's name: its header says otherwise.
+  fs::copy_file(s.path(5), s.path(6));
+  EXPECT_EQ(s.steps(), (std::vector<int64_t>{5}));  // not listed as step 6
+  EXPECT_THROW(s.read(6, 77), gz::InvalidArgument);
+  // One payload byte flipped: same size, another hash.
+  {
+    std::fstream f(s.path(5), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-10, std::ios::end);
+    f.put('#');
+  }
+  try {
+    s.read(5, 77);
+    FAIL() << "a damaged snapshot was accepted";
+  } catch (const gz::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("damaged"), std::string::npos) << e.what();
+  }
+  // Truncated (a writer killed mid-write can only leave a temp file, but a file cut short is
+  // never listed either).
+  fs::resize_file(s.path(5), 100);
+  EXPECT_TRUE(s.steps().empty());
+}
+
+TEST(SnapshotStore, ATempFileOfADeadWriterIsIgnoredAndCleanedUp) {
+  Dir d;
+  SnapshotStore s(d.path.string(), 2);
+  s.write({1, 0, 1, 7}, payload(1));
+  const fs::path stale = d.path / ".snap-000000000002.bin.tmp-999-0";
+  std::ofstream(stale) << "half a snapshot";
+  EXPECT_EQ(s.steps(), (std::vector<int64_t>{1}));
+  s.write({2, 0, 1, 7}, payload(2));
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_EQ(s.steps(), (std::vector<int64_t>{2, 1}));
+}
+
+TEST(SnapshotWriter, WritesInTheBackgroundAndFinishesOnDestruction) {
+  Dir d;
+  SnapshotStore s(d.path.string(), 2);
+  {
+    SnapshotWriter w(s);
+    for (int64_t step = 1; step <= 3; ++step) w.submit({step, 0, 1, 7}, payload(step));
+  }  // the last write completes before the writer is gone
+  EXPECT_EQ(s.steps(), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(s.read(3, 7), payload(3));
+}
+
+TEST(SnapshotWriter, AFailedWriteIsReportedByTheNextSubmit) {
+  Dir d;
+  std::ofstream(d.path.string() + "_file") << "x";  // a file where the folder should be
+  SnapshotStore s(d.path.string() + "_file/sub", 2);
+  SnapshotWriter w(s);
+  w.submit({1, 0, 1, 7}, payload(1));
+  EXPECT_THROW(w.flush(), gz::Error);
+  fs::remove(d.path.string() + "_file");
+}

@@ -1,0 +1,223 @@
+// The Trainer's in-memory snapshots (threads over shm): a crashed run restarts from the snapshot
+// of its last step, bit for bit, whether a rank's node still holds it or a peer sends it; a
+// snapshot of another config is refused and the disk checkpoint used.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "../../src/torch/torch_compat.h"  // the optimizer's state of a parameter
+#include "gz/comm/shm.h"
+#include "gz/core/error.h"
+#include "gz/train/callback.h"
+#include "gz/train/trainer.h"
+#include "support/run_ranks.h"
+
+namespace fs = std::filesystem;
+using namespace gz::train;
+
+namespace {
+
+struct NetImpl : ModelImpl {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(16, 24));
+    fc2 = register_module("fc2", torch::nn::Linear(24, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    return fc2->forward(torch::relu(fc1->forward(x.reshape({x.size(0), -1}))));
+  }
+  std::shared_ptr<ModelImpl> clone_model() const override { return nullptr; }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+// Everything a rank continues from, copied.
+struct Captured {
+  int64_t step = -1, epoch_samples = -1;
+  std::vector<torch::Tensor> tensors;    // parameters, then buffers
+  std::vector<torch::Tensor> optimizer;  // every parameter's optimizer state tensors
+  std::vector<double> lrs;
+};
+
+Captured capture(Trainer& t) {
+  Captured c;
+  c.step = t.state().step;
+  c.epoch_samples = t.state().epoch_samples;
+  for (auto& p : t.model()->parameters()) c.tensors.push_back(p.detach().clone());
+  for (auto& b : t.model()->buffers()) c.tensors.push_back(b.detach().clone());
+  // Each parameter's optimizer state tensors in parameter order (the optimizer's own archive
+  // names the states by tensor addresses, which differ between two Trainers), and each lr.
+  auto& opt = t.optimizer();
+  for (auto& group : opt.param_groups()) {
+    c.lrs.push_back(group.options().get_lr());
+    for (auto& p : group.params()) {
+      auto* st = gz::torch_compat::param_state(opt, p);
+      if (!st) continue;
+      std::string bytes;
+      torch::serialize::OutputArchive a;
+      st->serialize(a);
+      a.save_to([&bytes](const void* data, size_t n) {
+        bytes.append(static_cast<const char*>(data), n);
+        return n;
+      });
+      torch::serialize::InputArchive in;
+      in.load_from(bytes.data(), bytes.size());
+      for (auto& key : in.keys()) {
+        torch::Tensor v;
+        if (in.try_read(key, v)) c.optimizer.push_back(v.clone());
+      }
+    }
+  }
+  return c;
+}
+
+// Captures every rank's state after step `at` and when train() begins; records each step's samples.
+struct Probe : Callback {
+  explicit Probe(int64_t at) : at(at) {}
+  void on_step_end(Trainer& t) override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (t.state().step == at) after_step[t.rank()] = capture(t);
+    samples[t.state().step][t.rank()] = t.step_samples();
+  }
+  void on_train_begin(Trainer& t) override {
+    std::lock_guard<std::mutex> lock(mu);
+    at_begin[t.rank()] = capture(t);
+  }
+  int64_t at;
+  std::mutex mu;
+  std::map<int, Captured> after_step, at_begin;
+  std::map<int64_t, std::map<int, std::vector<size_t>>> samples;
+};
+
+TrainConfig config(const fs::path& dir) {
+  TrainConfig c;
+  c.dataset = "synthetic";
+  c.train_data = "160";  // 10 steps per epoch of 16
+  c.test_data = "32";
+  c.input_size = 4;
+  c.in_channels = 1;
+  c.num_classes = 4;
+  c.batch_size = 8;
+  c.num_epochs = 2;
+  c.lr = 0.01;
+  c.optimizer = "adamw";
+  c.scheduler.name = "cosine";
+  c.scheduler.warmup_steps = 2;
+  c.save_steps = 0;  // disk checkpoints at epoch ends only: a crash at step 5 has none
+  c.num_workers = 1;
+  c.progress = false;
+  c.tensorboard = false;
+  c.log_every = 1000;
+  c.num_threads = 1;
+  c.mode = "ddp";
+  c.work_dir = (dir / "work").string();
+  c.resume_from_checkpoint = "auto";
+  c.snapshot_every = 1;
+  c.seed = 5;
+  return c;
+}
+
+// One launch on 2 ranks; `dirs` gives each rank its snapshot folder (its "node"). Returns rank
+// 0's final parameters (empty after a crash).
+std::vector<torch::Tensor> launch(TrainConfig c, const std::vector<fs::path>& dirs, int64_t crash_at,
+                                  Probe& probe) {
+  std::vector<torch::Tensor> out;
+  std::vector<ModelPtr> nets;  // built here: the global generator is shared by the threads
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(99);
+    nets.push_back(std::make_shared<NetImpl>());
+  }
+  auto body = [&](int rank, std::shared_ptr<gz::Store> store) {
+    gz::comm::ShmOptions so;
+    so.timeout = std::chrono::seconds(30);
+    auto group = gz::comm::create_shm_communicator(rank, 2, store, so);
+    TrainConfig mine = c;
+    mine.snapshot_dir = dirs[static_cast<size_t>(rank)].string();
+    Trainer t(mine, group);
+    t.set_model(nets[static_cast<size_t>(rank)]);
+    t.add_callback(std::shared_ptr<Probe>(&probe, [](Probe*) {}));
+    if (crash_at > 0) t.set_crash_at_step(crash_at);
+    t.train();
+    if (rank == 0)
+      for (auto& p : t.model()->parameters()) out.push_back(p.detach().clone());
+  };
+  if (crash_at > 0) {
+    EXPECT_THROW(gz::test::run_ranks(2, body), gz::Aborted);
+  } else {
+    gz::test::run_ranks(2, body);
+  }
+  return out;
+}
+
+void expect_same(const Captured& want, const Captured& got, const std::string& who) {
+  EXPECT_EQ(got.step, want.step) << who;
+  EXPECT_EQ(got.epoch_samples, want.epoch_samples) << who;
+  ASSERT_EQ(got.tensors.size(), want.tensors.size()) << who;
+  for (size_t i = 0; i < want.tensors.size(); ++i)
+    EXPECT_TRUE(torch::equal(got.tensors[i], want.tensors[i])) << who << ": tensor " << i << " differs";
+  // Not the groups' lr: LibTorch's optimizer load keeps the constructor's; the lr callback sets
+  // it from the step before every step.
+  ASSERT_EQ(got.optimizer.size(), want.optimizer.size()) << who << ": optimizer states missing";
+  EXPECT_FALSE(want.optimizer.empty());
+  for (size_t i = 0; i < want.optimizer.size(); ++i)
+    EXPECT_TRUE(torch::equal(got.optimizer[i], want.optimizer[i]))
+        << who << ": optimizer tensor " << i << " differs";
+}
+
+struct TmpDir {
+  fs::path path = fs::temp_directory_path() / ("gz_snapshot_" + std::to_string(::getpid()));
+  TmpDir() { fs::remove_all(path); }
+  ~TmpDir() { fs::remove_all(path); }
+};
+
+// Crash after step 5 on both ranks, relaunch; returns the relaunch's probe results.
+void crash_and_resume(const std::vector<fs::path>& first_dirs, const std::vector<fs::path>& second_dirs) {
+  TmpDir tmp;
+  Probe reference(5), crashed(5), resumed(5);
+  TrainConfig c = config(tmp.path);
+  TrainConfig ref = c;
+  ref.work_dir = (tmp.path / "ref").string();
+  auto uninterrupted = launch(ref, {tmp.path / "ref0", tmp.path / "ref1"}, -1, reference);
+  launch(c, first_dirs, 5, crashed);
+  auto final_params = launch(c, second_dirs, -1, resumed);
+  // Both ranks continue from exactly the state they had after step 5: no step redone.
+  for (int r = 0; r < 2; ++r)
+    expect_same(crashed.after_step[r], resumed.at_begin[r], "rank " + std::to_string(r));
+  EXPECT_EQ(resumed.samples.begin()->first, 6) << "the resumed run redid steps";
+  for (auto& [step, ranks] : resumed.samples)
+    EXPECT_EQ(ranks, reference.samples[step]) << "step " << step << " read other samples";
+  ASSERT_EQ(final_params.size(), uninterrupted.size());
+  for (size_t i = 0; i < final_params.size(); ++i)
+    EXPECT_TRUE(torch::equal(final_params[i], uninterrupted[i])) << "final parameter " << i << " differs";
+}
+
+}  // namespace
+
+TEST(TrainerSnapshot, RestartRestoresTheLastStepBitForBit) {
+  // Both ranks see the folder rank 0 wrote (one node).
+  const fs::path node = fs::temp_directory_path() / ("gz_snapshot_node_" + std::to_string(::getpid()));
+  crash_and_resume({node, node}, {node, node});
+  EXPECT_FALSE(fs::exists(node)) << "a finished run leaves its snapshots behind";
+}
+
+TEST(TrainerSnapshot, ARankWhoseNodeLostItsSnapshotGetsItFromAPeer) {
+  // Rank 1 runs on a "node" whose folder is empty after the restart (a replaced node): rank 0,
+  // which holds the snapshot, sends it over the group.
+  const auto base = fs::temp_directory_path() / ("gz_snapshot_nodes_" + std::to_string(::getpid()));
+  crash_and_resume({base / "a", base / "b"}, {base / "a", base / "c"});
+  fs::remove_all(base);
+}
+
+TEST(TrainerSnapshot, ASnapshotOfAnotherConfigIsRefusedForTheDiskCheckpoint) {
+  TmpDir tmp;
+  const fs::path node = tmp.path / "node";
+  Probe crashed(12), resumed(12);
+  TrainConfig c = config(tmp.path);
+  launch(c, {node, node}, 12, crashed);  // a disk checkpoint at step 10 (epoch end), snapshot at 12
+  ASSERT_TRUE(fs::exists(node));
+  c.dropout = 0.5;  // another config (same shapes): its snapshot must not be restored
+  launch(c, {node, node}, -1, resumed);
+  EXPECT_EQ(resumed.at_begin[0].step, 10) << "not resumed from the disk checkpoint of step 10";
+}
