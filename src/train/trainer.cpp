@@ -471,7 +471,11 @@ std::map<std::string, double> Trainer::train() {
       state_.samples_seen += p.global_batch;
       if (c.eval_steps > 0 && state_.step % c.eval_steps == 0) run_eval();
       for (auto& cb : callbacks_) cb->on_step_end(*this);
-      if (impl_->snapshot_writer && state_.step % c.snapshot_every == 0) take_snapshot();
+      // Not at an epoch's last step: restoring it would skip that epoch's end (evaluation,
+      // on_epoch_end, its checkpoint), which runs after this point.
+      if (impl_->snapshot_writer && state_.step % c.snapshot_every == 0 &&
+          static_cast<size_t>(state_.epoch_samples) != plan.end())
+        take_snapshot();
       if (state_.step == crash_at_step_)
         GZ_THROW(Aborted, "rank ", rank_, ": simulated crash after step ", state_.step);
     }
@@ -485,7 +489,8 @@ std::map<std::string, double> Trainer::train() {
   }
   if (impl_->last_eval_step != state_.step) run_eval();
   for (auto& cb : callbacks_) cb->on_train_end(*this);
-  finish_snapshots(state_.step >= state_.total_steps);
+  // An early stop ends the run too: its snapshots would only hold the node's memory.
+  finish_snapshots(state_.step >= state_.total_steps || state_.should_stop);
   return state_.metrics;
 }
 

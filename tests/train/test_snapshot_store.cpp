@@ -104,3 +104,23 @@ TEST(SnapshotWriter, AFailedWriteIsReportedByTheNextSubmit) {
   EXPECT_THROW(w.flush(), gz::Error);
   fs::remove(d.path.string() + "_file");
 }
+
+// /dev/shm is world-writable: a snapshot folder another user can write into (or made, or a
+// symbolic link) is neither written nor read. Mutation check: dropping the mode test in
+// private_dir_problem() makes both expectations below fail.
+TEST(SnapshotStore, AFolderOpenToOtherUsersIsNotUsed) {
+  Dir d;
+  SnapshotStore s(d.path.string(), 2);
+  s.write({1, 0, 2, 77}, payload(1));
+  EXPECT_EQ(fs::status(d.path).permissions() & fs::perms::all, fs::perms::owner_all) << "made private";
+  fs::permissions(d.path, fs::perms::all);  // 0777: anyone may plant a file
+  EXPECT_TRUE(s.steps().empty()) << "a planted snapshot could be restored";
+  EXPECT_THROW(s.write({2, 0, 2, 77}, payload(2)), gz::Error);
+  fs::permissions(d.path, fs::perms::owner_all);
+  EXPECT_EQ(s.steps(), (std::vector<int64_t>{1}));
+  const fs::path link = d.path.string() + "-link";
+  fs::remove(link);
+  fs::create_directory_symlink(d.path, link);
+  EXPECT_TRUE(SnapshotStore(link.string(), 2).steps().empty()) << "followed a symbolic link";
+  fs::remove(link);
+}

@@ -109,12 +109,12 @@ struct TrainConfig {
   /// @brief Samples per optimizer step over all ranks; 0 = batch_size x gradient_accumulation_steps
   /// x world of the first launch (a resumed run takes it from the checkpoint).
   int64_t global_batch_size = 0;
-  bool log_samples = false;
+  bool log_samples = false;  ///< every rank appends each step's sample indices to work_dir/samples/
   /// @brief In-memory snapshot of the whole training state every N optimizer steps (0 = off),
   /// kept in snapshot_dir on every node (2 generations); resume_from_checkpoint: auto restores
   /// the newest one every rank can get before looking at disk checkpoints.
   int64_t snapshot_every = 0;
-  std::string snapshot_dir;  ///< empty: /dev/shm/gz-snapshots-<uid>/<hash of work_dir>  ///< every rank appends each step's sample indices to work_dir/samples/
+  std::string snapshot_dir;  ///< empty: /dev/shm/gz-snapshots-<uid>/<hash of work_dir>
   // ZeRO (mode ddp): 0 = plain DDP; 1 = optimizer state sharded over the ranks (each keeps 1/world
   // of it); 2 = gradients sharded too. Same results as 0; checkpoints stay unsharded.
   int64_t zero_stage = 0;

@@ -2,6 +2,7 @@
 #include "gz/train/recovery/snapshot_store.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +71,44 @@ std::optional<FileHeader> read_header(const std::string& file) {
   return h;
 }
 
+// A folder only this user can enter: /dev/shm is world-writable, and another local user who made
+// (or swapped in) our snapshot folder could delete snapshots or plant state for us to restore.
+// Returns an empty string when it is safe, else why not.
+std::string private_dir_problem(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return "cannot be read (" + std::string(std::strerror(errno)) + ")";
+  if (S_ISLNK(st.st_mode)) return "is a symbolic link";
+  if (!S_ISDIR(st.st_mode)) return "is not a folder";
+  if (st.st_uid != ::getuid()) return "belongs to another user (uid " + std::to_string(st.st_uid) + ")";
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    return std::string("is open to other users (mode ") + mode + ")";
+  }
+  return {};
+}
+
+// Creates `dir` (and missing parents) with mode 0700 and checks it and, for the default location,
+// its per-user parent /dev/shm/gz-snapshots-UID.
+void ensure_private_dir(const std::string& dir) {
+  std::error_code ec;
+  const fs::path d(dir);
+  const bool per_user_parent = d.parent_path().filename().string().rfind("gz-snapshots-", 0) == 0;
+  if (!d.parent_path().empty() && !fs::exists(d.parent_path(), ec)) {
+    fs::create_directories(per_user_parent ? d.parent_path().parent_path() : d.parent_path(), ec);
+    if (ec) throw SystemError("create snapshot folder " + d.parent_path().string(), ec.value());
+    if (per_user_parent && ::mkdir(d.parent_path().c_str(), 0700) != 0 && errno != EEXIST)
+      throw SystemError("create snapshot folder " + d.parent_path().string(), errno);
+  }
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw SystemError("create snapshot folder " + dir, errno);
+  std::vector<std::string> check{dir};
+  if (per_user_parent) check.push_back(d.parent_path().string());
+  for (const auto& c : check) {
+    const std::string why = private_dir_problem(c);
+    if (!why.empty()) GZ_THROW(Error, "snapshot folder ", c, " ", why, ": not used");
+  }
+}
+
 }  // namespace
 
 uint64_t stable_hash(const std::string& text) {
@@ -87,9 +126,7 @@ std::string SnapshotStore::path(int64_t step) const {
 }
 
 void SnapshotStore::write(const SnapshotHeader& header, const std::string& payload) const {
-  std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec) throw SystemError("create snapshot folder " + dir_, ec.value());
+  ensure_private_dir(dir_);
   const std::string final_path = path(header.step), tmp = temp_name_for(final_path);
   FileHeader h{};
   std::memcpy(h.magic, kMagic, 8);
@@ -134,6 +171,11 @@ void SnapshotStore::write(const SnapshotHeader& header, const std::string& paylo
 std::vector<int64_t> SnapshotStore::steps() const {
   std::vector<int64_t> out;
   std::error_code ec;
+  if (!fs::exists(dir_, ec)) return out;
+  if (const std::string why = private_dir_problem(dir_); !why.empty()) {
+    GZ_LOG(warn, "snapshot folder ", dir_, " ", why, ": its snapshots are not used");
+    return out;
+  }
   for (auto& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.size() != 21 || name.rfind("snap-", 0) != 0 || name.substr(17) != ".bin") continue;

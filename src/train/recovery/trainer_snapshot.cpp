@@ -9,6 +9,7 @@
 
 #include "../trainer_impl.h"
 #include "gz/core/error.h"
+#include "gz/core/phase.h"
 #include "gz/core/log.h"
 #include "gz/torch/process_group.h"
 #include "gz/train/recovery/snapshot_store.h"
@@ -53,6 +54,9 @@ void Trainer::setup_snapshots() {
 }
 
 void Trainer::take_snapshot() {
+  // Serialising the state is this rank's own time, not training: the straggler report must not
+  // charge it to the node's local rank 0 as an unexplained delay.
+  gz::ScopedPhase phase(gz::Phase::checkpoint);
   Stopwatch clock;
   torch::serialize::OutputArchive root;
   write_state(root);
@@ -62,14 +66,26 @@ void Trainer::take_snapshot() {
     return n;
   });
   SnapshotHeader h{state_.step, state_.epoch, world_, snapshot_fingerprint()};
-  impl_->snapshot_writer->submit(h, std::move(bytes));
+  try {
+    impl_->snapshot_writer->submit(h, std::move(bytes));
+  } catch (const std::exception& e) {
+    // A full /dev/shm (64 MB in a default container) must not end training on this rank while
+    // its peers wait in the next collective: without snapshots, restarts use disk checkpoints.
+    GZ_LOG(warn, "rank ", rank_, ": ", e.what(), "; snapshots are off for the rest of this run");
+    impl_->snapshot_writer.reset();
+    return;
+  }
   impl_->snapshot_seconds += clock.seconds();
   ++impl_->snapshots_taken;
 }
 
 void Trainer::finish_snapshots(bool completed) {
   if (!impl_->snapshot_writer) return;
-  impl_->snapshot_writer->flush();
+  try {
+    impl_->snapshot_writer->flush();
+  } catch (const std::exception& e) {
+    GZ_LOG(warn, "rank ", rank_, ": ", e.what());
+  }
   if (completed) impl_->snapshots->remove_all();  // the run is done: free the node's memory
   if (is_main() && impl_->snapshots_taken > 0)
     GZ_LOG(info, "snapshots: ", impl_->snapshots_taken, " taken in ", impl_->snapshot_seconds,
