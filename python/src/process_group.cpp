@@ -164,6 +164,7 @@ c10::intrusive_ptr<GzWork> ProcessGroupGz::enqueue(OpType type, const char* titl
   if (p2p_peer >= 0) {
     work->work_ = links_->submit(p2p_peer, sending, o, std::move(run));
   } else {
+    ++seq_;  // at issue, in the caller's order: the order every rank issues collectives in
     Communicator* c = comm_.get();
     work->work_ = comm_->submit([c, o, run = std::move(run)] { run(*c, o); }, o);
   }

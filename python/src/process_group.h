@@ -121,6 +121,13 @@ class ProcessGroupGz : public GzBackendBase {
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts = {}) override;
   /// @brief A barrier within opts.timeout whose error names the ranks that did not arrive.
   void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
+  /// @brief c10d's per-group sequence number: the collectives issued so far. Every rank starts at
+  /// 0 when the group is made and counts the same collectives in the same order, so the ranks agree
+  /// without a handshake (point-to-point ops do not count: only two ranks take part). Nothing to
+  /// set up; torch 2.x's debug wrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) calls this on every group.
+  void setSequenceNumberForGroup() override {}
+  /// @brief The number of collectives issued on this group so far (see setSequenceNumberForGroup).
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
  private:
   using Body = std::function<void(gz::comm::Communicator&, const gz::comm::OpOptions&)>;
@@ -141,6 +148,7 @@ class ProcessGroupGz : public GzBackendBase {
   std::shared_ptr<gz::Store> store_;  ///< torch's store as ours
   std::shared_ptr<gz::comm::Communicator> comm_;
   std::unique_ptr<P2PLinks> links_;
+  std::atomic<uint64_t> seq_{0};  ///< collectives issued (getSequenceNumberForGroup)
 };
 
 }  // namespace gz::python
