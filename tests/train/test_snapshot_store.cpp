@@ -106,9 +106,9 @@ TEST(SnapshotWriter, AFailedWriteIsReportedByTheNextSubmit) {
 }
 
 // /dev/shm is world-writable: a snapshot folder another user can write into (or made, or a
-// symbolic link) is neither written nor read. Mutation check: dropping the mode test in
+// symbolic link) is neither written nor read; one they may only read is fine (files are 0600). Mutation check: dropping the mode test in
 // private_dir_problem() makes both expectations below fail.
-TEST(SnapshotStore, AFolderOpenToOtherUsersIsNotUsed) {
+TEST(SnapshotStore, AFolderOthersCanWriteIsNotUsed) {
   Dir d;
   SnapshotStore s(d.path.string(), 2);
   s.write({1, 0, 2, 77}, payload(1));
@@ -116,7 +116,8 @@ TEST(SnapshotStore, AFolderOpenToOtherUsersIsNotUsed) {
   fs::permissions(d.path, fs::perms::all);  // 0777: anyone may plant a file
   EXPECT_TRUE(s.steps().empty()) << "a planted snapshot could be restored";
   EXPECT_THROW(s.write({2, 0, 2, 77}, payload(2)), gz::Error);
-  fs::permissions(d.path, fs::perms::owner_all);
+  fs::permissions(d.path, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read |
+                              fs::perms::group_exec | fs::perms::others_exec);  // 0755
   EXPECT_EQ(s.steps(), (std::vector<int64_t>{1}));
   const fs::path link = d.path.string() + "-link";
   fs::remove(link);

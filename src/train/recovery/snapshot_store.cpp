@@ -80,10 +80,11 @@ std::string private_dir_problem(const std::string& dir) {
   if (S_ISLNK(st.st_mode)) return "is a symbolic link";
   if (!S_ISDIR(st.st_mode)) return "is not a folder";
   if (st.st_uid != ::getuid()) return "belongs to another user (uid " + std::to_string(st.st_uid) + ")";
-  if ((st.st_mode & 077) != 0) {
+  // Writable by others is what lets them plant or swap a snapshot (the files themselves are 0600).
+  if ((st.st_mode & 022) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
-    return std::string("is open to other users (mode ") + mode + ")";
+    return std::string("is writable by other users (mode ") + mode + ")";
   }
   return {};
 }
@@ -127,6 +128,7 @@ std::string SnapshotStore::path(int64_t step) const {
 
 void SnapshotStore::write(const SnapshotHeader& header, const std::string& payload) const {
   ensure_private_dir(dir_);
+  std::error_code ec;
   const std::string final_path = path(header.step), tmp = temp_name_for(final_path);
   FileHeader h{};
   std::memcpy(h.magic, kMagic, 8);
