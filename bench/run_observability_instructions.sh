@@ -54,7 +54,7 @@ count() {
   rm -rf "$d"; mkdir -p "$d"
   [ "$2" = on ] || env=(GZ_FLIGHT_RECORDER=0 GZ_STRAGGLER_EVERY=0)
   # shellcheck disable=SC2046
-  env "${env[@]}" timeout 5400 "$build/tools/gzrun/gzrun" --nproc-per-node 2 --master-port 0 -- \
+  env "${env[@]}" timeout 9000 "$build/tools/gzrun/gzrun" --nproc-per-node 2 --master-port 0 -- \
     valgrind --tool=callgrind --callgrind-out-file="$d/cg.%p" "$build/apps/gz-train/gz-train" $(args_of "$1" "$3") \
     --progress false --tensorboard false --log_every 10 --save_steps 100000 --eval_steps 100000 \
     --work_dir "$d/w" >"$d/out" 2>&1 || { echo "run $1 $4 failed: $d/out" >&2; exit 1; }
