@@ -137,16 +137,24 @@ TEST(GzrunAuthUnit, WhereTheStoreBinds) {
   EXPECT_FALSE(store_beyond_loopback(parse({"prog"})));
 }
 
+// A writable argv (what main() gets), for the functions that overwrite arguments in place.
+struct MutableArgv {
+  explicit MutableArgv(const std::vector<std::string>& args) {
+    for (const auto& a : args) {
+      bufs.emplace_back(a.begin(), a.end());
+      bufs.back().push_back('\0');
+    }
+    for (auto& b : bufs) argv.push_back(b.data());
+  }
+  std::vector<std::vector<char>> bufs;
+  std::vector<char*> argv;
+};
+
 TEST(GzrunAuthUnit, TokenValueIsHiddenFromPs) {
   std::vector<std::string> args = {"gzrun", "--rdzv-token", "sekrit", "--rdzv_token=sekrit2", "--nnodes", "2",
                                    "prog",  "--rdzv-token", "mine"};
-  std::vector<std::vector<char>> bufs;
-  std::vector<char*> argv;
-  for (auto& a : args) {
-    bufs.emplace_back(a.begin(), a.end());
-    bufs.back().push_back('\0');
-  }
-  for (auto& b : bufs) argv.push_back(b.data());
+  MutableArgv mutable_argv(args);
+  std::vector<char*>& argv = mutable_argv.argv;
   hide_token_args(static_cast<int>(argv.size()), argv.data(), 6);
   EXPECT_STREQ(argv[2], "******");
   EXPECT_STREQ(argv[3], "--rdzv_token=*******");
@@ -163,13 +171,8 @@ TEST(GzrunAuthUnit, TokenHiddenWithoutAProgram) {
         std::vector<std::string>{"--preflight", "--rdzv-token=sekrit"}}) {
     std::vector<std::string> args{"gzrun"};
     args.insert(args.end(), line.begin(), line.end());
-    std::vector<std::vector<char>> bufs;
-    std::vector<char*> argv;
-    for (auto& a : args) {
-      bufs.emplace_back(a.begin(), a.end());
-      bufs.back().push_back('\0');
-    }
-    for (auto& b : bufs) argv.push_back(b.data());
+    MutableArgv mutable_argv(args);
+    std::vector<char*>& argv = mutable_argv.argv;
     const int argc = static_cast<int>(argv.size());
     const LaunchOptions o = parse(line);
     hide_token_args(argc, argv.data(), program_arg_index(argc, o));
