@@ -72,8 +72,10 @@ torch::Tensor alloc_buffer_tensor(comm::Communicator& group, int64_t numel,
 }
 
 bool is_bound_to(const torch::Tensor& grad, const torch::Tensor& view) {
-  return grad.defined() && grad.data_ptr() == view.data_ptr() && grad.sizes() == view.sizes() &&
-         grad.strides() == view.strides();
+  // A sparse gradient (nn::Embedding with sparse=true) is never bound; LibTorch 2.x throws on its
+  // data_ptr() ("Tensor that doesn't have storage") where 1.13 returned null.
+  return grad.defined() && grad.layout() == torch::kStrided && grad.data_ptr() == view.data_ptr() &&
+         grad.sizes() == view.sizes() && grad.strides() == view.strides();
 }
 
 }  // namespace gz

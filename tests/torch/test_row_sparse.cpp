@@ -9,6 +9,7 @@
 #include "gz/torch/ddp.h"
 #include "gz/torch/distributed_optimizer.h"
 #include "gz/torch/row_sparse.h"
+#include "gz/torch/tensor_adapter.h"
 #include "torch/support/torch_test_util.h"
 
 namespace {
@@ -58,6 +59,19 @@ torch::Tensor rank_grad(int r, int64_t rows, int64_t cols, bool dense) {
   for (int64_t i = 0; i < rows; ++i)
     if (i == 0 || i % 11 == r || i % 13 == (2 * r) % 13) g[i] = torch::randn({cols});
   return g;
+}
+
+// A sparse gradient is never "bound" to a dense slot, and asking must not throw: LibTorch 2.x
+// throws on a sparse tensor's data_ptr() (the Horovod mode's arena asked it on every step).
+// Mutation check: dropping the layout test in is_bound_to fails this on LibTorch 2.6.
+TEST(RowSparse, ASparseGradientIsNeverBoundToASlot) {
+  auto dense = torch::zeros({6, 4});
+  auto sparse = dense.clone();
+  sparse[2].fill_(1);
+  sparse = sparse.to_sparse();
+  EXPECT_FALSE(is_bound_to(sparse, dense));
+  EXPECT_TRUE(is_bound_to(dense, dense));
+  EXPECT_FALSE(is_bound_to(torch::Tensor(), dense));
 }
 
 class RowSparseWorld : public ::testing::TestWithParam<int> {};
