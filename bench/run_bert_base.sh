@@ -14,6 +14,8 @@
 #        CSV (write the medians there too), AUTOGROUP_NICE (-20)
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"  # a session of its own at AUTOGROUP_NICE
+BENCH_DECIMALS=2
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 build=$(cd "$build" && pwd)
@@ -65,7 +67,6 @@ hosts() {
   { [ $ok = 1 ] && [ -n "$v" ]; } || { echo "FAILED: $name (see $log)" >&2; v=nan; }
   record "$name" "$v"
 }
-median() { echo "$1" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 
 echo "uptime at start: $(uptime)" >&2
 for rep in $(seq 1 "$REPEATS"); do

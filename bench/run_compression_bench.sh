@@ -22,6 +22,8 @@ set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"  # a session of its own at AUTOGROUP_NICE
 part=${1:-}
 [ "$part" = throughput ] || [ "$part" = accuracy ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+BENCH_DECIMALS=2
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${2:-${GZ_BUILD_DIR:-$root/build}}
 build=$(cd "$build" && pwd)
@@ -118,8 +120,6 @@ launch() {  # gzrun on both hosts, 1 rank each, on port $port; the rest is the c
   echo env -u GZ_NODE_ID "$gzrun" --nnodes 2 --node-rank "{RANK}" --master-addr "$master" --master-port "$port" \
     --nproc-per-node 1 --rdzv-timeout 60 --
 }
-median() { tr ' ' '\n' <<<"$1" | { grep -v '^$' || true; } | sort -g |
-  awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) CPUs; commit $(git -C "$root" rev-parse --short HEAD)" | tee -a "$log" >&2
 echo "uptime at start: $(uptime)" | tee -a "$log" >&2

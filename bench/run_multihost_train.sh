@@ -29,6 +29,8 @@
 #        SEQ (128), CSV (write the medians there too), RUN_TIMEOUT (300 s per run), AUTOGROUP_NICE (-20)
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"  # a session of its own at AUTOGROUP_NICE
+BENCH_DECIMALS=2
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 build=$(cd "$build" && pwd)
@@ -109,7 +111,6 @@ on_host0() {
   record "$name" "$v"
   params=$(sed -n 's/.* params=\([0-9]*\).*/\1/p' "$work/h0.out" | tail -1)
 }
-median() { echo "$1" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 
 declare -A nparams
 echo "uptime at start: $(uptime)" >&2

@@ -17,6 +17,7 @@
 #        KEEP (a directory: keep every run's output and history there)
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 ROUNDS=${ROUNDS:-8}
@@ -34,13 +35,7 @@ mkdir -p "$work"
 echo "runs: $work; build: $build ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 echo "start: $(date -u '+%F %T') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# Text lines for bert_small: "label<TAB>words", 4 classes, 4000 + 200 lines.
-mkdir -p "$work/text"
-awk -v dir="$work/text" 'BEGIN { srand(7); for (f = 0; f < 2; ++f) { n = f ? 200 : 4000;
-  out = dir "/" (f ? "test.tsv" : "train.tsv");
-  for (i = 0; i < n; ++i) { c = int(rand() * 4); line = c "\t";
-    for (w = 0; w < 48; ++w) line = line sprintf("w%d ", int(rand() * 500) + 500 * (rand() < 0.3 ? c : 0));
-    print line > out } } }'
+text_lines "$work/text"  # bert_small's data
 
 args_of() {  # MODEL -> gz-train arguments
   case $1 in
@@ -64,14 +59,7 @@ run() {
     echo nan
     return
   fi
-  python3 - "$dir/history.jsonl" "$WARMUP" <<'EOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-train = [r for r in rows if r["kind"] == "train"]
-a = next(r for r in train if r["step"] == int(sys.argv[2]))
-b = train[-1]
-print("%.4f" % ((b["step"] - a["step"]) / (b["time"] - a["time"])))
-EOF
+  history_steps_per_s "$dir/history.jsonl" "$WARMUP"
 }
 
 # The report's own cost line of an ON run; and a check that OFF really is off.
@@ -102,11 +90,6 @@ for ((r = 1; r <= ROUNDS; ++r)); do
 done
 loads="$loads $(cut -d' ' -f1 /proc/loadavg)"
 
-median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {
-  if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.4f\n", (a[NR/2]+a[NR/2+1])/2}'; }
-span() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk 'NR == 1 {lo=$1} {hi=$1} END {print lo " to " hi}'; }
-ratios() { awk -v a="$1" -v b="$2" 'BEGIN { n = split(a, x, " "); split(b, y, " ");
-  for (i = 1; i <= n; ++i) printf "%s%s", (i > 1 ? " " : ""), (x[i] == "nan" || y[i] == "nan") ? "nan" : sprintf("%.4f", x[i] / y[i]) }'; }
 
 echo
 echo "end: $(date -u '+%F %T') UTC; 1-min load at each round's start and at the end:$loads"

@@ -20,6 +20,7 @@
 #   bench/run_observability_instructions.sh [BUILD_DIR]   (cnn: 3 runs of 4-10 min on a 2-core VM)
 #   env: MODELS ("cnn bert_small"), CNN_STEPS ("5 15"), BERT_STEPS ("2 12"), CONTROL (0), OUT (a directory)
 set -euo pipefail
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 MODELS=${MODELS:-"cnn bert_small"}
@@ -30,13 +31,8 @@ out=${OUT:-$(mktemp -d)}
 command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 2; }
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GZ_SHM_SPIN_US=0
 unset GZ_FLIGHT_RECORDER GZ_STRAGGLER_EVERY
-mkdir -p "$out/text"
 echo "runs: $out; build: $build ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
-awk -v dir="$out/text" 'BEGIN { srand(7); for (f = 0; f < 2; ++f) { n = f ? 200 : 4000;
-  o = dir "/" (f ? "test.tsv" : "train.tsv");
-  for (i = 0; i < n; ++i) { c = int(rand() * 4); line = c "\t";
-    for (w = 0; w < 48; ++w) line = line sprintf("w%d ", int(rand() * 500) + 500 * (rand() < 0.3 ? c : 0));
-    print line > o } } }'
+text_lines "$out/text"  # bert_small's data
 
 args_of() {  # MODEL STEPS -> gz-train arguments
   case $1 in

@@ -8,6 +8,8 @@
 #   flock /work/.bench.lock bench/run_python_bench.sh [BUILD_DIR]
 #   env: REPEATS (5), CNN_STEPS (200), BERT_STEPS (20), WARMUP (5), MODELS ("cnn bert-small")
 set -euo pipefail
+BENCH_DECIMALS=2
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 py=/usr/bin/python3  # Debian's python3 has torch; the one on PATH may not
@@ -39,7 +41,6 @@ for rep in $(seq 1 "$REPEATS"); do
     done
   done
 done
-median() { echo "$1" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 # per_round A B: A's run i / B's run i for every round, then their median
 per_round() {
   local v

@@ -18,6 +18,7 @@
 #        BERT_SAVE (50), KEEP (a directory for every run's output)
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 PARTS=${PARTS:-"recovery cost"}
@@ -38,12 +39,7 @@ mkdir -p "$work"
 echo "runs: $work; build: $build ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 echo "start: $(date -u '+%F %T') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
-mkdir -p "$work/text"  # bert_small's data: "label<TAB>words", 4 classes, 4000 + 200 lines
-awk -v dir="$work/text" 'BEGIN { srand(7); for (f = 0; f < 2; ++f) { n = f ? 200 : 4000;
-  out = dir "/" (f ? "test.tsv" : "train.tsv");
-  for (i = 0; i < n; ++i) { c = int(rand() * 4); line = c "\t";
-    for (w = 0; w < 48; ++w) line = line sprintf("w%d ", int(rand() * 500) + 500 * (rand() < 0.3 ? c : 0));
-    print line > out } } }'
+text_lines "$work/text"  # bert_small's data
 
 args_of() {  # MODEL -> gz-train arguments
   case $1 in
@@ -101,14 +97,7 @@ run() {
   # shellcheck disable=SC2046
   [ "$(gzrun_train "$dir" X=1 -- $(args_of "$model") --max_steps "$max" --save_steps 100000 --eval_steps 100000 \
     --snapshot_every $every)" = nan ] && { echo nan; return; }
-  python3 - "$dir/history.jsonl" "$WARMUP" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-train = [r for r in rows if r["kind"] == "train"]
-a = next(r for r in train if r["step"] == int(sys.argv[2]))
-b = train[-1]
-print("%.4f" % ((b["step"] - a["step"]) / (b["time"] - a["time"])))
-PY
+  history_steps_per_s "$dir/history.jsonl" "$WARMUP"
 }
 declare -A sps
 loads=""
@@ -127,10 +116,6 @@ for ((r = 1; r <= ROUNDS; ++r)); do
     done
   done
 done
-median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {
-  if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.4f\n", (a[NR/2]+a[NR/2+1])/2}'; }
-ratios() { awk -v a="$1" -v b="$2" 'BEGIN { n = split(a, x, " "); split(b, y, " ");
-  for (i = 1; i <= n; ++i) printf "%s%s", (i > 1 ? " " : ""), (x[i] == "nan" || y[i] == "nan") ? "nan" : sprintf("%.4f", x[i] / y[i]) }'; }
 echo
 echo "end: $(date -u '+%F %T') UTC; 1-min load at each round's start:$loads"
 echo

@@ -12,6 +12,7 @@
 #   env: ROUNDS (5), MODELS ("cnn bert_small"), CNN_STEPS (600), BERT_STEPS (60)
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 ROUNDS=${ROUNDS:-5}
@@ -26,12 +27,7 @@ work=$(mktemp -d)
 log=$work/cost.log
 echo "log: $log (load at start: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
 
-# Text lines for bert_small: "label<TAB>words", 4 classes, 4000 + 200 lines.
-mkdir -p "$work/text"
-awk 'BEGIN { srand(7); for (f = 0; f < 2; ++f) { n = f ? 200 : 4000; out = f ? "test.tsv" : "train.tsv";
-  for (i = 0; i < n; ++i) { c = int(rand() * 4); line = c "\t";
-    for (w = 0; w < 48; ++w) line = line sprintf("w%d ", int(rand() * 500) + 500 * (rand() < 0.3 ? c : 0));
-    print line > ("'"$work"'/text/" out) } } }'
+text_lines "$work/text"  # bert_small's data
 
 args_of() {  # MODEL -> gz-train flags
   case $1 in
@@ -77,7 +73,6 @@ for ((r = 1; r <= ROUNDS; ++r)); do
   done
 done
 
-median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 echo
 echo "| model | steps/s off | steps/s on | on/off per round | median on/off | report's own share of rank 0's time |"
 echo "|---|---|---|---|---|---|"

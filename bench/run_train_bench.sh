@@ -12,6 +12,8 @@
 #        SCALING_ONLY (1: only the rows that bound DDP's scaling: single, the pair, DDP at 1 and 2
 #        ranks, DDP without the all-reduce; the others print n/a)
 set -euo pipefail
+BENCH_DECIMALS=2
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 gzrun=$build/tools/gzrun/gzrun
@@ -80,7 +82,6 @@ run_pair() {
   res[$name]="${res[$name]:-} $v"
   printf '  %-30s %10s samples/s\n' "$name" "$v" >&2
 }
-median() { echo "$1" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 
 for rep in $(seq 1 "$REPEATS"); do
   for model in $MODELS; do

@@ -10,6 +10,8 @@
 #   flock /work/.bench.lock bench/run_zero_bench.sh [BUILD_DIR]
 #   env: RANKS (4), REPEATS (3), STEPS (12), WARMUP (3), BATCH (8), SEQ (128), CSV (also write there)
 set -euo pipefail
+BENCH_DECIMALS=2
+. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 gzrun=$build/tools/gzrun/gzrun
@@ -49,7 +51,6 @@ for rep in $(seq 1 "$REPEATS"); do
   done
 done
 
-median() { echo "$1" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.2f", (a[NR/2]+a[NR/2+1])/2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || a == "nan" || b == "nan") print "n/a"; else printf "%.3f", a / b }'; }
 name() { [ "$1" = 0 ] && echo ddp || echo "zero-$1"; }
 echo
