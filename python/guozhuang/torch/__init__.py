@@ -20,6 +20,7 @@ from .functions import (Adasum, Average, Max, Min, Product, Sum, allgather, allg
                         allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall, barrier, broadcast,
                         broadcast_, broadcast_async, broadcast_async_, broadcast_object, poll, synchronize)
 from .optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters, join
+from . import elastic  # noqa: E402,F401  (hvd.elastic.run, hvd.elastic.TorchState)
 
 
 def init(comm=None, process_sets=None):
