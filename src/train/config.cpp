@@ -167,7 +167,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"global_batch_size", Kind::Int, &c.global_batch_size, at_least<int64_t>(&c.global_batch_size, 0)},
       {"log_samples", Kind::Bool, &c.log_samples, none},
       {"zero_stage", Kind::Int, &c.zero_stage, [&c] {
-         if (c.zero_stage < 0 || c.zero_stage > 2) return detail::concat("must be 0, 1 or 2, got ", c.zero_stage);
+         if (c.zero_stage < 0 || c.zero_stage > 3) return detail::concat("must be 0, 1, 2 or 3, got ", c.zero_stage);
          if (c.zero_stage > 0 && c.mode != "ddp") return detail::concat("needs mode: ddp, got mode '", c.mode, "'");
          if (c.zero_stage > 0 && c.mixed_precision == "fp16")
            return std::string("does not work with mixed_precision fp16 (GradScaler); use bf16");

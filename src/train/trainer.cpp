@@ -22,6 +22,7 @@
 #include "gz/train/scheduler.h"
 #include "gz/train/straggler.h"
 #include "comm_algorithms.h"
+#include "train/strategy/fsdp_strategy.h"
 #include "trainer_impl.h"
 
 namespace gz::train {
@@ -336,7 +337,10 @@ std::map<std::string, double> Trainer::evaluate() {
   // Local SGD / async averaging: every rank evaluates (and then saves) the averaged model. Also
   // without a test set: train() ends with an evaluation, which leaves every rank the same model.
   impl_->comm.sync_replicas();
-  if (impl_->strategy) impl_->strategy->synchronize();  // the last step's parameter all-gathers (ZeRO)
+  if (impl_->strategy) {
+    impl_->strategy->synchronize();  // the last step's parameter all-gathers (ZeRO)
+    if (auto* z3 = fsdp_hooks(*impl_->strategy)) z3->gather_model();  // whole until the next forward
+  }
   if (!test_data_ || !model_) return out;
   torch::NoGradGuard no_grad;
   // Rank 0's buffers (batch-norm statistics) everywhere, as DDP uses them in the next forward.

@@ -10,6 +10,7 @@
 #include "gz/core/phase.h"
 #include "gz/torch/collectives.h"
 #include "gz/train/checkpoint.h"
+#include "train/strategy/fsdp_strategy.h"
 #include "trainer_impl.h"
 
 namespace gz::train {
@@ -127,8 +128,11 @@ void Trainer::apply_checkpoint(torch::serialize::InputArchive& root, const Check
     auto cnt = counters.to(torch::kInt64);
     auto at = [&](int i) { return cnt[i].item<int64_t>(); };
     const bool accounted = counters.numel() >= 11;  // written with the sample accounting
+    auto* z3 = fsdp_hooks(*impl_->strategy);
+    if (z3) z3->begin_load();  // whole model and optimizer to load into
     load_module_state(*model_, model_archive, file);
     if (root.try_read("optimizer", opt_archive)) impl_->strategy->optimizer().load(opt_archive);
+    if (z3) z3->end_load();
     if (root.try_read("scaler", scaler_archive)) impl_->scaler->load(scaler_archive);
     if (root.try_read("rng_cpu", rng)) {
       auto gen = at::detail::getDefaultCPUGenerator();

@@ -1,6 +1,7 @@
 // fully_shard (ZeRO stage 3): 100 steps equal plain DDP's losses at 1-4 ranks (plain, gradient
 // accumulation with and without no_sync, clipping), each rank holds a quarter of DDP's parameter,
-// gradient and optimizer memory at 4 ranks, units by size, misuse refused.
+// gradient and optimizer memory at 4 ranks, a failed pass leaves no trace, the module is whole
+// after the wrapper, units by size, misuse refused.
 #include <torch/optim/adamw.h>
 
 #include <optional>
@@ -30,8 +31,18 @@ struct BlockImpl : torch::nn::Module {
     a = register_module("a", torch::nn::Linear(w, w));
     b = register_module("b", torch::nn::Linear(w, w));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return x + b->forward(torch::tanh(a->forward(x))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (fail_forward) throw std::runtime_error("injected forward failure");
+    auto h = torch::tanh(a->forward(x));
+    // Between b's gradients and a's: the unit is half way through its backward.
+    if (fail_backward && h.requires_grad())
+      h.register_hook([](const torch::Tensor&) -> torch::Tensor {
+        throw std::runtime_error("injected backward failure");
+      });
+    return x + b->forward(h);
+  }
   torch::nn::Linear a{nullptr}, b{nullptr};
+  bool fail_forward = false, fail_backward = false;  // fault injection
 };
 TORCH_MODULE(Block);
 
@@ -309,6 +320,97 @@ TEST(FullyShard, OptimizerStateUnshardsAndShardsBack) {
           moments[i]))
           << "rank " << r << " shard " << i;
   });
+}
+
+// A pass that throws inside a unit (its forward, or half way through its backward while other
+// units' reduce-scatters and a prefetch are in flight) leaves nothing behind: the run that repeats
+// the step trains exactly as one without the failure, and nothing stays whole.
+class FullyShardFailedPass : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FullyShardFailedPass, NextStepTrainsAsIfItNeverHappened) {
+  const bool in_backward = GetParam();
+  const int world = 2, steps = 6, fail_after = 2;
+  Config c;
+  auto d = make_data(steps, world * kB);
+  const TrainRun ref = run_fsdp(world, c, d, steps);
+  TrainRun got;
+  auto models = make_stacks(world, c);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    auto fsdp = fully_shard(m.ptr(), m->units(), g);
+    torch::optim::AdamW opt(fsdp->parameters(), adamw());
+    TrainRun run;
+    auto* middle = m->body->ptr(1)->as<BlockImpl>();
+    auto fail_once = [&, step = 0]() mutable {
+      if (++step != fail_after) return;
+      (in_backward ? middle->fail_backward : middle->fail_forward) = true;
+      EXPECT_ANY_THROW({
+        auto out = fsdp->forward([&] { return m->forward(shard(d.x[0], r, kB)); });
+        torch::mse_loss(out, shard(d.y[0], r, kB)).backward();
+      });
+      middle->fail_backward = middle->fail_forward = false;
+      if (!in_backward) EXPECT_EQ(fsdp->memory().whole_now, 0) << "a failed forward left units whole";
+    };
+    train(
+        opt, c, d, steps, r, run,
+        [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); }, [](double) {},
+        [] { return std::optional<std::shared_ptr<void>>(); }, fail_once);
+    EXPECT_EQ(fsdp->memory().whole_now, 0) << "whole parameters or gradients left after the step";
+    auto params = fsdp->gather_full_parameters();
+    if (r != 0) return;
+    run.params = params;
+    got = std::move(run);
+  });
+  EXPECT_EQ(got.losses, ref.losses);
+  ASSERT_EQ(got.params.size(), ref.params.size());
+  for (size_t i = 0; i < ref.params.size(); ++i) EXPECT_TRUE(torch::equal(got.params[i], ref.params[i])) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(FullyShard, FullyShardFailedPass, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "InBackward" : "InForward";
+                         });
+
+// Destroying the wrapper gives the module its whole, trained parameters (gathered from the
+// shards, after a step or after unshard()): it goes on training without the wrapper.
+TEST(FullyShard, DestroyedWrapperLeavesTheModuleWhole) {
+  const int world = 2, steps = 3;
+  Config c;
+  auto d = make_data(steps, world * kB);
+  for (const bool unshard_first : {false, true}) {
+    SCOPED_TRACE(unshard_first ? "after unshard()" : "after a step");
+    auto models = make_stacks(world, c);
+    run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+      auto g = make_comm(r, world, store);
+      auto& m = models[r];
+      auto fsdp = fully_shard(m.ptr(), m->units(), g);
+      torch::optim::AdamW opt(fsdp->parameters(), adamw());
+      TrainRun run;
+      train(
+          opt, c, d, steps, r, run,
+          [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); }, [](double) {},
+          [] { return std::optional<std::shared_ptr<void>>(); });
+      const auto want = fsdp->gather_full_parameters();
+      if (unshard_first) fsdp->unshard();
+      fsdp.reset();
+      const auto params = m->parameters();
+      ASSERT_EQ(params.size(), want.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto& p = params[i];
+        ASSERT_GE(p.storage().nbytes(), static_cast<size_t>(p.numel() * p.element_size()))
+            << "rank " << r << " parameter " << i << " holds no memory";
+        EXPECT_TRUE(torch::equal(p, want[i])) << "rank " << r << " parameter " << i;
+      }
+      torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1));
+      torch::mse_loss(m->forward(shard(d.x[0], r, kB)), shard(d.y[0], r, kB)).backward();
+      sgd.step();
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_TRUE(params[i].grad().defined()) << i;
+        EXPECT_FALSE(torch::equal(params[i], want[i])) << "parameter " << i << " did not train";
+      }
+    });
+  }
 }
 
 TEST(FullyShard, UnitsBySizeTakeTheBlocks) {

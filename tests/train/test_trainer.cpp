@@ -8,9 +8,11 @@
 
 #include "gz/comm/shm.h"
 #include "gz/core/error.h"
+#include "gz/torch/fully_shard.h"
 #include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/checkpoint.h"
 #include "gz/train/data_loader.h"
+#include "gz/train/models/shard_units.h"
 #include "gz/train/synthetic_dataset.h"
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
@@ -21,16 +23,18 @@ using namespace gz::train;
 namespace {
 
 // A tiny classifier on [1, 4, 4] inputs; dropout makes a resume depend on the RNG state.
-struct TinyNetImpl : ModelImpl {
+struct TinyNetImpl : ModelImpl, ShardUnits {
   explicit TinyNetImpl(double dropout = 0.2) : p(dropout) {
     fc1 = register_module("fc1", torch::nn::Linear(16, 32));
     fc2 = register_module("fc2", torch::nn::Linear(32, 4));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(fc1->forward(x.reshape({x.size(0), -1})));
+    // fc1 is a unit of its own at zero_stage 3 (fc2 stays with the root).
+    x = torch::relu(gz::run_unit(*fc1, [&] { return fc1->forward(x.reshape({x.size(0), -1})); }));
     if (p > 0) x = torch::dropout(x, p, is_training());
     return fc2->forward(x);
   }
+  std::vector<std::shared_ptr<torch::nn::Module>> shard_units() const override { return {fc1.ptr()}; }
   std::shared_ptr<ModelImpl> clone_model() const override {
     auto c = std::make_shared<TinyNetImpl>(p);
     torch::NoGradGuard g;
@@ -502,6 +506,33 @@ TEST(Trainer, ZeroStagesMatchDdpAndResumeAnywhere) {
   t.train();
   EXPECT_EQ(rec->step, 6);
   EXPECT_GT(t.state().step, 6);
+}
+
+// Stage 3 (fully sharded, fc1 a unit of its own) trains as DDP does, with accumulation and
+// clipping; its checkpoints (whole model, unsharded optimizer state) resume it after a crash and
+// load at stage 2.
+TEST(Trainer, ZeroStage3MatchesDdpAndResumes) {
+  TmpDir a("z3_a"), b("z3_b"), c("z3_c");
+  auto ca = base_config(a.path), cb = base_config(b.path), cc = base_config(c.path);
+  for (auto* x : {&ca, &cb, &cc}) {
+    x->num_epochs = 2;  // 4 steps per epoch with 2 ranks
+    x->save_steps = 3;
+    x->max_grad_norm = 0.5;
+  }
+  auto ddp = run_two_ranks("ddp", ca, -1);
+  cb.zero_stage = 3;
+  auto z3 = run_two_ranks("ddp", cb, -1);
+  ASSERT_EQ(ddp.size(), z3.size());
+  for (size_t i = 0; i < ddp.size(); ++i) EXPECT_TRUE(torch::allclose(ddp[i], z3[i], 1e-5, 1e-6)) << i;
+  cc.zero_stage = 3;
+  EXPECT_THROW(run_two_ranks("ddp", cc, 5), gz::Aborted);  // checkpoint at step 3
+  cc.resume_from_checkpoint = "auto";
+  expect_same(z3, run_two_ranks("ddp", cc, -1));
+  cc.zero_stage = 2;  // the stage-3 checkpoint of step 6 at stage 2: the same state
+  cc.resume_from_checkpoint = (c.path / "checkpoints" / "checkpoint-00000006").string();
+  auto z2 = run_two_ranks("ddp", cc, -1);
+  ASSERT_EQ(z2.size(), z3.size());
+  for (size_t i = 0; i < z3.size(); ++i) EXPECT_TRUE(torch::allclose(z2[i], z3[i], 1e-5, 1e-6)) << i;
 }
 
 namespace {

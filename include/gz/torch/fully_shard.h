@@ -71,12 +71,19 @@ struct FullyShardMemory {
 /// between steps: use gather_full_parameters()); buffers are broadcast once, at construction.
 /// A unit that the model never runs through gz::run_unit() during the first forward stays whole
 /// for good (logged once; correct, but saves no memory).
+///
+/// A forward or backward that throws (on every rank alike) leaves nothing behind: forward() and
+/// unshard() first wait for its ops, free what it gathered and drop its partial gradients
+/// (gradients earlier passes reduced into the shards stay). Destroying the object gives the module
+/// its whole parameters back: collective, as every rank destroys its own; while an exception
+/// unwinds it does not wait for peers and leaves them NaN instead.
 class FullyShardedDataParallel {
  public:
   /// @brief As gz::fully_shard(). Collective.
   FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> module,
                            std::vector<std::shared_ptr<torch::nn::Module>> units, comm::CommPtr group,
                            FullyShardOptions options);
+  /// @brief Collective: the module keeps its whole parameters (see the class).
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;

@@ -3,6 +3,7 @@
 #include "gz/torch/fully_shard.h"
 
 #include <exception>
+#include <limits>
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
@@ -132,16 +133,100 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Mo
   im.install_hooks();
 }
 
+namespace {
+
+using Impl = FullyShardedDataParallel::Impl;
+
+// A forward or backward that threw left its state behind. LibTorch's engine drops the
+// end-of-backward callback of a failed backward, so nothing else would reset it.
+bool pass_left_open(const Impl& s) {
+  if (s.callback_queued) return true;
+  for (const auto& u : s.units)
+    if (u.in_backward || u.reduce || u.gather) return true;
+  return false;
+}
+
+// Waits for that pass's ops, frees what it gathered and drops its partial gradients (and those
+// no_sync() kept): a unit left "in backward" would skip its gather in the next backward and read
+// freed memory. Gradients that earlier backward passes reduced into the shards stay.
+void abandon_pass(Impl& s) noexcept {
+  s.callback_queued = false;
+  for (auto& u : s.units) {
+    for (auto* w : {&u.gather, &u.reduce})
+      if (*w) {
+        comm::finish_or_abort(*s.group, **w, "FullyShardedDataParallel: an op of a failed pass");
+        w->reset();
+      }
+    u.reduced = torch::Tensor();
+    u.in_backward = false;
+    u.pending = 0;
+    for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
+    if (u.grad_full.defined()) s.track(-bytes_of(u.grad_full));
+    u.grad_full = torch::Tensor();
+    if (!live(u)) continue;
+    if (u.always_whole)
+      u.state = FsdpUnit::State::sharded;  // keeps its memory; the next forward gathers it again
+    else
+      s.release_full(u);
+  }
+}
+
+void gather_all(Impl& s) {
+  s.mark_stale();
+  for (size_t i = 0; i < s.units.size(); ++i) s.start_gather(i);
+  for (size_t i = 0; i < s.units.size(); ++i) s.ensure_whole(i);
+}
+
+// The module outlives its wrapper: its parameters get the whole values (every rank destroys its
+// wrapper, so the all-gathers meet). Not while an exception unwinds: the peers may be gone, and
+// waiting would only end at the op's deadline; the parameters are NaN then, never silently stale.
+void give_back_parameters(Impl& s) noexcept {
+  const bool unwinding = std::uncaught_exceptions() > 0;
+  if (!unwinding) {
+    try {
+      gather_all(s);
+      return;
+    } catch (const std::exception& e) {
+      GZ_LOG(error, "FullyShardedDataParallel: rank ", s.rank,
+             ": gathering the parameters at teardown failed: ", e.what());
+    } catch (...) {
+      GZ_LOG(error, "FullyShardedDataParallel: rank ", s.rank,
+             ": gathering the parameters at teardown failed");
+    }
+  }
+  GZ_LOG(warn, "FullyShardedDataParallel: rank ", s.rank, ": destroyed ",
+         unwinding ? "while an exception unwinds" : "after a failed gather",
+         ": the module's sharded parameters are left NaN");
+  s.wait_all_work();
+  torch::NoGradGuard no_grad;
+  for (auto& u : s.units) {
+    u.gather.reset();
+    if (!live(u)) continue;
+    s.allocate_full(u);
+    u.full.fill_(std::numeric_limits<double>::quiet_NaN());
+  }
+}
+
+}  // namespace
+
 FullyShardedDataParallel::~FullyShardedDataParallel() {
-  impl_->wait_all_work();
-  impl_->remove_hooks();
+  auto& im = *impl_;
+  if (pass_left_open(im)) abandon_pass(im);
+  im.remove_hooks();
+  give_back_parameters(im);
 }
 
 torch::Tensor FullyShardedDataParallel::forward(const std::function<torch::Tensor()>& fn) {
   auto& im = *impl_;
   ActiveScope scope(&im);
-  im.begin_forward();
-  torch::Tensor out = fn();
+  torch::Tensor out;
+  try {
+    im.begin_forward();
+    out = fn();
+  } catch (...) {
+    abandon_pass(im);  // nothing of a failed forward stays gathered or in flight
+    throw;
+  }
   const bool grad = torch::GradMode::is_enabled() && out.defined() && out.requires_grad();
   if (grad) out = im.attach_pre_backward(0, out);  // the root stays whole: its backward comes first
   im.end_forward(grad);
@@ -158,6 +243,7 @@ void FullyShardedDataParallel::Impl::mark_stale() {
 }
 
 void FullyShardedDataParallel::Impl::begin_forward() {
+  if (pass_left_open(*this)) abandon_pass(*this);  // the last forward or backward threw
   mark_stale();
   // The first forward gathers every unit: one that the model does not run through run_unit()
   // must still be whole when it is read.
@@ -217,9 +303,8 @@ std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {
 void FullyShardedDataParallel::unshard() {
   auto& im = *impl_;
   GZ_CHECK_ARG(!im.in_forward, "FullyShardedDataParallel: unshard() inside forward()");
-  im.mark_stale();
-  for (size_t i = 0; i < im.units.size(); ++i) im.start_gather(i);
-  for (size_t i = 0; i < im.units.size(); ++i) im.ensure_whole(i);
+  if (pass_left_open(im)) abandon_pass(im);
+  gather_all(im);
 }
 
 std::vector<torch::Tensor> FullyShardedDataParallel::gather_full_parameters() {

@@ -5,6 +5,7 @@
 
 #include "gz/core/error.h"
 #include "strategies.h"
+#include "train/strategy/fsdp_strategy.h"
 
 namespace gz::train {
 
@@ -53,6 +54,7 @@ std::unique_ptr<ParallelStrategy> make_strategy(const StrategyOptions& o, ModelP
     case ParallelMode::single:
       return make_single_strategy(std::move(model), std::move(optimizer));
     case ParallelMode::ddp:
+      if (o.zero_stage == 3) return make_fsdp_strategy(o, std::move(model), std::move(optimizer));
       return make_ddp_strategy(o, std::move(model), std::move(optimizer));
     case ParallelMode::horovod:
       return make_horovod_strategy(o, std::move(model), std::move(optimizer));
