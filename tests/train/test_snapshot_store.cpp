@@ -1,9 +1,13 @@
 // SnapshotStore and SnapshotWriter: atomic files, generations kept, refusals.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <vector>
 
 #include "gz/core/error.h"
 #include "gz/train/recovery/snapshot_store.h"
@@ -72,16 +76,71 @@ TEST(SnapshotStore, RefusesAnotherConfigAStepMismatchAndDamage) {
   EXPECT_TRUE(s.steps().empty());
 }
 
-TEST(SnapshotStore, ATempFileOfADeadWriterIsIgnoredAndCleanedUp) {
+// A writer killed mid-write leaves a temp file behind: removed once its process is gone and the
+// file untouched for a minute; a live writer's (this process's, another live process's, or one
+// just written) stays. Mutation check: removing every ".snap-" temp file in write() (as before)
+// fails the three "kept" expectations.
+TEST(SnapshotStore, OnlyATempFileOfADeadWriterIsCleanedUp) {
   Dir d;
   SnapshotStore s(d.path.string(), 2);
   s.write({1, 0, 1, 7}, payload(1));
-  const fs::path stale = d.path / ".snap-000000000002.bin.tmp-999-0";
-  std::ofstream(stale) << "half a snapshot";
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  auto temp = [&](long pid, const char* tag, bool old) {
+    const fs::path f = d.path / (".snap-000000000002.bin.tmp-" + std::to_string(pid) + "-" + tag + "-0");
+    std::ofstream(f) << "half a snapshot";
+    if (old) fs::last_write_time(f, fs::file_time_type::clock::now() - std::chrono::minutes(5));
+    return f;
+  };
+  const fs::path stale = temp(dead, "a", true), fresh = temp(dead, "b", false);
+  const fs::path mine = temp(::getpid(), "c", true), live = temp(::getppid(), "d", true);
   EXPECT_EQ(s.steps(), (std::vector<int64_t>{1}));
   s.write({2, 0, 1, 7}, payload(2));
-  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_FALSE(fs::exists(stale)) << "a dead writer's temp file was left";
+  EXPECT_TRUE(fs::exists(fresh)) << "a temp file written a moment ago was removed";
+  EXPECT_TRUE(fs::exists(mine)) << "a temp file of this process was removed";
+  EXPECT_TRUE(fs::exists(live)) << "a temp file of a live process was removed";
   EXPECT_EQ(s.steps(), (std::vector<int64_t>{2, 1}));
+}
+
+// Two processes (two jobs, or two ranks of a node) writing into one folder: neither deletes the
+// other's temp file mid-write, so no write fails. Mutation check: removing every ".snap-" temp
+// file in write() (as before) makes writes fail with "rename snapshot ... No such file".
+TEST(SnapshotStore, TwoWritersInOneFolderDoNotBreakEachOthersWrites) {
+  Dir d;
+  SnapshotStore(d.path.string(), 2).write({1, 0, 1, 7}, payload(1));  // the folder exists
+  const fs::path errors = d.path.string() + "-errors";
+  fs::remove(errors);
+  std::vector<pid_t> kids;
+  for (int w = 0; w < 2; ++w) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      SnapshotStore s(d.path.string(), 2);
+      const std::string bytes(1 << 20, static_cast<char>('0' + w));
+      for (int64_t i = 0; i < 150; ++i) {
+        try {
+          s.write({1000 * (w + 1) + i, 0, 1, 7}, bytes);
+        } catch (const std::exception& e) {
+          std::ofstream(errors, std::ios::app) << "writer " << w << ": " << e.what() << "\n";
+          ::_exit(1);
+        }
+      }
+      ::_exit(0);
+    }
+    kids.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t k : kids) {
+    int status = 0;
+    ::waitpid(k, &status, 0);
+    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::ifstream in(errors);
+  const std::string why((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(failed, 0) << why;
+  fs::remove(errors);
 }
 
 TEST(SnapshotWriter, WritesInTheBackgroundAndFinishesOnDestruction) {
@@ -106,8 +165,8 @@ TEST(SnapshotWriter, AFailedWriteIsReportedByTheNextSubmit) {
 }
 
 // /dev/shm is world-writable: a snapshot folder another user can write into (or made, or a
-// symbolic link) is neither written nor read; one they may only read is fine (files are 0600). Mutation check: dropping the mode test in
-// private_dir_problem() makes both expectations below fail.
+// symbolic link) is neither written nor read; one they may only read is fine (files are 0600). Mutation
+// check: dropping the mode test in private_dir_problem() makes both expectations below fail.
 TEST(SnapshotStore, AFolderOthersCanWriteIsNotUsed) {
   Dir d;
   SnapshotStore s(d.path.string(), 2);

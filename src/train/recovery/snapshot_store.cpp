@@ -2,14 +2,18 @@
 #include "gz/train/recovery/snapshot_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
@@ -101,13 +105,46 @@ void ensure_private_dir(const std::string& dir) {
     if (per_user_parent && ::mkdir(d.parent_path().c_str(), 0700) != 0 && errno != EEXIST)
       throw SystemError("create snapshot folder " + d.parent_path().string(), errno);
   }
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw SystemError("create snapshot folder " + dir, errno);
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw SystemError("create snapshot folder " + dir, errno);
   std::vector<std::string> check{dir};
   if (per_user_parent) check.push_back(d.parent_path().string());
   for (const auto& c : check) {
     const std::string why = private_dir_problem(c);
     if (!why.empty()) GZ_THROW(Error, "snapshot folder ", c, " ", why, ": not used");
   }
+}
+
+// ".snap-<step>.bin.tmp-<pid>-<nonce>-<n>": unique per writer, also between two processes with
+// the same pid in different pid namespaces that share /dev/shm (the nonce).
+std::string temp_path_for(const std::string& final_path) {
+  static const std::string nonce = [] {
+    std::random_device rd;
+    char hex[20];
+    std::snprintf(hex, sizeof hex, "%08x%08x", rd(), rd());
+    return std::string(hex);
+  }();
+  static std::atomic<unsigned> counter{0};
+  const fs::path p(final_path);
+  return (p.parent_path() / detail::concat(".", p.filename().string(), ".tmp-", ::getpid(), "-", nonce, "-",
+                                           counter.fetch_add(1)))
+      .string();
+}
+
+// A temp file whose writer is gone: its process no longer exists and the file has not been
+// written to for a minute. Both, because a pid from another pid namespace (a container sharing
+// /dev/shm) may look dead while its writer is alive; a live writer touches its file with every
+// write(). Removing a live writer's temp file would fail its rename and end its snapshots.
+bool abandoned_temp(const fs::path& file) {
+  const std::string name = file.filename().string();
+  const auto at = name.rfind(".tmp-");
+  if (at == std::string::npos) return false;
+  const long pid = std::atol(name.c_str() + at + 5);
+  if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
+    return false;
+  std::error_code ec;
+  const auto written = fs::last_write_time(file, ec);
+  return !ec && fs::file_time_type::clock::now() - written > std::chrono::minutes(1);
 }
 
 }  // namespace
@@ -129,7 +166,7 @@ std::string SnapshotStore::path(int64_t step) const {
 void SnapshotStore::write(const SnapshotHeader& header, const std::string& payload) const {
   ensure_private_dir(dir_);
   std::error_code ec;
-  const std::string final_path = path(header.step), tmp = temp_name_for(final_path);
+  const std::string final_path = path(header.step), tmp = temp_path_for(final_path);
   FileHeader h{};
   std::memcpy(h.magic, kMagic, 8);
   h.step = header.step;
@@ -156,12 +193,13 @@ void SnapshotStore::write(const SnapshotHeader& header, const std::string& paylo
     ::unlink(tmp.c_str());
     throw SystemError("rename snapshot " + tmp + " to " + final_path, err);
   }
-  // Older generations and temp files of writers that died in the middle of a write.
+  // Older generations and temp files of writers that died in the middle of a write (never those
+  // of a live writer: two jobs, or a job's ranks, may share the folder).
   auto kept = steps();
   for (auto& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind(".snap-", 0) == 0) {  // temp_name_for(): ".snap-<step>.bin.tmp-<pid>-<n>"
-      fs::remove(entry.path(), ec);
+    if (name.rfind(".snap-", 0) == 0) {
+      if (abandoned_temp(entry.path())) fs::remove(entry.path(), ec);
       continue;
     }
     if (name.rfind("snap-", 0) != 0 || name == fs::path(final_path).filename().string()) continue;
