@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <vector>
 
 #include "gz/core/error.h"
@@ -25,6 +26,8 @@ struct Dir {
   ~Dir() { fs::remove_all(path); }
 };
 
+constexpr uint64_t kRun = 0x5eed;
+
 std::string payload(int64_t step) {
   return std::string(1000 + static_cast<size_t>(step), static_cast<char>('a' + step));
 }
@@ -33,7 +36,7 @@ std::string payload(int64_t step) {
 
 TEST(SnapshotStore, KeepsTheNewestGenerationsAndReadsThemBack) {
   Dir d;
-  SnapshotStore s(d.path.string(), 2);
+  SnapshotStore s(d.path.string(), 2, kRun);
   EXPECT_TRUE(s.steps().empty());
   for (int64_t step = 1; step <= 4; ++step) s.write({step, 0, 2, 77}, payload(step));
   EXPECT_EQ(s.steps(), (std::vector<int64_t>{4, 3}));
@@ -46,7 +49,7 @@ TEST(SnapshotStore, KeepsTheNewestGenerationsAndReadsThemBack) {
 
 TEST(SnapshotStore, RefusesAnotherConfigAStepMismatchAndDamage) {
   Dir d;
-  SnapshotStore s(d.path.string(), 2);
+  SnapshotStore s(d.path.string(), 2, kRun);
   s.write({5, 0, 2, 77}, payload(5));
   try {
     s.read(5, 78);
@@ -82,14 +85,15 @@ TEST(SnapshotStore, RefusesAnotherConfigAStepMismatchAndDamage) {
 // fails the three "kept" expectations.
 TEST(SnapshotStore, OnlyATempFileOfADeadWriterIsCleanedUp) {
   Dir d;
-  SnapshotStore s(d.path.string(), 2);
+  SnapshotStore s(d.path.string(), 2, kRun);
   s.write({1, 0, 1, 7}, payload(1));
   const pid_t dead = ::fork();
   if (dead == 0) ::_exit(0);
   ASSERT_GT(dead, 0);
   ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
   auto temp = [&](long pid, const char* tag, bool old) {
-    const fs::path f = d.path / (".snap-000000000002.bin.tmp-" + std::to_string(pid) + "-" + tag + "-0");
+    const fs::path f =
+        d.path / (".snap-000000000002-0000000000005eed.bin.tmp-" + std::to_string(pid) + "-" + tag + "-0");
     std::ofstream(f) << "half a snapshot";
     if (old) fs::last_write_time(f, fs::file_time_type::clock::now() - std::chrono::minutes(5));
     return f;
@@ -110,14 +114,14 @@ TEST(SnapshotStore, OnlyATempFileOfADeadWriterIsCleanedUp) {
 // file in write() (as before) makes writes fail with "rename snapshot ... No such file".
 TEST(SnapshotStore, TwoWritersInOneFolderDoNotBreakEachOthersWrites) {
   Dir d;
-  SnapshotStore(d.path.string(), 2).write({1, 0, 1, 7}, payload(1));  // the folder exists
+  SnapshotStore(d.path.string(), 2, kRun).write({1, 0, 1, 7}, payload(1));  // the folder exists
   const fs::path errors = d.path.string() + "-errors";
   fs::remove(errors);
   std::vector<pid_t> kids;
   for (int w = 0; w < 2; ++w) {
     const pid_t pid = ::fork();
     if (pid == 0) {
-      SnapshotStore s(d.path.string(), 2);
+      SnapshotStore s(d.path.string(), 2, kRun);
       const std::string bytes(1 << 20, static_cast<char>('0' + w));
       for (int64_t i = 0; i < 150; ++i) {
         try {
@@ -145,7 +149,7 @@ TEST(SnapshotStore, TwoWritersInOneFolderDoNotBreakEachOthersWrites) {
 
 TEST(SnapshotWriter, WritesInTheBackgroundAndFinishesOnDestruction) {
   Dir d;
-  SnapshotStore s(d.path.string(), 2);
+  SnapshotStore s(d.path.string(), 2, kRun);
   {
     SnapshotWriter w(s);
     for (int64_t step = 1; step <= 3; ++step) w.submit({step, 0, 1, 7}, payload(step));
@@ -157,7 +161,7 @@ TEST(SnapshotWriter, WritesInTheBackgroundAndFinishesOnDestruction) {
 TEST(SnapshotWriter, AFailedWriteIsReportedByTheNextSubmit) {
   Dir d;
   std::ofstream(d.path.string() + "_file") << "x";  // a file where the folder should be
-  SnapshotStore s(d.path.string() + "_file/sub", 2);
+  SnapshotStore s(d.path.string() + "_file/sub", 2, kRun);
   SnapshotWriter w(s);
   w.submit({1, 0, 1, 7}, payload(1));
   EXPECT_THROW(w.flush(), gz::Error);
@@ -169,7 +173,7 @@ TEST(SnapshotWriter, AFailedWriteIsReportedByTheNextSubmit) {
 // check: dropping the mode test in private_dir_problem() makes both expectations below fail.
 TEST(SnapshotStore, AFolderOthersCanWriteIsNotUsed) {
   Dir d;
-  SnapshotStore s(d.path.string(), 2);
+  SnapshotStore s(d.path.string(), 2, kRun);
   s.write({1, 0, 2, 77}, payload(1));
   EXPECT_EQ(fs::status(d.path).permissions() & fs::perms::all, fs::perms::owner_all) << "made private";
   fs::permissions(d.path, fs::perms::all);  // 0777: anyone may plant a file
@@ -181,6 +185,53 @@ TEST(SnapshotStore, AFolderOthersCanWriteIsNotUsed) {
   const fs::path link = d.path.string() + "-link";
   fs::remove(link);
   fs::create_directory_symlink(d.path, link);
-  EXPECT_TRUE(SnapshotStore(link.string(), 2).steps().empty()) << "followed a symbolic link";
+  EXPECT_TRUE(SnapshotStore(link.string(), 2, kRun).steps().empty()) << "followed a symbolic link";
   fs::remove(link);
+}
+
+// gzrun's GZ_RUN_ID is "<job>-<round>": the round goes, the job stays; torchrun's run id is the
+// same in every round already, except its default "none" (any run's); no launcher, no id.
+TEST(SnapshotRunId, TheSameAcrossALaunchersRestartsAndNewForANewLaunch) {
+  using gz::Env;
+  using gz::train::snapshot_run_id;
+  using Vars = std::map<std::string, std::string>;
+  auto gzrun = [](const std::string& job, int round) {
+    return Env(
+        {{"GZ_RUN_ID", job + "-" + std::to_string(round)}, {"GZ_RESTART_COUNT", std::to_string(round)}});
+  };
+  EXPECT_EQ(snapshot_run_id(gzrun("4242", 0)), snapshot_run_id(gzrun("4242", 3)));
+  EXPECT_NE(snapshot_run_id(gzrun("4242", 0)), snapshot_run_id(gzrun("4243", 0)));
+  EXPECT_FALSE(snapshot_run_id(gzrun("4242", 0)).empty());
+  EXPECT_EQ(snapshot_run_id(Env()), "");
+  EXPECT_EQ(snapshot_run_id(Env(Vars{{"TORCHELASTIC_RUN_ID", "none"}})), "");
+  EXPECT_EQ(snapshot_run_id(Env(Vars{{"TORCHELASTIC_RUN_ID", "abc"}, {"TORCHELASTIC_RESTART_COUNT", "2"}})),
+            snapshot_run_id(Env(Vars{{"TORCHELASTIC_RUN_ID", "abc"}})));
+  EXPECT_NE(snapshot_run_id(Env(Vars{{"TORCHELASTIC_RUN_ID", "abc"}})),
+            snapshot_run_id(Env(Vars{{"TORCHELASTIC_RUN_ID", "abd"}})));
+}
+
+// A finished or failed job's snapshots in the same folder are not a new run's: neither listed nor
+// read (also when a file is renamed to the new run's name), nor pruned by its writes; the new run
+// removes them. Mutation check: a store that ignores its run (path() and steps() without it)
+// lists the old run's steps 5 and 4.
+TEST(SnapshotStore, AnotherRunsSnapshotsAreNotListedNorReadAndAreRemoved) {
+  Dir d;
+  SnapshotStore old_run(d.path.string(), 2, 11), new_run(d.path.string(), 2, 12);
+  for (int64_t step = 3; step <= 5; ++step) old_run.write({step, 0, 2, 77}, payload(step));
+  EXPECT_TRUE(new_run.steps().empty()) << "another run's snapshot would be restored";
+  new_run.write({1, 0, 2, 77}, payload(1));
+  EXPECT_EQ(new_run.steps(), (std::vector<int64_t>{1}));
+  EXPECT_EQ(old_run.steps(), (std::vector<int64_t>{5, 4})) << "one run pruned another's";
+  fs::copy_file(old_run.path(5), new_run.path(5));  // renamed: its header still names the old run
+  EXPECT_EQ(new_run.steps(), (std::vector<int64_t>{1}));
+  try {
+    new_run.read(5, 77);
+    FAIL() << "another run's snapshot was read";
+  } catch (const gz::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("another run"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(new_run.remove_other_runs(), 3);
+  EXPECT_TRUE(old_run.steps().empty());
+  EXPECT_EQ(new_run.steps(), (std::vector<int64_t>{1}));
+  EXPECT_EQ(new_run.read(1, 77), payload(1));
 }

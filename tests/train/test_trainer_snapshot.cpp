@@ -11,8 +11,10 @@
 
 #include "../../src/torch/torch_compat.h"  // the optimizer's state of a parameter
 #include "gz/comm/shm.h"
+#include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/train/callback.h"
+#include "gz/train/recovery/snapshot_store.h"
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
 
@@ -166,6 +168,25 @@ void expect_same(const Captured& want, const Captured& got, const std::string& w
         << who << ": optimizer tensor " << i << " differs";
 }
 
+// The environment gzrun gives the workers of round `round` of job `job` (GZ_RUN_ID
+// "<job>-<round>", GZ_RESTART_COUNT); set before the rank threads start, removed after.
+struct LauncherEnv {
+  LauncherEnv(const std::string& job, int round) {
+    ::setenv("GZ_RUN_ID", (job + "-" + std::to_string(round)).c_str(), 1);
+    ::setenv("GZ_RESTART_COUNT", std::to_string(round).c_str(), 1);
+  }
+  ~LauncherEnv() {
+    ::unsetenv("GZ_RUN_ID");
+    ::unsetenv("GZ_RESTART_COUNT");
+  }
+};
+
+// The steps of job `job`'s snapshots in `dir`.
+std::vector<int64_t> snapshot_steps(const fs::path& dir, const std::string& job) {
+  const gz::Env env({{"GZ_RUN_ID", job + "-0"}, {"GZ_RESTART_COUNT", "0"}});
+  return SnapshotStore(dir.string(), 2, stable_hash(snapshot_run_id(env))).steps();
+}
+
 struct TmpDir {
   fs::path path = fs::temp_directory_path() / ("gz_snapshot_" + std::to_string(::getpid()));
   TmpDir() { fs::remove_all(path); }
@@ -179,9 +200,19 @@ void crash_and_resume(const std::vector<fs::path>& first_dirs, const std::vector
   TrainConfig c = config(tmp.path);
   TrainConfig ref = c;
   ref.work_dir = (tmp.path / "ref").string();
-  auto uninterrupted = launch(ref, {tmp.path / "ref0", tmp.path / "ref1"}, -1, reference);
-  launch(c, first_dirs, 5, crashed);
-  auto final_params = launch(c, second_dirs, -1, resumed);
+  std::vector<torch::Tensor> uninterrupted, final_params;
+  {
+    LauncherEnv job("4000", 0);
+    uninterrupted = launch(ref, {tmp.path / "ref0", tmp.path / "ref1"}, -1, reference);
+  }
+  {
+    LauncherEnv job("4100", 0);
+    launch(c, first_dirs, 5, crashed);
+  }
+  {
+    LauncherEnv job("4100", 1);  // gzrun's restart of the same job
+    final_params = launch(c, second_dirs, -1, resumed);
+  }
   // Both ranks continue from exactly the state they had after step 5: no step redone.
   for (int r = 0; r < 2; ++r)
     expect_same(crashed.after_step[r], resumed.at_begin[r], "rank " + std::to_string(r));
@@ -215,9 +246,36 @@ TEST(TrainerSnapshot, ASnapshotOfAnotherConfigIsRefusedForTheDiskCheckpoint) {
   const fs::path node = tmp.path / "node";
   Probe crashed(12), resumed(12);
   TrainConfig c = config(tmp.path);
-  launch(c, {node, node}, 12, crashed);  // a disk checkpoint at step 10 (epoch end), snapshot at 12
+  {
+    LauncherEnv job("4200", 0);
+    launch(c, {node, node}, 12, crashed);  // a disk checkpoint at step 10 (epoch end), snapshot at 12
+  }
   ASSERT_TRUE(fs::exists(node));
   c.dropout = 0.5;  // another config (same shapes): its snapshot must not be restored
+  LauncherEnv job("4200", 1);
   launch(c, {node, node}, -1, resumed);
   EXPECT_EQ(resumed.at_begin[0].step, 10) << "not resumed from the disk checkpoint of step 10";
+}
+
+// A user who starts training again in the same work_dir (a new gzrun, not its restart) starts
+// from scratch, not from the last run's snapshot, and the old snapshots are removed. Mutation
+// check: every store with the same run (SnapshotStore(dir, 2, 0) in setup_snapshots) makes the
+// new run begin at step 5.
+TEST(TrainerSnapshot, ANewRunInTheSameWorkDirDoesNotRestoreTheLastRunsSnapshot) {
+  TmpDir tmp;
+  const fs::path node = tmp.path / "node";
+  Probe crashed(5), fresh(3);
+  TrainConfig c = config(tmp.path);
+  {
+    LauncherEnv job("4300", 0);
+    launch(c, {node, node}, 5, crashed);  // no disk checkpoint before step 10
+  }
+  ASSERT_EQ(snapshot_steps(node, "4300"), (std::vector<int64_t>{5, 4}));
+  {
+    LauncherEnv job("4301", 0);
+    launch(c, {node, node}, 3, fresh);
+  }
+  EXPECT_EQ(fresh.at_begin[0].step, 0) << "a new run restored the last run's snapshot";
+  EXPECT_TRUE(snapshot_steps(node, "4300").empty()) << "the last run's snapshots were left";
+  EXPECT_EQ(snapshot_steps(node, "4301"), (std::vector<int64_t>{3, 2}));
 }
