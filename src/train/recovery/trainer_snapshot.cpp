@@ -14,6 +14,7 @@
 #include "gz/core/log.h"
 #include "gz/core/phase.h"
 #include "gz/torch/process_group.h"
+#include "gz/train/recovery/chunked_broadcast.h"
 #include "gz/train/recovery/snapshot_store.h"
 
 namespace gz::train {
@@ -140,7 +141,8 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
              " rank(s): using the disk checkpoint");
     return std::nullopt;
   }
-  if (!all_hold) payload = broadcast_string(payload, source);  // the ranks whose node lost it
+  // To the ranks whose node lost it, in chunks: one op for gigabytes could outlast its deadline.
+  if (!all_hold && group_) broadcast_bytes(*group_, payload, source);
   return payload;
 }
 
