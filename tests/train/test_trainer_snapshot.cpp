@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -193,8 +194,9 @@ struct TmpDir {
   ~TmpDir() { fs::remove_all(path); }
 };
 
-// Crash after step 5 on both ranks, relaunch; returns the relaunch's probe results.
-void crash_and_resume(const std::vector<fs::path>& first_dirs, const std::vector<fs::path>& second_dirs) {
+// Crash after step 5 on both ranks, run `between`, relaunch; checks the relaunch continues exactly.
+void crash_and_resume(const std::vector<fs::path>& first_dirs, const std::vector<fs::path>& second_dirs,
+                      const std::function<void()>& between = {}) {
   TmpDir tmp;
   Probe reference(5), crashed(5), resumed(5);
   TrainConfig c = config(tmp.path);
@@ -209,6 +211,7 @@ void crash_and_resume(const std::vector<fs::path>& first_dirs, const std::vector
     LauncherEnv job("4100", 0);
     launch(c, first_dirs, 5, crashed);
   }
+  if (between) between();
   {
     LauncherEnv job("4100", 1);  // gzrun's restart of the same job
     final_params = launch(c, second_dirs, -1, resumed);
@@ -233,11 +236,26 @@ TEST(TrainerSnapshot, RestartRestoresTheLastStepBitForBit) {
   EXPECT_FALSE(fs::exists(node)) << "a finished run leaves its snapshots behind";
 }
 
+// Ranks 0 and 1 on nodes a and b, each holding the snapshots its node's writer took; after the
+// restart one of them runs on a replaced node c with an empty folder and gets the snapshot from
+// the other, rank 1 sending when rank 0's node was lost. Threads have one writer (rank 0), so b's
+// copy is made by hand: in ddp every node's writer writes the same state. Before, only rank 0
+// ever held a snapshot, so no test had a sender other than rank 0. Mutation check: sending from
+// rank 0 instead of `source` in read_snapshot() fails the second case (rank 0 has nothing).
 TEST(TrainerSnapshot, ARankWhoseNodeLostItsSnapshotGetsItFromAPeer) {
-  // Rank 1 runs on a "node" whose folder is empty after the restart (a replaced node): rank 0,
-  // which holds the snapshot, sends it over the group.
   const auto base = fs::temp_directory_path() / ("gz_snapshot_nodes_" + std::to_string(::getpid()));
-  crash_and_resume({base / "a", base / "b"}, {base / "a", base / "c"});
+  auto copy_a_to_b = [&] {
+    fs::remove_all(base / "b");
+    fs::copy(base / "a", base / "b");
+    fs::permissions(base / "b", fs::perms::owner_all);
+    ASSERT_EQ(snapshot_steps(base / "b", "4100"), (std::vector<int64_t>{5, 4}));
+    ASSERT_FALSE(fs::exists(base / "c"));
+  };
+  SCOPED_TRACE("rank 1's node lost its snapshot");
+  crash_and_resume({base / "a", base / "b"}, {base / "a", base / "c"}, copy_a_to_b);
+  fs::remove_all(base);
+  SCOPED_TRACE("rank 0's node lost its snapshot");
+  crash_and_resume({base / "a", base / "b"}, {base / "c", base / "b"}, copy_a_to_b);
   fs::remove_all(base);
 }
 
