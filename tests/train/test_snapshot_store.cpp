@@ -212,8 +212,7 @@ TEST(SnapshotRunId, TheSameAcrossALaunchersRestartsAndNewForANewLaunch) {
 
 // A finished or failed job's snapshots in the same folder are not a new run's: neither listed nor
 // read (also when a file is renamed to the new run's name), nor pruned by its writes; the new run
-// removes them. Mutation check: a store that ignores its run (path() and steps() without it)
-// lists the old run's steps 5 and 4.
+// removes them. (No mutation run for this one; the Trainer-level test has one.)
 TEST(SnapshotStore, AnotherRunsSnapshotsAreNotListedNorReadAndAreRemoved) {
   Dir d;
   SnapshotStore old_run(d.path.string(), 2, 11), new_run(d.path.string(), 2, 12);

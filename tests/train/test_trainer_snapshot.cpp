@@ -277,7 +277,7 @@ TEST(TrainerSnapshot, ASnapshotOfAnotherConfigIsRefusedForTheDiskCheckpoint) {
 
 // A user who starts training again in the same work_dir (a new gzrun, not its restart) starts
 // from scratch, not from the last run's snapshot, and the old snapshots are removed. Mutation
-// check: every store with the same run (SnapshotStore(dir, 2, 0) in setup_snapshots) makes the
+// check: snapshot_run_id() returning "gzrun:" for every gzrun job (the job left out) makes the
 // new run begin at step 5.
 TEST(TrainerSnapshot, ANewRunInTheSameWorkDirDoesNotRestoreTheLastRunsSnapshot) {
   TmpDir tmp;
