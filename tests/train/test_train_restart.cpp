@@ -144,3 +144,35 @@ TEST(TrainRestart, SigkilledWorkerResumesFromTheSnapshotRedoingAtMostOneStep) {
   EXPECT_NEAR(acc_b, acc_a, 0.005) << "accuracy of the restarted run is more than 0.5 points off";
   fs::remove_all(root);
 }
+
+// A job that failed for good (no restarts left) leaves its snapshots in /dev/shm; the user's next
+// gzrun in the same work_dir is a new run (another GZ_RUN_ID job): it does not restore them but
+// removes them and starts at step 0. (gzrun's own restart restoring them: the test above.)
+// Mutation check: one run id for every job (SnapshotStore(dir, 2, 0) in setup_snapshots) makes the
+// second gzrun restore the snapshot of step 5.
+TEST(TrainRestart, ANewGzrunInTheWorkDirOfAFailedJobDoesNotRestoreItsSnapshot) {
+  auto gzrun = find_gzrun();
+  if (gzrun.empty()) GTEST_SKIP() << "gzrun not built (tools/gzrun/gzrun)";
+  if (!fs::exists(gz_train())) GTEST_SKIP() << "gz-train not built at " << gz_train();
+  auto root = fs::temp_directory_path() / ("gz_snapnewrun_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  std::ofstream(root / "c.yaml")
+      << "dataset: synthetic\ntrain_data: \"256\"\ntest_data: \"64\"\ninput_size: 4\n"
+         "net_type: cnn\nnum_classes: 4\nbatch_size: 16\nnum_epochs: 1\nlr: 0.005\n"
+         "save_steps: 0\nprogress: false\nnum_workers: 1\nmode: ddp\nbackend: shm\n"
+         "resume_from_checkpoint: auto\nsnapshot_every: 1\nwork_dir: \""
+      << (root / "c").string() << "\"\n";
+  const std::string common = " GZ_TIMEOUT_S=20 GZ_LOG_LEVEL=info " + gzrun + " --nproc-per-node 2 ";
+  const std::string train = gz_train() + " --config " + (root / "c.yaml").string();
+  EXPECT_NE(run("GZ_TRAIN_KILL_AT_STEP=5 GZ_TRAIN_CRASH_RANK=1" + common + "--max-restarts 0 " + train +
+                " > " + (root / "c1.log").string() + " 2>&1"),
+            0)
+      << "the first job did not fail, see " << (root / "c1.log");
+  ASSERT_EQ(run(common + train + " > " + (root / "c2.log").string() + " 2>&1"), 0)
+      << "the second job failed, see " << (root / "c2.log");
+  const std::string log = slurp(root / "c2.log");
+  EXPECT_EQ(log.find("restored the snapshot"), std::string::npos) << log;
+  EXPECT_NE(log.find("snapshot file(s) of another run"), std::string::npos) << log;
+  fs::remove_all(root);
+}

@@ -6,13 +6,16 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 
 #include "../../src/torch/torch_compat.h"  // the optimizer's state of a parameter
 #include "gz/comm/shm.h"
+#include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/train/callback.h"
+#include "gz/train/recovery/snapshot_store.h"
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
 
@@ -166,22 +169,53 @@ void expect_same(const Captured& want, const Captured& got, const std::string& w
         << who << ": optimizer tensor " << i << " differs";
 }
 
+// The environment gzrun gives the workers of round `round` of job `job` (GZ_RUN_ID
+// "<job>-<round>", GZ_RESTART_COUNT); set before the rank threads start, removed after.
+struct LauncherEnv {
+  LauncherEnv(const std::string& job, int round) {
+    ::setenv("GZ_RUN_ID", (job + "-" + std::to_string(round)).c_str(), 1);
+    ::setenv("GZ_RESTART_COUNT", std::to_string(round).c_str(), 1);
+  }
+  ~LauncherEnv() {
+    ::unsetenv("GZ_RUN_ID");
+    ::unsetenv("GZ_RESTART_COUNT");
+  }
+};
+
+// The steps of job `job`'s snapshots in `dir`.
+std::vector<int64_t> snapshot_steps(const fs::path& dir, const std::string& job) {
+  const gz::Env env({{"GZ_RUN_ID", job + "-0"}, {"GZ_RESTART_COUNT", "0"}});
+  return SnapshotStore(dir.string(), 2, stable_hash(snapshot_run_id(env))).steps();
+}
+
 struct TmpDir {
   fs::path path = fs::temp_directory_path() / ("gz_snapshot_" + std::to_string(::getpid()));
   TmpDir() { fs::remove_all(path); }
   ~TmpDir() { fs::remove_all(path); }
 };
 
-// Crash after step 5 on both ranks, relaunch; returns the relaunch's probe results.
-void crash_and_resume(const std::vector<fs::path>& first_dirs, const std::vector<fs::path>& second_dirs) {
+// Crash after step 5 on both ranks, run `between`, relaunch; checks the relaunch continues exactly.
+void crash_and_resume(const std::vector<fs::path>& first_dirs, const std::vector<fs::path>& second_dirs,
+                      const std::function<void()>& between = {}) {
   TmpDir tmp;
   Probe reference(5), crashed(5), resumed(5);
   TrainConfig c = config(tmp.path);
   TrainConfig ref = c;
   ref.work_dir = (tmp.path / "ref").string();
-  auto uninterrupted = launch(ref, {tmp.path / "ref0", tmp.path / "ref1"}, -1, reference);
-  launch(c, first_dirs, 5, crashed);
-  auto final_params = launch(c, second_dirs, -1, resumed);
+  std::vector<torch::Tensor> uninterrupted, final_params;
+  {
+    LauncherEnv job("4000", 0);
+    uninterrupted = launch(ref, {tmp.path / "ref0", tmp.path / "ref1"}, -1, reference);
+  }
+  {
+    LauncherEnv job("4100", 0);
+    launch(c, first_dirs, 5, crashed);
+  }
+  if (between) between();
+  {
+    LauncherEnv job("4100", 1);  // gzrun's restart of the same job
+    final_params = launch(c, second_dirs, -1, resumed);
+  }
   // Both ranks continue from exactly the state they had after step 5: no step redone.
   for (int r = 0; r < 2; ++r)
     expect_same(crashed.after_step[r], resumed.at_begin[r], "rank " + std::to_string(r));
@@ -202,11 +236,26 @@ TEST(TrainerSnapshot, RestartRestoresTheLastStepBitForBit) {
   EXPECT_FALSE(fs::exists(node)) << "a finished run leaves its snapshots behind";
 }
 
+// Ranks 0 and 1 on nodes a and b, each holding the snapshots its node's writer took; after the
+// restart one of them runs on a replaced node c with an empty folder and gets the snapshot from
+// the other, rank 1 sending when rank 0's node was lost. Threads have one writer (rank 0), so b's
+// copy is made by hand: in ddp every node's writer writes the same state. Before, only rank 0
+// ever held a snapshot, so no test had a sender other than rank 0. Mutation check: sending from
+// rank 0 instead of `source` in read_snapshot() fails the second case (rank 0 has nothing).
 TEST(TrainerSnapshot, ARankWhoseNodeLostItsSnapshotGetsItFromAPeer) {
-  // Rank 1 runs on a "node" whose folder is empty after the restart (a replaced node): rank 0,
-  // which holds the snapshot, sends it over the group.
   const auto base = fs::temp_directory_path() / ("gz_snapshot_nodes_" + std::to_string(::getpid()));
-  crash_and_resume({base / "a", base / "b"}, {base / "a", base / "c"});
+  auto copy_a_to_b = [&] {
+    fs::remove_all(base / "b");
+    fs::copy(base / "a", base / "b");
+    fs::permissions(base / "b", fs::perms::owner_all);
+    ASSERT_EQ(snapshot_steps(base / "b", "4100"), (std::vector<int64_t>{5, 4}));
+    ASSERT_FALSE(fs::exists(base / "c"));
+  };
+  SCOPED_TRACE("rank 1's node lost its snapshot");
+  crash_and_resume({base / "a", base / "b"}, {base / "a", base / "c"}, copy_a_to_b);
+  fs::remove_all(base);
+  SCOPED_TRACE("rank 0's node lost its snapshot");
+  crash_and_resume({base / "a", base / "b"}, {base / "c", base / "b"}, copy_a_to_b);
   fs::remove_all(base);
 }
 
@@ -215,9 +264,36 @@ TEST(TrainerSnapshot, ASnapshotOfAnotherConfigIsRefusedForTheDiskCheckpoint) {
   const fs::path node = tmp.path / "node";
   Probe crashed(12), resumed(12);
   TrainConfig c = config(tmp.path);
-  launch(c, {node, node}, 12, crashed);  // a disk checkpoint at step 10 (epoch end), snapshot at 12
+  {
+    LauncherEnv job("4200", 0);
+    launch(c, {node, node}, 12, crashed);  // a disk checkpoint at step 10 (epoch end), snapshot at 12
+  }
   ASSERT_TRUE(fs::exists(node));
   c.dropout = 0.5;  // another config (same shapes): its snapshot must not be restored
+  LauncherEnv job("4200", 1);
   launch(c, {node, node}, -1, resumed);
   EXPECT_EQ(resumed.at_begin[0].step, 10) << "not resumed from the disk checkpoint of step 10";
+}
+
+// A user who starts training again in the same work_dir (a new gzrun, not its restart) starts
+// from scratch, not from the last run's snapshot, and the old snapshots are removed. Mutation
+// check: snapshot_run_id() returning "gzrun:" for every gzrun job (the job left out) makes the
+// new run begin at step 5.
+TEST(TrainerSnapshot, ANewRunInTheSameWorkDirDoesNotRestoreTheLastRunsSnapshot) {
+  TmpDir tmp;
+  const fs::path node = tmp.path / "node";
+  Probe crashed(5), fresh(3);
+  TrainConfig c = config(tmp.path);
+  {
+    LauncherEnv job("4300", 0);
+    launch(c, {node, node}, 5, crashed);  // no disk checkpoint before step 10
+  }
+  ASSERT_EQ(snapshot_steps(node, "4300"), (std::vector<int64_t>{5, 4}));
+  {
+    LauncherEnv job("4301", 0);
+    launch(c, {node, node}, 3, fresh);
+  }
+  EXPECT_EQ(fresh.at_begin[0].step, 0) << "a new run restored the last run's snapshot";
+  EXPECT_TRUE(snapshot_steps(node, "4300").empty()) << "the last run's snapshots were left";
+  EXPECT_EQ(snapshot_steps(node, "4301"), (std::vector<int64_t>{3, 2}));
 }

@@ -2,14 +2,18 @@
 #include "gz/train/recovery/snapshot_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
@@ -21,15 +25,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kMagic[8] = {'G', 'Z', 'S', 'N', 'A', 'P', '1', '\0'};
+constexpr char kMagic[8] = {'G', 'Z', 'S', 'N', 'A', 'P', '2', '\0'};
 
-// On disk: magic, step, epoch, world, fingerprint, payload bytes, payload hash (host byte order:
-// a snapshot never leaves its node as a file).
+// On disk: magic, step, epoch, world, fingerprint, run, payload bytes, payload hash (host byte
+// order: a snapshot never leaves its node as a file).
 struct FileHeader {
   char magic[8];
   int64_t step, epoch, world;
-  uint64_t fingerprint, payload_bytes, payload_hash;
+  uint64_t fingerprint, run, payload_bytes, payload_hash;
 };
+
+// "snap-<step, 12 digits>-<run, 16 hex digits>.bin"
+constexpr size_t kNameSize = 38;
 
 // Four independent multiply-xor lanes: a few GB/s, enough to tell a damaged payload.
 uint64_t payload_hash(const std::string& data) {
@@ -101,13 +108,46 @@ void ensure_private_dir(const std::string& dir) {
     if (per_user_parent && ::mkdir(d.parent_path().c_str(), 0700) != 0 && errno != EEXIST)
       throw SystemError("create snapshot folder " + d.parent_path().string(), errno);
   }
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw SystemError("create snapshot folder " + dir, errno);
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw SystemError("create snapshot folder " + dir, errno);
   std::vector<std::string> check{dir};
   if (per_user_parent) check.push_back(d.parent_path().string());
   for (const auto& c : check) {
     const std::string why = private_dir_problem(c);
     if (!why.empty()) GZ_THROW(Error, "snapshot folder ", c, " ", why, ": not used");
   }
+}
+
+// ".snap-<step>-<run>.bin.tmp-<pid>-<nonce>-<n>": unique per writer, also between two processes with
+// the same pid in different pid namespaces that share /dev/shm (the nonce).
+std::string temp_path_for(const std::string& final_path) {
+  static const std::string nonce = [] {
+    std::random_device rd;
+    char hex[20];
+    std::snprintf(hex, sizeof hex, "%08x%08x", rd(), rd());
+    return std::string(hex);
+  }();
+  static std::atomic<unsigned> counter{0};
+  const fs::path p(final_path);
+  return (p.parent_path() / detail::concat(".", p.filename().string(), ".tmp-", ::getpid(), "-", nonce, "-",
+                                           counter.fetch_add(1)))
+      .string();
+}
+
+// A temp file whose writer is gone: its process no longer exists and the file has not been
+// written to for a minute. Both, because a pid from another pid namespace (a container sharing
+// /dev/shm) may look dead while its writer is alive; a live writer touches its file with every
+// write(). Removing a live writer's temp file would fail its rename and end its snapshots.
+bool abandoned_temp(const fs::path& file) {
+  const std::string name = file.filename().string();
+  const auto at = name.rfind(".tmp-");
+  if (at == std::string::npos) return false;
+  const long pid = std::atol(name.c_str() + at + 5);
+  if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
+    return false;
+  std::error_code ec;
+  const auto written = fs::last_write_time(file, ec);
+  return !ec && fs::file_time_type::clock::now() - written > std::chrono::minutes(1);
 }
 
 }  // namespace
@@ -118,24 +158,39 @@ uint64_t stable_hash(const std::string& text) {
   return h;
 }
 
-SnapshotStore::SnapshotStore(std::string dir, int keep) : dir_(std::move(dir)), keep_(std::max(1, keep)) {}
+std::string snapshot_run_id(const Env& env) {
+  const std::string run = env.get("GZ_RUN_ID", "");
+  if (!run.empty()) {
+    const std::string round = "-" + env.get("GZ_RESTART_COUNT", "");
+    const bool suffixed = round.size() > 1 && run.size() > round.size() &&
+                          run.compare(run.size() - round.size(), round.size(), round) == 0;
+    return "gzrun:" + (suffixed ? run.substr(0, run.size() - round.size()) : run);
+  }
+  const std::string torchrun = env.get("TORCHELASTIC_RUN_ID", "");
+  return torchrun.empty() || torchrun == "none" ? std::string() : "torchrun:" + torchrun;
+}
+
+SnapshotStore::SnapshotStore(std::string dir, int keep, uint64_t run)
+    : dir_(std::move(dir)), keep_(std::max(1, keep)), run_(run) {}
 
 std::string SnapshotStore::path(int64_t step) const {
-  char name[40];
-  std::snprintf(name, sizeof name, "snap-%012lld.bin", static_cast<long long>(step));
+  char name[kNameSize + 2];
+  std::snprintf(name, sizeof name, "snap-%012lld-%016llx.bin", static_cast<long long>(step),
+                static_cast<unsigned long long>(run_));
   return (fs::path(dir_) / name).string();
 }
 
 void SnapshotStore::write(const SnapshotHeader& header, const std::string& payload) const {
   ensure_private_dir(dir_);
   std::error_code ec;
-  const std::string final_path = path(header.step), tmp = temp_name_for(final_path);
+  const std::string final_path = path(header.step), tmp = temp_path_for(final_path);
   FileHeader h{};
   std::memcpy(h.magic, kMagic, 8);
   h.step = header.step;
   h.epoch = header.epoch;
   h.world = header.world;
   h.fingerprint = header.fingerprint;
+  h.run = run_;
   h.payload_bytes = payload.size();
   h.payload_hash = payload_hash(payload);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -156,17 +211,14 @@ void SnapshotStore::write(const SnapshotHeader& header, const std::string& paylo
     ::unlink(tmp.c_str());
     throw SystemError("rename snapshot " + tmp + " to " + final_path, err);
   }
-  // Older generations and temp files of writers that died in the middle of a write.
-  auto kept = steps();
+  // This run's older generations (another job sharing the folder keeps its own) and temp files
+  // of writers that died in the middle of a write (never those of a live writer).
+  const auto kept = steps();
+  for (size_t i = static_cast<size_t>(keep_); i < kept.size(); ++i)
+    if (kept[i] != header.step) fs::remove(path(kept[i]), ec);
   for (auto& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind(".snap-", 0) == 0) {  // temp_name_for(): ".snap-<step>.bin.tmp-<pid>-<n>"
-      fs::remove(entry.path(), ec);
-      continue;
-    }
-    if (name.rfind("snap-", 0) != 0 || name == fs::path(final_path).filename().string()) continue;
-    const auto pos = std::find(kept.begin(), kept.end(), std::atoll(name.c_str() + 5));
-    if (pos == kept.end() || pos - kept.begin() >= keep_) fs::remove(entry.path(), ec);
+    if (name.rfind(".snap-", 0) == 0 && abandoned_temp(entry.path())) fs::remove(entry.path(), ec);
   }
 }
 
@@ -180,9 +232,11 @@ std::vector<int64_t> SnapshotStore::steps() const {
   }
   for (auto& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() != 21 || name.rfind("snap-", 0) != 0 || name.substr(17) != ".bin") continue;
+    if (name.size() != kNameSize || name.rfind("snap-", 0) != 0) continue;
+    const int64_t step = std::atoll(name.c_str() + 5);
+    if (name != fs::path(path(step)).filename().string()) continue;  // another run's
     auto h = read_header(entry.path().string());
-    if (h && h->step == std::atoll(name.c_str() + 5)) out.push_back(h->step);
+    if (h && h->step == step && h->run == run_) out.push_back(h->step);
   }
   std::sort(out.rbegin(), out.rend());
   return out;
@@ -194,6 +248,8 @@ std::string SnapshotStore::read(int64_t step, uint64_t fingerprint, SnapshotHead
   if (!h) GZ_THROW(Error, "snapshot ", file, " is missing, truncated or not a snapshot");
   if (h->step != step)
     GZ_THROW(InvalidArgument, "snapshot ", file, " is of step ", h->step, ", not ", step, ": refused");
+  if (h->run != run_)
+    GZ_THROW(InvalidArgument, "snapshot ", file, " of step ", step, " was written by another run: refused");
   if (h->fingerprint != fingerprint)
     GZ_THROW(InvalidArgument, "snapshot ", file, " of step ", step,
              " was written by another config (fingerprint ", h->fingerprint, ", this run's ", fingerprint,
@@ -202,13 +258,27 @@ std::string SnapshotStore::read(int64_t step, uint64_t fingerprint, SnapshotHead
   std::string payload = all.substr(sizeof(FileHeader));
   if (payload.size() != h->payload_bytes || payload_hash(payload) != h->payload_hash)
     GZ_THROW(Error, "snapshot ", file, " is damaged (its payload does not match its hash): refused");
-  if (header) *header = SnapshotHeader{h->step, h->epoch, h->world, h->fingerprint};
+  if (header) *header = SnapshotHeader{h->step, h->epoch, h->world, h->fingerprint, h->run};
   return payload;
 }
 
 void SnapshotStore::remove_all() const {
   std::error_code ec;
   fs::remove_all(dir_, ec);
+}
+
+int SnapshotStore::remove_other_runs() const {
+  std::error_code ec;
+  if (!fs::exists(dir_, ec) || !private_dir_problem(dir_).empty()) return 0;
+  int removed = 0;
+  for (auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("snap-", 0) != 0) continue;
+    const auto h = read_header(entry.path().string());
+    if (h && h->run == run_ && name == fs::path(path(h->step)).filename().string()) continue;
+    if (fs::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
 }
 
 SnapshotWriter::SnapshotWriter(const SnapshotStore& store) : store_(store), thread_([this] { loop(); }) {}

@@ -6,17 +6,40 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <random>
 
 #include "../trainer_impl.h"
+#include "gz/core/env.h"
 #include "gz/core/error.h"
-#include "gz/core/phase.h"
 #include "gz/core/log.h"
+#include "gz/core/phase.h"
 #include "gz/torch/process_group.h"
+#include "gz/train/recovery/chunked_broadcast.h"
 #include "gz/train/recovery/snapshot_store.h"
 
 namespace gz::train {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Collective: the run's id (snapshot_run_id(), else one rank 0 draws for this launch alone).
+std::string snapshot_run(const comm::CommPtr& group, int rank) {
+  std::string run = snapshot_run_id(Env::from_process());
+  if (!run.empty()) return run;
+  // Nothing relaunches this job as the same run: a snapshot it finds is another run's, and its
+  // own serve no later process.
+  std::random_device rd;
+  int64_t id = rank == 0 ? static_cast<int64_t>((uint64_t{rd()} << 32) ^ rd()) : 0;
+  if (group && group->size() > 1) group->broadcast(&id, 1, DType::i64, 0);
+  if (rank == 0)
+    GZ_LOG(info,
+           "snapshots: no launcher run id (GZ_RUN_ID, TORCHELASTIC_RUN_ID): a relaunch is a new "
+           "run and does not restore this one's");
+  return detail::concat("local#", id);
+}
+
+}  // namespace
 
 uint64_t Trainer::snapshot_fingerprint() const {
   const auto& c = config_;
@@ -46,11 +69,16 @@ void Trainer::setup_snapshots() {
     std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(stable_hash(work)));
     dir = detail::concat("/dev/shm/gz-snapshots-", ::getuid(), "/", name);
   }
-  impl_->snapshots = std::make_unique<SnapshotStore>(dir, 2);
+  const std::string run = snapshot_run(group_, rank_), job = run.substr(0, run.find('#'));
+  impl_->snapshots = std::make_unique<SnapshotStore>(dir, 2, stable_hash(run));
   // In ddp/horovod/dp every rank holds the same model and optimizer state after a step, so one
   // copy per node is enough and every other node holds the same one: losing a node loses none.
   const int local = gz::is_initialized() ? gz::local_rank() : rank_;
-  if (local == 0) impl_->snapshot_writer = std::make_unique<SnapshotWriter>(*impl_->snapshots);
+  if (local != 0) return;
+  impl_->snapshot_writer = std::make_unique<SnapshotWriter>(*impl_->snapshots);
+  if (const int n = impl_->snapshots->remove_other_runs(); n > 0)
+    GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir,
+           ": this run (", job, ") does not restore them");
 }
 
 void Trainer::take_snapshot() {
@@ -113,7 +141,8 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
              " rank(s): using the disk checkpoint");
     return std::nullopt;
   }
-  if (!all_hold) payload = broadcast_string(payload, source);  // the ranks whose node lost it
+  // To the ranks whose node lost it, in chunks: one op for gigabytes could outlast its deadline.
+  if (!all_hold && group_) broadcast_bytes(*group_, payload, source);
   return payload;
 }
 

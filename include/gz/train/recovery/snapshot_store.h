@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "gz/core/env.h"
+
 namespace gz::train {
 
 /// @brief What a snapshot is of: checked before a snapshot is restored.
@@ -19,22 +21,29 @@ struct SnapshotHeader {
   int64_t epoch = 0;
   int64_t world = 0;         ///< ranks of the job that wrote it
   uint64_t fingerprint = 0;  ///< hash of the config fields that shape the state (snapshot_fingerprint)
+  uint64_t run = 0;          ///< stable_hash of the run's id (the store's, set when written)
 };
 
-/// @brief Snapshots of one node under `dir`: snap-<step>.bin, the newest `keep` generations.
+/// @brief Snapshots of one run on one node under `dir`: snap-<step>-<run>.bin, the newest `keep`
+/// generations.
 ///
 /// A snapshot is written to a temp file and renamed into place, so the newest complete one is
 /// always readable, also after a SIGKILL in the middle of a write. A file carries its header, the
-/// payload's size and a 64-bit hash of it: a truncated or damaged file is never restored.
+/// payload's size and a 64-bit hash of it: a truncated or damaged file is never restored. Only
+/// the snapshots of this store's run are listed and read: another run's (a finished or failed
+/// job in the same work_dir) are never restored.
 class SnapshotStore {
  public:
-  SnapshotStore(std::string dir, int keep);
+  /// @brief `run`: stable_hash() of the run's id (snapshot_run_id()), the same on every rank and
+  /// across the launcher's restarts of the run.
+  SnapshotStore(std::string dir, int keep, uint64_t run);
   const std::string& dir() const { return dir_; }
 
   /// @brief Write one snapshot atomically, then delete all but the newest `keep`. Throws
   /// gz::SystemError naming the file.
   void write(const SnapshotHeader& header, const std::string& payload) const;
-  /// @brief Steps of the complete snapshots here, newest first (headers checked, payloads not).
+  /// @brief Steps of this run's complete snapshots here, newest first (headers checked, payloads
+  /// not).
   std::vector<int64_t> steps() const;
   /// @brief The payload of the snapshot of `step`, after checking that it is of that step, of a
   /// job with this `fingerprint` (a snapshot of another config is refused: gz::InvalidArgument
@@ -42,12 +51,17 @@ class SnapshotStore {
   std::string read(int64_t step, uint64_t fingerprint, SnapshotHeader* header = nullptr) const;
   /// @brief Remove the folder and every snapshot in it (the run ended).
   void remove_all() const;
-  /// @brief Path of the snapshot of `step`.
+  /// @brief Delete the snapshot files here that are not this run's (another run's, or not
+  /// readable as a snapshot); returns how many.
+  int remove_other_runs() const;
+  /// @brief Path of this run's snapshot of `step`.
   std::string path(int64_t step) const;
+  uint64_t run() const { return run_; }
 
  private:
   std::string dir_;
   int keep_;
+  uint64_t run_;
 };
 
 /// @brief One background thread that writes snapshots, at most one at a time: submit() waits for
@@ -79,5 +93,10 @@ class SnapshotWriter {
 
 /// @brief FNV-1a over `text`: a hash that is the same in every build (config fingerprints).
 uint64_t stable_hash(const std::string& text);
+
+/// @brief The id of this run that its launcher keeps across restarts: gzrun's GZ_RUN_ID without
+/// its "-<GZ_RESTART_COUNT>" round (the job's node-0 gzrun pid), else torchrun's
+/// TORCHELASTIC_RUN_ID unless it is torchrun's default "none"; empty without a launcher.
+std::string snapshot_run_id(const Env& env);
 
 }  // namespace gz::train
