@@ -15,9 +15,10 @@ What differs from Horovod: a failed collective is not retried in the same proces
 the workers (``--max-restarts``); ``commit()`` keeps the committed state in host memory and in a
 node-local file under /dev/shm (it outlives the process), and ``run`` starts by restoring the newest
 commit that any rank's node holds, sent to every rank from the lowest rank that has it, so a rank
-whose node was lost gets it over the network. The files belong to one gzrun job (GZ_RUN_ID without
-its round): a new job never restores an old job's state. Without gzrun (no GZ_RUN_ID, and no
-GZ_ELASTIC_RUN_ID set by hand) commits stay in memory only. GZ_ELASTIC_DIR overrides /dev/shm.
+whose node was lost gets it over the network. One rank per node writes (the state is the same on
+every rank). The files belong to one job (GZ_RUN_ID without its restart count, as the C++ snapshots
+say it; else TORCHELASTIC_RUN_ID or GZ_ELASTIC_RUN_ID): a new job never restores an old job's
+state. With none of them set, commits stay in memory only. GZ_ELASTIC_DIR overrides /dev/shm.
 """
 import copy
 import io
@@ -27,18 +28,23 @@ import stat
 import torch
 
 from .. import _C
-from .functions import allgather_object, broadcast_object
+from .functions import allgather_object, barrier, broadcast_object
 from .optimizer import broadcast_optimizer_state, broadcast_parameters
 
 _KEEP = 2  # commits kept per rank: the newest is whole even if a write is cut short
 
 
 def _job_id():
-    explicit = os.environ.get("GZ_ELASTIC_RUN_ID")
-    if explicit:
-        return explicit
-    run = os.environ.get("GZ_RUN_ID", "")  # "<job>-<round>": the job part is the same every round
-    return run.rsplit("-", 1)[0] if "-" in run else None
+    """The job across its restarts, as the C++ snapshots name it: gzrun's GZ_RUN_ID without its
+    "-<GZ_RESTART_COUNT>" suffix, else torchrun's TORCHELASTIC_RUN_ID (not its default "none"),
+    else GZ_ELASTIC_RUN_ID; None (commits in memory only) when none is set."""
+    run, restart = os.environ.get("GZ_RUN_ID", ""), os.environ.get("GZ_RESTART_COUNT", "")
+    if run and restart and run.endswith("-" + restart):
+        run = run[:-len(restart) - 1]
+    job = run or os.environ.get("TORCHELASTIC_RUN_ID", "").replace("none", "") or os.environ.get("GZ_ELASTIC_RUN_ID")
+    if not job:
+        return None
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in job).lstrip(".")  # one path component
 
 
 def _private_dir(path):
@@ -52,52 +58,66 @@ def _private_dir(path):
 
 
 class _NodeFiles:
-    """This job's committed states on this node: commit-<n>.rank-<r>.pt, written atomically."""
+    """This job's committed states on this node: commit-<n>.pt, written atomically by one rank per
+    node folder (the state is the same on every rank), the newest _KEEP kept."""
 
     def __init__(self, job):
         base = os.environ.get("GZ_ELASTIC_DIR", "/dev/shm")
         _private_dir(os.path.join(base, f"gz-elastic-{os.getuid()}"))
         self.dir = _private_dir(os.path.join(base, f"gz-elastic-{os.getuid()}", job))
+        self.writer = False
 
-    def _entries(self):
+    def claim(self, round_):
+        """The first rank of this round to claim the folder writes to it; it also removes the temp
+        files of writers killed in earlier rounds (nobody else writes here in this round)."""
+        try:
+            os.close(os.open(os.path.join(self.dir, f"writer-{round_}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
+        self.writer = True
+        for name in os.listdir(self.dir):
+            if name.startswith(".") or (name.startswith("writer-") and name != f"writer-{round_}"):
+                os.unlink(os.path.join(self.dir, name))
+
+    def _commits(self):
         out = []
         for name in os.listdir(self.dir):
-            parts = name.split(".")
-            if len(parts) == 3 and parts[0].startswith("commit-") and parts[1].startswith("rank-") and parts[2] == "pt":
-                try:
-                    out.append((int(parts[0][7:]), int(parts[1][5:]), name))
-                except ValueError:
-                    pass
+            if name.startswith("commit-") and name.endswith(".pt") and name[7:-3].isdigit():
+                out.append(int(name[7:-3]))
         return out
 
     def newest(self):
-        return max((c for c, _, _ in self._entries()), default=-1)
+        return max(self._commits(), default=-1)
 
-    def write(self, commit, rank, payload):
-        name = f"commit-{commit}.rank-{rank}.pt"
-        tmp = os.path.join(self.dir, f".{name}.tmp.{os.getpid()}")  # one writer per name: no clash
-        with open(tmp, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, os.path.join(self.dir, name))
-        for c, r, old in self._entries():
-            if r == rank and c <= commit - _KEEP:
-                os.unlink(os.path.join(self.dir, old))
+    def write(self, commit, payload):
+        name = os.path.join(self.dir, f"commit-{commit}.pt")
+        tmp = os.path.join(self.dir, f".commit-{commit}.tmp.{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(payload)
+            os.replace(tmp, name)
+        except OSError as e:  # e.g. a full /dev/shm: train on, without files (a warning says so)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            self.writer = False
+            print(f"guozhuang elastic: rank {_C.hvd_rank()}: writing {name} failed ({e}); commits stay in "
+                  "memory only (a restart will start from the beginning)", flush=True)
+            return
+        for c in self._commits():
+            if c <= commit - _KEEP:
+                os.unlink(os.path.join(self.dir, f"commit-{c}.pt"))
 
     def read(self, commit):
-        for c, _, name in sorted(self._entries(), key=lambda e: e[1]):
-            if c == commit:
-                with open(os.path.join(self.dir, name), "rb") as f:
-                    return f.read()
-        return None
+        with open(os.path.join(self.dir, f"commit-{commit}.pt"), "rb") as f:
+            return f.read()
 
-    def remove_rank(self, rank):
-        for _, r, name in self._entries():
-            if r == rank:
-                os.unlink(os.path.join(self.dir, name))
-        try:
-            os.rmdir(self.dir)  # the last rank of the node to finish removes the folder
-        except OSError:
-            pass
+    def remove(self):
+        """The job finished: its folder goes (called by one rank per folder, after a barrier)."""
+        for name in os.listdir(self.dir):
+            os.unlink(os.path.join(self.dir, name))
+        os.rmdir(self.dir)
 
 
 class State:
@@ -120,10 +140,10 @@ class State:
     def commit(self):
         """Save the state (memory, and the node's file when run by gzrun): a restart resumes here."""
         self.save()
-        if self._files is not None:
+        if self._files is not None and self._files.writer:
             buf = io.BytesIO()
             torch.save({"commit": self._commits, "world": _C.hvd_size(), "state": self._payload()}, buf)
-            self._files.write(self._commits, _C.hvd_rank(), buf.getvalue())
+            self._files.write(self._commits, buf.getvalue())
         self._commits += 1
 
     def check_host_updates(self):
@@ -146,19 +166,29 @@ class State:
 
     def _resume(self):
         """At the start of run(): restore the newest commit any node holds, then make every rank equal."""
+        if self._files is not None:
+            self._files.claim(os.environ.get("GZ_RESTART_COUNT", "0"))
         newest = self._files.newest() if self._files is not None else -1
         held = allgather_object(newest)
         best = max(held)
         if best < 0:
             self.sync(0)  # a fresh start: rank 0's initial state everywhere, as in Horovod
+            self.save()
             return
         root = held.index(best)
+        error = None
         if _C.hvd_rank() == root:
-            snap = torch.load(io.BytesIO(self._files.read(best)), weights_only=False)  # our own private file
-            self._load_payload(snap["state"])
-            if snap["world"] != _C.hvd_size():
-                print(f"guozhuang elastic: commit {best} was taken by {snap['world']} ranks, now {_C.hvd_size()}",
-                      flush=True)
+            try:
+                snap = torch.load(io.BytesIO(self._files.read(best)), map_location="cpu", weights_only=False)
+                self._load_payload(snap["state"])
+                if snap["world"] != _C.hvd_size():
+                    print(f"guozhuang elastic: commit {best} was taken by {snap['world']} ranks, now "
+                          f"{_C.hvd_size()}", flush=True)
+            except Exception as e:  # noqa: BLE001 -- told to every rank below, then raised
+                error = f"rank {root} could not restore commit {best} from {self._files.dir}: {e}"
+        error = broadcast_object(error, root)  # the others must not wait in sync() for a root that failed
+        if error:
+            raise RuntimeError("guozhuang elastic: " + error)
         self.sync(root)
         self.save()
         self._commits = best + 1
@@ -168,7 +198,9 @@ class State:
 
     def _finish(self):
         if self._files is not None:
-            self._files.remove_rank(_C.hvd_rank())
+            barrier()  # nobody still reads the folder
+            if self._files.writer:
+                self._files.remove()
 
 
 class ObjectState(State):
