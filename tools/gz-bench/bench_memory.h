@@ -27,11 +27,15 @@ bool reset_peak_rss();
 /// (e.g. ZeRO's gradient blocks): the gradient memory really held, shared buckets counted once.
 int64_t gradient_bytes(const torch::nn::Module& module, const std::vector<torch::Tensor>& extra);
 
+/// @brief Bytes of the distinct storages behind the module's parameters plus `extra` (stage 3's
+/// shards; its unsharded parameters hold no memory between steps).
+int64_t parameter_bytes(const torch::nn::Module& module, const std::vector<torch::Tensor>& extra);
+
 /// @brief Rank 0 prints one "MEMORY rank=..." line per rank and a "MEMORY_MEAN ..." line:
 /// optimizer state and gradient bytes (tensors), PSS now minus `base` with its anonymous and
-/// shared-memory parts, RSS now minus `base`, and the peak RSS since reset_peak_rss() minus
-/// `base`'s RSS. Collective.
+/// shared-memory parts, RSS now minus `base`, the peak RSS since reset_peak_rss() minus
+/// `base`'s RSS, then parameter bytes and parameters + gradients + state. Collective.
 void report_memory(comm::Communicator& group, const std::string& label, int64_t state_bytes,
-                   int64_t grad_bytes, const ProcMemory& base);
+                   int64_t grad_bytes, const ProcMemory& base, int64_t param_bytes);
 
 }  // namespace gz::bench

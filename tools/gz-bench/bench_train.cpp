@@ -22,6 +22,7 @@
 #include "gz/torch/process_group.h"
 #include "gz/train/models/model.h"
 #include "gz/train/parallel_strategy.h"
+#include "train/strategy/fsdp_strategy.h"
 
 namespace {
 
@@ -98,7 +99,8 @@ int usage() {
       "                           travel as rows (default on, as in the library)\n"
       "  --bucket-mb MB           ddp: bucket cap (horovod: replay bucket cap); default the library's\n"
       "  --first-bucket-mb MB     ddp: first bucket's cap; default the library's\n"
-      "  --zero 0|1|2             ddp mode: ZeRO stage (1: optimizer state sharded, 2: gradients too)\n"
+      "  --zero 0|1|2|3           ddp mode: ZeRO stage (1: optimizer state sharded, 2: gradients too,\n"
+      "                           3: parameters too, gz::fully_shard)\n"
       "  --memory                 print MEMORY lines: optimizer state and gradient bytes per rank\n"
       "                           (tensors), RSS, anonymous and shared memory growth, peak RSS\n");
   return 2;
@@ -177,8 +179,8 @@ TrainBenchOptions parse(int argc, char** argv) {
              o.averaging);
   if (o.averaging != "none" && (o.mode != gz::train::ParallelMode::ddp || o.hook != "allreduce"))
     GZ_THROW(gz::InvalidArgument, "gz-bench train: --averaging needs --mode ddp and --hook allreduce");
-  GZ_CHECK_ARG(o.zero >= 0 && o.zero <= 2 && (o.zero == 0 || o.mode == gz::train::ParallelMode::ddp),
-               "--zero 0|1|2 (ddp mode only)");
+  GZ_CHECK_ARG(o.zero >= 0 && o.zero <= 3 && (o.zero == 0 || o.mode == gz::train::ParallelMode::ddp),
+               "--zero 0|1|2|3 (ddp mode only)");
   GZ_CHECK_ARG(
       o.zero == 0 || (o.hook == "allreduce" && o.averaging == "none"),
       "--zero runs with --hook allreduce and --averaging none (ZeRO has its own reduce-scatter hook)");
@@ -331,8 +333,12 @@ int bench_train(int argc, char** argv) {
     // After the last step, as the next one would find them: DDP's gradients stay in their buckets
     // (zero_grad() zeroes them), ZeRO stage 2 holds only its gradient blocks.
     const auto grads = gz::bench::gradient_bytes(*model, strategy->gradient_blocks());  // ZeRO's blocks
+    // Stage 3: the parameters hold no memory between steps; the shards do.
+    auto* z3 = gz::train::fsdp_hooks(*strategy);
+    const auto params =
+        gz::bench::parameter_bytes(*model, z3 ? z3->fsdp().parameters() : std::vector<torch::Tensor>{});
     gz::bench::report_memory(*gz::default_group(), o.zero ? "zero" + std::to_string(o.zero) : "ddp",
-                             gz::optimizer_state_bytes(strategy->optimizer()), grads, mem_base);
+                             gz::optimizer_state_bytes(strategy->optimizer()), grads, mem_base, params);
   }
   const double samples = static_cast<double>(local_batch) * world * o.steps;
   int64_t nparams = 0;  // gradient elements per step

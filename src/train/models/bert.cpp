@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "gz/core/error.h"
+#include "gz/torch/fully_shard.h"
 #include "gz/torch/fused_dropout.h"
 #include "train/models/copy_state.h"
 
@@ -94,12 +95,21 @@ torch::Tensor BertClassifierImpl::forward(torch::Tensor ids) {
   x = dropout(drop_, options_.fused_kernels, norm_->forward(x));
   auto key_bias = torch::zeros(keep.sizes(), x.options()).masked_fill(keep.logical_not(), kMaskedScore);
   key_bias = key_bias.view({keep.size(0), 1, 1, t});
-  for (const auto& block : *blocks_) x = block->as<BertLayerImpl>()->forward(x, key_bias);
+  for (const auto& block : *blocks_) {
+    auto* layer = block->as<BertLayerImpl>();
+    x = run_unit(*layer, [&] { return layer->forward(x, key_bias); });  // a unit when fully sharded
+  }
   // Mean over real tokens; an all-padding row pools to zeros instead of dividing by zero.
   auto w = keep.to(x.scalar_type()).unsqueeze(-1);
   auto pooled = (x * w).sum(1) / w.sum(1).clamp_min(1.0);
   pooled = torch::tanh(pooler_->forward(pooled));
   return classifier_->forward(dropout(drop_, options_.fused_kernels, pooled));
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> BertClassifierImpl::shard_units() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (size_t i = 0; i < blocks_->size(); ++i) out.push_back(blocks_->ptr(i));
+  return out;
 }
 
 std::shared_ptr<ModelImpl> BertClassifierImpl::clone_model() const {

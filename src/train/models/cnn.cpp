@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "gz/core/error.h"
+#include "gz/torch/fully_shard.h"
 #include "gz/torch/fused_pool.h"
 #include "train/models/copy_state.h"
 
@@ -24,10 +25,11 @@ torch::Tensor CnnImpl::forward(torch::Tensor x) {
   auto pool_relu = [this](const torch::Tensor& t) {
     return options_.fused_kernels ? max_pool2d_relu(t) : torch::relu(torch::max_pool2d(t, 2));
   };
-  x = pool_relu(conv1_->forward(x));
-  x = pool_relu(conv2_->forward(x));
-  x = torch::relu(fc1_->forward(x.flatten(1)));
-  return fc2_->forward(x);
+  // Each layer may be a unit when fully sharded (zero_stage 3 picks them by size).
+  x = pool_relu(run_unit(*conv1_, [&] { return conv1_->forward(x); }));
+  x = pool_relu(run_unit(*conv2_, [&] { return conv2_->forward(x); }));
+  x = torch::relu(run_unit(*fc1_, [&] { return fc1_->forward(x.flatten(1)); }));
+  return run_unit(*fc2_, [&] { return fc2_->forward(x); });
 }
 
 std::shared_ptr<ModelImpl> CnnImpl::clone_model() const {

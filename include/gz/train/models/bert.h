@@ -8,6 +8,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "gz/train/models/model.h"
+#include "gz/train/models/shard_units.h"
 
 namespace gz::train {
 
@@ -32,11 +33,13 @@ TORCH_MODULE(BertLayer);
 /// @brief Token + position embeddings, LayerNorm, dropout, `layers` BertLayers, masked mean pool
 /// over non-padding tokens, tanh pooler and a linear classifier. Input: int64 ids [N, T], T <=
 /// input_size, id 0 = padding. Defaults: vocab 30522, hidden 256, 4 layers, 4 heads, FFN 1024.
-class BertClassifierImpl : public ModelImpl {
+class BertClassifierImpl : public ModelImpl, public ShardUnits {
  public:
   explicit BertClassifierImpl(const ModelOptions& options);
   torch::Tensor forward(torch::Tensor ids) override;
   std::shared_ptr<ModelImpl> clone_model() const override;
+  /// @brief The encoder blocks.
+  std::vector<std::shared_ptr<torch::nn::Module>> shard_units() const override;
 
  private:
   ModelOptions options_;
