@@ -348,6 +348,10 @@ void check_comm_algorithms(const TrainConfig& c, const std::string& origin) {
     GZ_THROW(InvalidArgument, "config key 'zero_stage' (", origin, " + flags): ", c.zero_stage,
              " does not combine with compression or averaging (got compression '", c.compression.method,
              "', averaging '", c.averaging.method, "'); use zero_stage: 0");
+  // Stage 3 frees the parameters' storage between steps; pruning masks them in place after a step.
+  if (c.zero_stage == 3 && c.prune_sparsity > 0)
+    GZ_THROW(InvalidArgument, "config key 'prune_sparsity' (", origin, " + flags): ", c.prune_sparsity,
+             " does not combine with zero_stage 3 (its parameters hold no memory between steps); use zero_stage 2");
 }
 
 }  // namespace

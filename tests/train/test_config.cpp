@@ -137,7 +137,12 @@ TEST(Config, ZeroStageNeedsDdp) {
   EXPECT_EQ(parse_config("mode: ddp\nzero_stage: 2\n", {}, "a.yaml").zero_stage, 2);
   EXPECT_EQ(parse_config("mode: ddp\n", {"--zero_stage", "1"}).zero_stage, 1);
   EXPECT_EQ(parse_config("", {}).zero_stage, 0);
-  expect_error([] { parse_config("mode: ddp\nzero_stage: 3\n", {}, "a.yaml"); }, {"'zero_stage'", "0, 1 or 2"});
+  EXPECT_EQ(parse_config("mode: ddp\nzero_stage: 3\n", {}, "a.yaml").zero_stage, 3);
+  expect_error([] { parse_config("mode: ddp\nzero_stage: 4\n", {}, "a.yaml"); }, {"'zero_stage'", "0, 1, 2 or 3"});
+  // Stage 3 releases the parameters' memory between steps; pruning masks them in place after one.
+  expect_error([] { parse_config("mode: ddp\nzero_stage: 3\nprune_sparsity: 0.5\n", {}, "a.yaml"); },
+               {"'prune_sparsity'", "zero_stage 3"});
+  EXPECT_EQ(parse_config("mode: ddp\nzero_stage: 2\nprune_sparsity: 0.5\n", {}, "a.yaml").zero_stage, 2);
   expect_error([] { parse_config("zero_stage: 1\n", {}, "a.yaml"); }, {"'zero_stage'", "mode: ddp", "single"});
   expect_error([] { parse_config("mode: horovod\n", {"--zero_stage", "2"}); }, {"'zero_stage'", "horovod"});
 }

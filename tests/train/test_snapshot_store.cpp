@@ -213,6 +213,21 @@ TEST(SnapshotRunId, TheSameAcrossALaunchersRestartsAndNewForANewLaunch) {
 // A finished or failed job's snapshots in the same folder are not a new run's: neither listed nor
 // read (also when a file is renamed to the new run's name), nor pruned by its writes; the new run
 // removes them. (No mutation run for this one; the Trainer-level test has one.)
+// A run that ends removes its own snapshots only: another job may share the folder (one
+// snapshot_dir for a sweep). Mutation check: remove_all() deleting the whole folder fails this.
+TEST(SnapshotStore, ARunThatEndsLeavesAnotherRunsSnapshots) {
+  Dir d;
+  SnapshotStore a(d.path.string(), 2, 21), b(d.path.string(), 2, 22);
+  a.write({3, 0, 2, 77}, payload(3));
+  b.write({4, 0, 2, 77}, payload(4));
+  a.remove_all();
+  EXPECT_TRUE(a.steps().empty());
+  EXPECT_EQ(b.steps(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(b.read(4, 77), payload(4));
+  b.remove_all();
+  EXPECT_FALSE(fs::exists(d.path)) << "the last run to end removes the empty folder";
+}
+
 TEST(SnapshotStore, AnotherRunsSnapshotsAreNotListedNorReadAndAreRemoved) {
   Dir d;
   SnapshotStore old_run(d.path.string(), 2, 11), new_run(d.path.string(), 2, 12);

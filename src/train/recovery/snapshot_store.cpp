@@ -263,8 +263,10 @@ std::string SnapshotStore::read(int64_t step, uint64_t fingerprint, SnapshotHead
 }
 
 void SnapshotStore::remove_all() const {
+  // Only this run's snapshots: another job may share the folder (a sweep with one snapshot_dir).
   std::error_code ec;
-  fs::remove_all(dir_, ec);
+  for (int64_t step : steps()) fs::remove(path(step), ec);
+  fs::remove(dir_, ec);  // only when empty
 }
 
 int SnapshotStore::remove_other_runs() const {

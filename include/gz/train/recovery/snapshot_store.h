@@ -49,7 +49,7 @@ class SnapshotStore {
   /// job with this `fingerprint` (a snapshot of another config is refused: gz::InvalidArgument
   /// saying so) and whole (size, hash: gz::Error). `header` receives its header.
   std::string read(int64_t step, uint64_t fingerprint, SnapshotHeader* header = nullptr) const;
-  /// @brief Remove the folder and every snapshot in it (the run ended).
+  /// @brief Remove this run's snapshots, and the folder when nothing else is left in it (the run ended).
   void remove_all() const;
   /// @brief Delete the snapshot files here that are not this run's (another run's, or not
   /// readable as a snapshot); returns how many.
