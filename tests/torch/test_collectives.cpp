@@ -8,6 +8,10 @@
 #include "gz/torch/process_group.h"
 #include "gz/torch/tensor_adapter.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_collectives {
+
 namespace {
 using namespace gz;
 using gz::test::make_comm;
@@ -170,3 +174,5 @@ TEST(TorchCollectivesErrors, BadInputIsRejected) {
 INSTANTIATE_TEST_SUITE_P(World, TorchCollectives, ::testing::Values(1, 2, 3, 4));
 
 }  // namespace
+
+}  // namespace test_collectives

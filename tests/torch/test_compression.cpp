@@ -10,6 +10,10 @@
 #include "gz/torch/distributed_optimizer.h"
 #include "torch/support/torch_test_util.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_compression {
+
 namespace {
 using namespace gz;
 using namespace gz::test;
@@ -451,3 +455,5 @@ TEST(Compression, NamesRoundTrip) {
 }
 
 }  // namespace
+
+}  // namespace test_compression

@@ -9,6 +9,10 @@
 #include "gz/torch/ddp.h"
 #include "torch/support/torch_test_util.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_ddp {
+
 namespace {
 using namespace gz;
 using namespace gz::test;
@@ -356,3 +360,5 @@ TEST(DDP, DestroyedWhileABucketOpOutlivesItsDeadline) {
   });
 }
 }  // namespace
+
+}  // namespace test_ddp

@@ -5,6 +5,10 @@
 #include "gz/torch/data_parallel.h"
 #include "gz/torch/sync_batch_norm.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_dp_syncbn {
+
 namespace {
 using namespace gz;
 using namespace gz::test;
@@ -128,3 +132,5 @@ TEST(SyncBNConvert, SequentialBatchNormsAreReplaced) {
 }
 
 }  // namespace
+
+}  // namespace test_dp_syncbn

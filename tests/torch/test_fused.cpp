@@ -12,6 +12,10 @@
 #include "gz/torch/fused_pool.h"
 #include "torch/fused/kernels.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_fused {
+
 namespace {
 
 // A few parameter shapes, one of them non-contiguous (a transposed view), which takes the
@@ -316,3 +320,5 @@ TEST(MaxPoolRelu, SimdKernelsEqualThePortableOnesOnEveryWidth) {
     ASSERT_TRUE(torch::equal(g1, g2)) << "width " << w;
   }
 }
+
+}  // namespace test_fused

@@ -8,6 +8,10 @@
 #include "gz/torch/distributed_optimizer.h"
 #include "torch/support/torch_test_util.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_horovod {
+
 namespace {
 using namespace gz;
 using namespace gz::test;
@@ -365,3 +369,5 @@ TEST(Horovod, BroadcastOptimizerStateMakesRanksStepAlike) {
 }
 
 }  // namespace
+
+}  // namespace test_horovod

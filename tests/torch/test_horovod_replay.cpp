@@ -5,6 +5,10 @@
 #include "gz/torch/distributed_optimizer.h"
 #include "torch/support/torch_test_util.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_horovod_replay {
+
 namespace {
 using namespace gz;
 using namespace gz::test;
@@ -59,3 +63,5 @@ TEST(HorovodReplay, GroupsReadyEverywhereShareOneConfirmation) {
 }
 
 }  // namespace
+
+}  // namespace test_horovod_replay

@@ -13,6 +13,10 @@
 #include "torch/support/slow_comm.h"
 #include "torch/support/torch_test_util.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_model_averaging {
+
 namespace {
 using namespace gz;
 using namespace gz::test;
@@ -283,3 +287,5 @@ TEST(AsyncAveraging, ATimedOutRoundNeverOutlivesTheAverager) {
 }
 
 }  // namespace
+
+}  // namespace test_model_averaging

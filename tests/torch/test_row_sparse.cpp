@@ -12,6 +12,10 @@
 #include "gz/torch/tensor_adapter.h"
 #include "torch/support/torch_test_util.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_row_sparse {
+
 namespace {
 using namespace gz;
 using namespace gz::test;
@@ -390,3 +394,5 @@ TEST(DDPBuckets, TheCapShrinksToGiveAtLeastMinBuckets) {
 }
 
 }  // namespace
+
+}  // namespace test_row_sparse

@@ -13,6 +13,10 @@
 #include "torch/support/torch_test_util.h"
 #include "torch/torch_compat.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_zero {
+
 namespace {
 using namespace gz;
 using namespace gz::test;
@@ -502,3 +506,5 @@ TEST(Zero, MisuseIsReported) {
 }
 
 }  // namespace
+
+}  // namespace test_zero

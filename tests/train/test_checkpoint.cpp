@@ -11,6 +11,10 @@
 #include "gz/core/error.h"
 #include "gz/train/checkpoint.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_checkpoint {
+
 namespace fs = std::filesystem;
 using gz::train::CheckpointManager;
 
@@ -244,3 +248,5 @@ TEST(Checkpoint, ModuleStateRoundTripAndShapeMismatch) {
   }
   EXPECT_TRUE(torch::equal(before, wrong.parameters()[0]));  // nothing changed
 }
+
+}  // namespace test_checkpoint

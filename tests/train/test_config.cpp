@@ -7,6 +7,10 @@
 #include "gz/core/error.h"
 #include "gz/train/config.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_config {
+
 using gz::train::parse_config;
 using gz::train::TrainConfig;
 
@@ -146,3 +150,5 @@ TEST(Config, ZeroStageNeedsDdp) {
   expect_error([] { parse_config("zero_stage: 1\n", {}, "a.yaml"); }, {"'zero_stage'", "mode: ddp", "single"});
   expect_error([] { parse_config("mode: horovod\n", {"--zero_stage", "2"}); }, {"'zero_stage'", "horovod"});
 }
+
+}  // namespace test_config

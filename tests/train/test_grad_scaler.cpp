@@ -8,6 +8,10 @@
 #include "gz/torch/autocast.h"
 #include "gz/torch/grad_scaler.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_grad_scaler {
+
 namespace {
 
 struct ScalerRig {
@@ -129,3 +133,5 @@ TEST(Autocast, Bf16OnCpuAndFp16Refused) {
   EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat32);
   EXPECT_THROW({ gz::AutocastGuard g(c10::DeviceType::CPU, c10::ScalarType::Half); }, gz::InvalidArgument);
 }
+
+}  // namespace test_grad_scaler

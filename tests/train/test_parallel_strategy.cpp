@@ -14,6 +14,10 @@
 #include "gz/train/parallel_strategy.h"
 #include "support/run_ranks.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_parallel_strategy {
+
 namespace {
 
 using gz::train::ParallelMode;
@@ -143,3 +147,5 @@ TEST(ParallelStrategy, ZeroWaitsAreMarkedAsComm) {
 }
 
 }  // namespace
+
+}  // namespace test_parallel_strategy

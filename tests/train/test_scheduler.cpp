@@ -5,6 +5,10 @@
 #include "gz/core/error.h"
 #include "gz/train/scheduler.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_scheduler {
+
 using gz::train::LrScheduler;
 using gz::train::SchedulerOptions;
 
@@ -65,3 +69,5 @@ TEST(Scheduler, BadOptions) {
   o.milestones = {5, 2};
   EXPECT_THROW(LrScheduler{o}, gz::InvalidArgument);
 }
+
+}  // namespace test_scheduler

@@ -8,6 +8,10 @@
 #include "gz/train/recovery/chunked_broadcast.h"
 #include "support/run_ranks.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_snapshot_broadcast {
+
 using gz::train::broadcast_bytes;
 
 namespace {
@@ -44,3 +48,5 @@ TEST(SnapshotBroadcast, APayloadOfSeveralChunksArrivesBitEqualInOneOpPerChunk) {
     });
   }
 }
+
+}  // namespace test_snapshot_broadcast

@@ -13,6 +13,10 @@
 #include "gz/core/error.h"
 #include "gz/train/recovery/snapshot_store.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_snapshot_store {
+
 namespace fs = std::filesystem;
 using gz::train::SnapshotHeader;
 using gz::train::SnapshotStore;
@@ -249,3 +253,5 @@ TEST(SnapshotStore, AnotherRunsSnapshotsAreNotListedNorReadAndAreRemoved) {
   EXPECT_EQ(new_run.steps(), (std::vector<int64_t>{1}));
   EXPECT_EQ(new_run.read(1, 77), payload(1));
 }
+
+}  // namespace test_snapshot_store

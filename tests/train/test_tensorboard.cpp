@@ -7,6 +7,10 @@
 
 #include "gz/train/tensorboard.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_tensorboard {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -156,3 +160,5 @@ TEST(TensorBoard, RecordsAndCrcsValidate) {
   }
   fs::remove_all(dir);
 }
+
+}  // namespace test_tensorboard

@@ -17,6 +17,10 @@
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_trainer {
+
 namespace fs = std::filesystem;
 using namespace gz::train;
 
@@ -590,3 +594,5 @@ TEST(Trainer, ZeroParametersAreWholeForCallbacksAndAfterTrain) {
   }
   EXPECT_GT(zeros, 0) << "nothing was pruned";
 }
+
+}  // namespace test_trainer

@@ -12,6 +12,10 @@
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_trainer_comm {
+
 namespace fs = std::filesystem;
 using namespace gz::train;
 
@@ -152,3 +156,5 @@ TEST(TrainerComm, ZeroCountsItsReduceScattersAndAllGathers) {
 }
 
 }  // namespace
+
+}  // namespace test_trainer_comm

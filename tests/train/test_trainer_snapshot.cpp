@@ -19,6 +19,10 @@
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
 
+// A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
+// the other files of its test target.
+namespace test_trainer_snapshot {
+
 namespace fs = std::filesystem;
 using namespace gz::train;
 
@@ -297,3 +301,5 @@ TEST(TrainerSnapshot, ANewRunInTheSameWorkDirDoesNotRestoreTheLastRunsSnapshot) 
   EXPECT_TRUE(snapshot_steps(node, "4300").empty()) << "the last run's snapshots were left";
   EXPECT_EQ(snapshot_steps(node, "4301"), (std::vector<int64_t>{3, 2}));
 }
+
+}  // namespace test_trainer_snapshot

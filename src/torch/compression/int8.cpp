@@ -13,7 +13,7 @@ using compression::HookState;
 
 // Message layout (bytes): [nch x (min, max) as f32][numel x u8], padded to 8 bytes so that every
 // rank's header in the all-gathered buffer is aligned for its f32 view.
-struct Layout {
+struct Int8Layout {
   int64_t numel, chunk, nch;
   int64_t header_bytes() const { return nch * 2 * 4; }
   int64_t bytes() const { return (header_bytes() + numel + 7) / 8 * 8; }
@@ -21,7 +21,7 @@ struct Layout {
 
 // Quantise x (f32, flat, CPU) into msg, chunk by chunk: lo = min, hi = max,
 // q = round((x - lo) * 255 / (hi - lo)). Plain loops: one pass for the range, one to quantise.
-void quantise(const float* x, const Layout& l, uint8_t* msg) {
+void quantise(const float* x, const Int8Layout& l, uint8_t* msg) {
   auto* header = reinterpret_cast<float*>(msg);
   uint8_t* q = msg + l.header_bytes();
   for (int64_t c = 0; c < l.nch; ++c) {
@@ -48,7 +48,7 @@ void quantise(const float* x, const Layout& l, uint8_t* msg) {
 
 // out (f32, flat, CPU) += dequantised msg: lo + q * ((hi - lo) / 255). The same arithmetic on every
 // rank, so every rank gets the same sum.
-void add_dequantised(const uint8_t* msg, const Layout& l, float* out) {
+void add_dequantised(const uint8_t* msg, const Int8Layout& l, float* out) {
   const auto* header = reinterpret_cast<const float*>(msg);
   const uint8_t* q = msg + l.header_bytes();
   for (int64_t c = 0; c < l.nch; ++c) {
@@ -60,7 +60,7 @@ void add_dequantised(const uint8_t* msg, const Layout& l, float* out) {
   }
 }
 
-void reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
+void int8_reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
   torch::NoGradGuard no_grad;
   auto& buf = bucket.buffer;
   if (bucket.divisor != 1) buf.div_(bucket.divisor);
@@ -69,8 +69,8 @@ void reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
   // Quantise and sum in f32 on the CPU whatever the gradients' type and device (a no-op for f32
   // CPU buckets).
   auto x = buf.to(torch::kCPU, torch::kFloat).contiguous();
-  const Layout l{x.numel(), s.options.int8_chunk,
-                 (x.numel() + s.options.int8_chunk - 1) / s.options.int8_chunk};
+  const Int8Layout l{x.numel(), s.options.int8_chunk,
+                     (x.numel() + s.options.int8_chunk - 1) / s.options.int8_chunk};
   const int world = group.size();
   auto recv = torch::empty({world * l.bytes()}, torch::kByte);
   auto* all = recv.data_ptr<uint8_t>();
@@ -100,7 +100,7 @@ CommHook int8_hook(const CompressionOptions& options, std::shared_ptr<CommStats>
     if (compression::reduce_rows_uncompressed(group, bucket, *state)) return;
     if (warming_up || !c10::isFloatingType(bucket.buffer.scalar_type()))
       return compression::plain_allreduce(group, bucket, *state);
-    reduce(*state, group, bucket);
+    int8_reduce(*state, group, bucket);
   };
 }
 

@@ -63,14 +63,14 @@ torch::Tensor random_q(uint64_t seed, uint64_t key, int64_t m, int64_t r, const 
 
 // The bucket's tensors split into matrices worth compressing at this rank (2+ dimensions, PyTorch's
 // rule) and the rest, which travel uncompressed in front of the P factors, in the same all-reduce.
-struct Layout {
+struct PowerSgdLayout {
   std::vector<Matrix> mats;
   std::vector<const Slice*> plain;
   int64_t plain_n = 0, p_n = 0, q_n = 0;
 };
 
-Layout layout_of(const PowerSGDState& s, const std::vector<Slice>& slices) {
-  Layout l;
+PowerSgdLayout layout_of(const PowerSGDState& s, const std::vector<Slice>& slices) {
+  PowerSgdLayout l;
   for (const auto& sl : slices) {
     const int64_t n = sl.sizes.size() >= 2 ? sl.sizes[0] : 0;
     const int64_t m = n > 0 ? sl.numel / n : 0;
@@ -94,7 +94,7 @@ struct Pass {
   PowerSGDState& s;
   comm::Communicator& group;
   torch::Tensor& buf;
-  const Layout& l;
+  const PowerSgdLayout& l;
   torch::Tensor first;  // [uncompressed | P factors]
 
   torch::Tensor matrix(const Matrix& mt) const {
@@ -158,7 +158,7 @@ struct Pass {
   }
 };
 
-void reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
+void powersgd_reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
   torch::NoGradGuard no_grad;
   auto& buf = bucket.buffer;
   if (bucket.divisor != 1) buf.div_(bucket.divisor);
@@ -168,7 +168,7 @@ void reduce(PowerSGDState& s, comm::Communicator& group, GradBucket& bucket) {
     s.residuals.add_to(bucket, slices);
     acc = buf.clone();
   }
-  const Layout l = layout_of(s, slices);
+  const PowerSgdLayout l = layout_of(s, slices);
   Pass pass{s, group, buf, l, {}};
   pass.plain_and_p();
   if (!l.mats.empty()) pass.q_and_product();
@@ -191,7 +191,7 @@ CommHook powersgd_hook(const CompressionOptions& options, std::shared_ptr<CommSt
     if (compression::reduce_rows_uncompressed(group, bucket, *state)) return;
     if (warming_up || !c10::isFloatingType(bucket.buffer.scalar_type()))
       return compression::plain_allreduce(group, bucket, *state);
-    reduce(*state, group, bucket);
+    powersgd_reduce(*state, group, bucket);
   };
 }
 

@@ -13,7 +13,7 @@ using compression::HookState;
 
 // Message layout (bytes): [k x int32 index][pad to 8][k x value in the gradients' type], padded to
 // 8 bytes so every rank's part of the all-gathered buffer is aligned for both views.
-struct Layout {
+struct TopkLayout {
   int64_t k, value_size;
   int64_t values_offset() const { return (k * 4 + 7) / 8 * 8; }
   int64_t bytes() const { return (values_offset() + k * value_size + 7) / 8 * 8; }
@@ -23,7 +23,7 @@ struct Layout {
   }
 };
 
-void reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
+void topk_reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
   torch::NoGradGuard no_grad;
   auto& buf = bucket.buffer;
   if (bucket.divisor != 1) buf.div_(bucket.divisor);
@@ -35,7 +35,7 @@ void reduce(HookState& s, comm::Communicator& group, GradBucket& bucket) {
   const int64_t k = std::clamp<int64_t>(
       static_cast<int64_t>(std::ceil(s.options.topk_ratio * static_cast<double>(n))), 1, n);
   const auto type = buf.scalar_type();
-  const Layout l{k, static_cast<int64_t>(c10::elementSize(type))};
+  const TopkLayout l{k, static_cast<int64_t>(c10::elementSize(type))};
   const int world = group.size();
   auto recv = torch::zeros({world * l.bytes()}, torch::kByte);
   auto mine = recv.narrow(0, group.rank() * l.bytes(), l.bytes());
@@ -64,7 +64,7 @@ CommHook topk_hook(const CompressionOptions& options, std::shared_ptr<CommStats>
     if (compression::reduce_rows_uncompressed(group, bucket, *state)) return;
     if (warming_up || !c10::isFloatingType(bucket.buffer.scalar_type()))
       return compression::plain_allreduce(group, bucket, *state);
-    reduce(*state, group, bucket);
+    topk_reduce(*state, group, bucket);
   };
 }
 

@@ -61,8 +61,6 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
   size_t unit_, param_;
 };
 
-int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
-
 }  // namespace
 
 void Impl::install_hooks() {
@@ -99,7 +97,7 @@ void Impl::pre_backward(size_t i) {
   torch::NoGradGuard no_grad;
   if (!u.grad_full.defined()) {
     u.grad_full = torch::zeros({u.layout.padded(world)}, u.shard.options().requires_grad(false));
-    track(bytes_of(u.grad_full));
+    track(fsdp_bytes_of(u.grad_full));
   }
   // AccumulateGrad adds in place into a defined .grad: the gradients land in the flat buffer.
   for (size_t j = 0; j < u.params.size(); ++j) {
@@ -129,7 +127,7 @@ void Impl::grads_ready(size_t i) {
   for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
   u.reduced = torch::empty({u.layout.shard}, u.grad_full.options());
   u.reduce = reduce_scatter_async(u.grad_full, u.reduced, comm::ReduceOp::avg, group);
-  track(-bytes_of(u.grad_full));  // the op holds it until it returns, within this backward
+  track(-fsdp_bytes_of(u.grad_full));  // the op holds it until it returns, within this backward
   u.grad_full = torch::Tensor();
 }
 
@@ -187,7 +185,7 @@ void FullyShardedDataParallel::zero_grad() {
   for (auto& u : impl_->units) {
     if (u.shard.defined()) u.shard.mutable_grad() = torch::Tensor();
     for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
-    if (u.grad_full.defined()) impl_->track(-bytes_of(u.grad_full));
+    if (u.grad_full.defined()) impl_->track(-fsdp_bytes_of(u.grad_full));
     u.grad_full = torch::Tensor();
   }
 }

@@ -95,4 +95,9 @@ struct FullyShardedDataParallel::Impl : std::enable_shared_from_this<FullySharde
 /// @brief The FullyShardedDataParallel running forward() on this thread, or null.
 FullyShardedDataParallel::Impl*& active_fsdp();
 
+/// @brief Bytes of a tensor's elements (communication and memory counters).
+inline int64_t fsdp_bytes_of(const torch::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
 }  // namespace gz

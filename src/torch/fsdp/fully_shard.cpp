@@ -17,8 +17,6 @@ namespace gz {
 
 namespace {
 bool live(const FsdpUnit& u) { return !u.params.empty(); }
-int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
-
 // Makes an Impl the active one of this thread for one forward(), and undoes it however it ends.
 struct ActiveScope {
   explicit ActiveScope(FullyShardedDataParallel::Impl* s) : prev(active_fsdp()) {
@@ -45,7 +43,7 @@ void FullyShardedDataParallel::Impl::track(int64_t bytes) {
 }
 
 void FullyShardedDataParallel::Impl::allocate_full(FsdpUnit& u) {
-  const auto want = static_cast<size_t>(bytes_of(u.full));
+  const auto want = static_cast<size_t>(fsdp_bytes_of(u.full));
   if (fsdp::storage_bytes(u.full) == want) return;
   fsdp::set_storage_bytes(u.full, want);
   track(static_cast<int64_t>(want));
@@ -161,7 +159,7 @@ void abandon_pass(Impl& s) noexcept {
     u.in_backward = false;
     u.pending = 0;
     for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
-    if (u.grad_full.defined()) s.track(-bytes_of(u.grad_full));
+    if (u.grad_full.defined()) s.track(-fsdp_bytes_of(u.grad_full));
     u.grad_full = torch::Tensor();
     if (!live(u)) continue;
     if (u.always_whole)
@@ -340,8 +338,8 @@ FullyShardMemory FullyShardedDataParallel::memory() const {
   FullyShardMemory m;
   for (auto& u : impl_->units) {
     if (!live(u)) continue;
-    m.shard_params += bytes_of(u.shard);
-    if (u.shard.grad().defined()) m.shard_grads += bytes_of(u.shard.grad());
+    m.shard_params += fsdp_bytes_of(u.shard);
+    if (u.shard.grad().defined()) m.shard_grads += fsdp_bytes_of(u.shard.grad());
   }
   m.whole_now = impl_->whole_now;
   m.whole_peak = impl_->whole_peak;

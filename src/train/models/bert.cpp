@@ -114,7 +114,7 @@ std::vector<std::shared_ptr<torch::nn::Module>> BertClassifierImpl::shard_units(
 
 std::shared_ptr<ModelImpl> BertClassifierImpl::clone_model() const {
   auto copy = std::make_shared<BertClassifierImpl>(options_);
-  detail::copy_state(*this, *copy);
+  model_detail::copy_state(*this, *copy);
   return copy;
 }
 

@@ -34,7 +34,7 @@ torch::Tensor CnnImpl::forward(torch::Tensor x) {
 
 std::shared_ptr<ModelImpl> CnnImpl::clone_model() const {
   auto copy = std::make_shared<CnnImpl>(options_);
-  detail::copy_state(*this, *copy);
+  model_detail::copy_state(*this, *copy);
   return copy;
 }
 

@@ -4,7 +4,7 @@
 
 #include "gz/core/error.h"
 
-namespace gz::train::detail {
+namespace gz::train::model_detail {
 namespace {
 
 void copy_dict(const torch::OrderedDict<std::string, torch::Tensor>& from,
@@ -37,4 +37,4 @@ void copy_state(const torch::nn::Module& src, torch::nn::Module& dst) {
   dst.train(src.is_training());
 }
 
-}  // namespace gz::train::detail
+}  // namespace gz::train::model_detail

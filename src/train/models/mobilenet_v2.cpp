@@ -85,7 +85,7 @@ torch::Tensor MobileNetV2Impl::forward(torch::Tensor x) {
 
 std::shared_ptr<ModelImpl> MobileNetV2Impl::clone_model() const {
   auto copy = std::make_shared<MobileNetV2Impl>(options_);
-  detail::copy_state(*this, *copy);
+  model_detail::copy_state(*this, *copy);
   return copy;
 }
 

@@ -107,7 +107,7 @@ torch::Tensor ResNetImpl::forward(torch::Tensor x) {
 
 std::shared_ptr<ModelImpl> ResNetImpl::clone_model() const {
   auto copy = std::make_shared<ResNetImpl>(options_, depth_);
-  detail::copy_state(*this, *copy);
+  model_detail::copy_state(*this, *copy);
   return copy;
 }
 
