@@ -424,7 +424,7 @@ std::map<std::string, double> Trainer::train() {
   }
   maybe_resume();
   // Snapshots newer than this run's start (another run's, or refused) would outrank its own.
-  if (impl_->snapshot_writer && !restored_snapshot_) impl_->snapshots->remove_all();
+  if (impl_->snapshot_writer && !restored_snapshot_) impl_->snapshots->remove_snapshots();
   if (c.log_samples) {
     // One id per launch, the same on every rank (rank 0's clock), naming this session's sample logs.
     const auto now = std::chrono::system_clock::now().time_since_epoch();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <regex>
 #include <set>
 
 #include "gzrun_harness.h"
@@ -122,7 +123,9 @@ TEST_P(GzrunWorld, EveryWorkerGetsDistinctRanksAndEnv) {
   }
   EXPECT_EQ(static_cast<int>(pids.size()), n);
   EXPECT_GT(std::stoi(port), 0);
-  EXPECT_EQ(run_id, std::to_string(g.pid()) + "-0");
+  // "<gzrun pid>.<32 random bits>-<round>": a pid alone comes back (containers), and a new job must
+  // not take an old one's snapshots. Mutation check: launch_id() without the random part fails.
+  EXPECT_TRUE(std::regex_match(run_id, std::regex(std::to_string(g.pid()) + "\\.[0-9a-f]{8}-0"))) << run_id;
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, GzrunWorld, ::testing::Values(1, 2, 3, 7));
@@ -352,8 +355,11 @@ TEST(Gzrun, RestartsAfterAFailureAndSucceeds) {
   EXPECT_EQ(g.exit_code(), 0) << g.describe();
   EXPECT_NE(g.err().find("exited with code 4"), std::string::npos) << g.describe();
   EXPECT_NE(g.err().find("restart 1 of 1"), std::string::npos) << g.describe();
-  const std::string id = std::to_string(g.pid()) + "-1";
-  EXPECT_NE(g.out().find("[0] ok attempt=1 run_id=" + id), std::string::npos) << g.describe();
+  const std::string tag = "[0] ok attempt=1 run_id=";
+  const size_t at = g.out().find(tag);
+  ASSERT_NE(at, std::string::npos) << g.describe();
+  const std::string id = g.out().substr(at + tag.size(), g.out().find('\n', at) - at - tag.size());
+  EXPECT_TRUE(std::regex_match(id, std::regex(std::to_string(g.pid()) + "\\.[0-9a-f]{8}-1"))) << id;
   EXPECT_NE(g.out().find("[1] ok attempt=1 run_id=" + id), std::string::npos) << g.describe();
 }
 

@@ -5,6 +5,8 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <regex>
+
 #include "gzrun_harness.h"
 
 using namespace gz::test;
@@ -70,10 +72,12 @@ TEST(GzrunStore, TwoNodesMeetAndGetDistinctRanks) {
                        std::to_string(expect);
     EXPECT_NE(all.find(want), std::string::npos) << want << "\n" << n0.describe() << n1.describe();
   }
-  // One run id for the whole job: node 0's gzrun pid and the attempt.
+  // One run id for the whole job: node 0's launch id (pid.random) and the attempt.
   auto env = parse_env_output(all);
   ASSERT_EQ(env.size(), 4u) << all;
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(env[r]["RUN_ID"], std::to_string(n0.pid()) + "-0") << "rank " << r;
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(std::regex_match(env[r]["RUN_ID"], std::regex(std::to_string(n0.pid()) + "\\.[0-9a-f]{8}-0")))
+        << "rank " << r << ": " << env[r]["RUN_ID"];
 }
 
 TEST(GzrunStore, MissingNodeIsAClearTimeout) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "gz/core/error.h"
@@ -252,6 +253,29 @@ TEST(SnapshotStore, AnotherRunsSnapshotsAreNotListedNorReadAndAreRemoved) {
   EXPECT_TRUE(old_run.steps().empty());
   EXPECT_EQ(new_run.steps(), (std::vector<int64_t>{1}));
   EXPECT_EQ(new_run.read(1, 77), payload(1));
+}
+
+// Two jobs share one snapshot_dir (a sweep): the one that starts later must not delete the
+// snapshots of the one still running, only those of a run whose processes are gone. Mutation
+// check: remove_other_runs() without the run_alive() test fails the first expectation.
+TEST(SnapshotStore, ALiveRunsSnapshotsSurviveAnotherRunsCleanup) {
+  Dir d;
+  std::optional<SnapshotStore> running(std::in_place, d.path.string(), 2, 31);
+  running->hold_run_lock();
+  running->write({3, 0, 2, 77}, payload(3));
+  running->write({4, 0, 2, 77}, payload(4));
+  SnapshotStore later(d.path.string(), 2, 32);
+  later.hold_run_lock();
+  EXPECT_EQ(later.remove_other_runs(), 0) << "a live run's snapshots were deleted";
+  EXPECT_EQ(running->steps(), (std::vector<int64_t>{4, 3}));
+  running.reset();  // its process is gone (SIGKILL: no remove_all), its lock released
+  SnapshotStore gone(d.path.string(), 2, 31);
+  EXPECT_EQ(gone.steps(), (std::vector<int64_t>{4, 3})) << "the files outlive the process";
+  EXPECT_EQ(later.remove_other_runs(), 2);
+  EXPECT_TRUE(gone.steps().empty());
+  later.write({1, 0, 2, 77}, payload(1));
+  later.remove_all();
+  EXPECT_FALSE(fs::exists(d.path)) << "a lock file was left behind: " << d.path;
 }
 
 }  // namespace test_snapshot_store

@@ -74,7 +74,7 @@ RoundInfo ElasticRendezvous::placed(int q, const std::string& members, const std
   const std::string restarts = peek(JobMonitor::round_key(q, "restarts"));
   r.restarts = restarts.empty() ? 0 : std::atoi(restarts.c_str());
   if (job_.empty()) {
-    // The job's id: the pid of round 0's first node, the same for every node and round.
+    // The job's id: the launch_id() of round 0's first node, the same for every node and round.
     const std::vector<std::string> first =
         parse_entries(q == 0 ? members : peek(JobMonitor::round_key(0, "members")));
     job_ = first.empty() ? std::string("0") : first.front().substr(first.front().rfind(':') + 1);

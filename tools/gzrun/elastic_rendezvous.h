@@ -29,7 +29,7 @@ namespace gz::launcher {
 ///   gzrun/round<r>/restarts   failure restarts used before r (written by the nodes moving to r)
 ///   gzrun/ended               "done|..." or "failed|reason": the job is over, waiting nodes leave
 ///
-/// Run ids (GZ_RUN_ID, the workers' key prefix) are "<pid of round 0's node 0>-<r>".
+/// Run ids (GZ_RUN_ID, the workers' key prefix) are "<launch_id() of round 0's node 0>-<r>".
 ///
 ///   gzrun/waiting/<seq>       counter each waiting gzrun adds 1 to on every poll (joiners.h)
 ///

@@ -114,7 +114,7 @@ int parse(int argc, char** argv, const gz::Env& env, LaunchOptions& o, Superviso
 // --master-addr.
 void elastic_rounds(const LaunchOptions& o, StoreHost& store, SupervisorConfig& cfg,
                     std::unique_ptr<ElasticRendezvous>& elastic) {
-  auto me = cfg.hostname + ":" + std::to_string(getpid());
+  auto me = cfg.hostname + ":" + launch_id();
   cfg.begin_round = [&store, &elastic, &o, me](int, const SupervisorConfig::Cancelled& c) {
     if (!elastic) {
       // etcd: a job of this --rdzv-id that ended, or died, is refused, not taken for ours.

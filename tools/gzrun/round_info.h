@@ -2,9 +2,27 @@
 // much of the job's restart budget is spent.
 #pragma once
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
 #include <string>
 
 namespace gz::launcher {
+
+/// @brief This gzrun's name for a job it starts: "<pid>.<8 random hex digits>", the same for the
+/// life of the process. The job's run ids (GZ_RUN_ID) are "<that of round 0's node 0>-<round>".
+/// The random part because a pid alone comes back: containers start gzrun under the same small
+/// pid every time, and a new job must not take an old one's snapshots for its own.
+inline const std::string& launch_id() {
+  static const std::string id = [] {
+    std::random_device rd;
+    char text[40];
+    std::snprintf(text, sizeof text, "%ld.%08x", static_cast<long>(::getpid()), static_cast<unsigned>(rd()));
+    return std::string(text);
+  }();
+  return id;
+}
 
 /// @brief This node's place in one round of the job (a round = one launch of every node's
 /// workers; GZ_RESTART_COUNT). Fixed-size jobs: node_rank and nnodes come from the command line

@@ -303,7 +303,7 @@ std::string this_host() {
 }  // namespace
 
 std::string StoreHost::meet(int attempt, const Cancelled& cancelled, std::string* master_addr) {
-  std::string local_id = std::to_string(::getpid()) + "-" + std::to_string(attempt);
+  std::string local_id = launch_id() + "-" + std::to_string(attempt);
   if (attempt == 0) refuse_old_job();
   if (o_.nnodes == 1) return local_id;
   const std::string name = "gzrun/attempt" + std::to_string(attempt);

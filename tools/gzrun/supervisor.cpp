@@ -47,7 +47,7 @@ int Supervisor::run() {
         r.round = r.restarts = expected;
         r.node_rank = o_.node_rank;
         r.nnodes = o_.nnodes;
-        r.run_id = std::to_string(getpid()) + "-" + std::to_string(expected);
+        r.run_id = launch_id() + "-" + std::to_string(expected);
       }
     } catch (const std::exception& e) {
       if (interrupt_sig_) return 128 + interrupt_sig_;

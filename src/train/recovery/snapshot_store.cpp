@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -150,6 +151,27 @@ bool abandoned_temp(const fs::path& file) {
   return !ec && fs::file_time_type::clock::now() - written > std::chrono::minutes(1);
 }
 
+// "run-<run, 16 hex digits>.lock"
+std::string lock_path(const std::string& dir, uint64_t run) {
+  char name[32];
+  std::snprintf(name, sizeof name, "run-%016llx.lock", static_cast<unsigned long long>(run));
+  return (fs::path(dir) / name).string();
+}
+
+// Whether a process holds `run`'s lock. A lock file nobody holds is removed (its run is over).
+bool run_alive(const std::string& dir, uint64_t run) {
+  const std::string file = lock_path(dir, run);
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  int rc;
+  while ((rc = ::flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  const bool alive = rc != 0;  // held (EWOULDBLOCK), or unknown: keep its files
+  if (!alive) ::unlink(file.c_str());  // under our exclusive lock: a holder re-creates it
+  ::close(fd);
+  return alive;
+}
+
 }  // namespace
 
 uint64_t stable_hash(const std::string& text) {
@@ -262,11 +284,51 @@ std::string SnapshotStore::read(int64_t step, uint64_t fingerprint, SnapshotHead
   return payload;
 }
 
-void SnapshotStore::remove_all() const {
+void SnapshotStore::remove_snapshots() const {
   // Only this run's snapshots: another job may share the folder (a sweep with one snapshot_dir).
   std::error_code ec;
   for (int64_t step : steps()) fs::remove(path(step), ec);
+}
+
+void SnapshotStore::remove_all() {
+  remove_snapshots();
+  std::error_code ec;
+  if (run_lock_) {
+    ::unlink(lock_path(dir_, run_).c_str());
+    run_lock_.reset();
+  }
   fs::remove(dir_, ec);  // only when empty
+}
+
+void SnapshotStore::hold_run_lock() {
+  if (run_lock_) return;
+  ensure_private_dir(dir_);
+  const std::string file = lock_path(dir_, run_);
+  for (;;) {
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) throw SystemError("create snapshot run lock " + file, errno);
+    // Blocking: another run's probe (run_alive) holds it exclusively for an instant.
+    while (::flock(fd, LOCK_SH) != 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      throw SystemError("lock snapshot run lock " + file, err);
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw SystemError("stat snapshot run lock " + file, err);
+    }
+    if (st.st_nlink > 0) {
+      run_lock_ = std::shared_ptr<const int>(new int(fd), [](const int* p) {
+        ::close(*p);
+        delete p;
+      });
+      return;
+    }
+    ::close(fd);  // a probe removed it while we waited: make it again
+  }
 }
 
 int SnapshotStore::remove_other_runs() const {
@@ -275,9 +337,14 @@ int SnapshotStore::remove_other_runs() const {
   int removed = 0;
   for (auto& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
+    if (name.rfind("run-", 0) == 0 && name != fs::path(lock_path(dir_, run_)).filename().string()) {
+      run_alive(dir_, std::strtoull(name.c_str() + 4, nullptr, 16));  // removes a finished run's lock
+      continue;
+    }
     if (name.rfind("snap-", 0) != 0) continue;
     const auto h = read_header(entry.path().string());
     if (h && h->run == run_ && name == fs::path(path(h->step)).filename().string()) continue;
+    if (h && run_alive(dir_, h->run)) continue;  // a live job sharing the folder (a sweep)
     if (fs::remove(entry.path(), ec)) ++removed;
   }
   return removed;

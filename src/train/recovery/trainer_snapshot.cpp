@@ -75,6 +75,12 @@ void Trainer::setup_snapshots() {
   // copy per node is enough and every other node holds the same one: losing a node loses none.
   const int local = gz::is_initialized() ? gz::local_rank() : rank_;
   if (local != 0) return;
+  try {
+    impl_->snapshots->hold_run_lock();  // another job sharing the folder leaves our files alone
+  } catch (const std::exception& e) {
+    GZ_LOG(warn, "rank ", rank_, ": ", e.what(), "; snapshots are off for this run");
+    return;
+  }
   impl_->snapshot_writer = std::make_unique<SnapshotWriter>(*impl_->snapshots);
   if (const int n = impl_->snapshots->remove_other_runs(); n > 0)
     GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir,

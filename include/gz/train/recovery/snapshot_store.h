@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -31,7 +32,8 @@ struct SnapshotHeader {
 /// always readable, also after a SIGKILL in the middle of a write. A file carries its header, the
 /// payload's size and a 64-bit hash of it: a truncated or damaged file is never restored. Only
 /// the snapshots of this store's run are listed and read: another run's (a finished or failed
-/// job in the same work_dir) are never restored.
+/// job in the same work_dir) are never restored. A run that holds its run lock
+/// (hold_run_lock(), run-<run>.lock here) is alive: no other run removes its snapshots.
 class SnapshotStore {
  public:
   /// @brief `run`: stable_hash() of the run's id (snapshot_run_id()), the same on every rank and
@@ -49,10 +51,19 @@ class SnapshotStore {
   /// job with this `fingerprint` (a snapshot of another config is refused: gz::InvalidArgument
   /// saying so) and whole (size, hash: gz::Error). `header` receives its header.
   std::string read(int64_t step, uint64_t fingerprint, SnapshotHeader* header = nullptr) const;
-  /// @brief Remove this run's snapshots, and the folder when nothing else is left in it (the run ended).
-  void remove_all() const;
+  /// @brief Remove this run's snapshot files (a run that did not restore one starts clean).
+  void remove_snapshots() const;
+  /// @brief Remove this run's snapshots and run lock, and the folder when nothing else is left in
+  /// it (the run ended).
+  void remove_all();
+  /// @brief Mark this run alive for as long as this store (or a copy) exists: a shared flock on
+  /// run-<run>.lock, which every process of the run may hold. Creates the folder. Throws
+  /// gz::SystemError / gz::Error when the folder cannot be made or is not private.
+  void hold_run_lock();
   /// @brief Delete the snapshot files here that are not this run's (another run's, or not
-  /// readable as a snapshot); returns how many.
+  /// readable as a snapshot), except those of a run that holds its run lock; returns how many.
+  /// Between two restarts of a run no process holds its lock: a new run started in that window
+  /// removes the restarting run's snapshots (that run then resumes from its disk checkpoint).
   int remove_other_runs() const;
   /// @brief Path of this run's snapshot of `step`.
   std::string path(int64_t step) const;
@@ -62,6 +73,7 @@ class SnapshotStore {
   std::string dir_;
   int keep_;
   uint64_t run_;
+  std::shared_ptr<const int> run_lock_;  // the locked descriptor, closed with the last copy
 };
 
 /// @brief One background thread that writes snapshots, at most one at a time: submit() waits for
@@ -95,7 +107,7 @@ class SnapshotWriter {
 uint64_t stable_hash(const std::string& text);
 
 /// @brief The id of this run that its launcher keeps across restarts: gzrun's GZ_RUN_ID without
-/// its "-<GZ_RESTART_COUNT>" round (the job's node-0 gzrun pid), else torchrun's
+/// its "-<GZ_RESTART_COUNT>" round ("<pid>.<random>" of node 0's gzrun), else torchrun's
 /// TORCHELASTIC_RUN_ID unless it is torchrun's default "none"; empty without a launcher.
 std::string snapshot_run_id(const Env& env);
 
