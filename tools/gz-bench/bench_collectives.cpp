@@ -40,6 +40,12 @@ using namespace gz::comm;
 using BenchClock = std::chrono::steady_clock;
 
 struct BenchOptions {
+  // Lists: every op x dtype x reduce (the reduce only where the op reduces) is swept in turn, so
+  // that a coverage run starts the ranks (and loads their libraries) once.
+  std::vector<std::string> ops = {"allreduce"};
+  std::vector<DType> dtypes = {DType::f32};
+  std::vector<ReduceOp> reduces = {ReduceOp::sum};
+  // The combination being swept (set by run_rank from the lists).
   std::string op = "allreduce";
   std::vector<std::string> backends = {"shm"};
   DType dtype = DType::f32;
@@ -57,11 +63,12 @@ struct BenchOptions {
 int usage(int code) {
   std::fprintf(code ? stderr : stdout,
                "usage: gz-bench collectives [options]\n"
-               "  --op OP          allreduce | broadcast | allgather | reduce_scatter (default allreduce)\n"
+               "  --op LIST        comma list of allreduce, broadcast, allgather, reduce_scatter (default allreduce)\n"
                "  --backend LIST   comma list of shm, gloo, mpi, auto (default shm); mpi = raw MPI through\n"
                "                   MPI_COMM_WORLD, needs mpirun\n"
-               "  --dtype T        f32 f64 f16 bf16 i8 u8 i32 i64 (default f32)\n"
-               "  --reduce OP      sum avg min max prod (default sum)\n"
+               "  --dtype LIST     comma list of f32 f64 f16 bf16 i8 u8 i32 i64 (default f32)\n"
+               "  --reduce LIST    comma list of sum avg min max prod (default sum; allreduce and\n"
+               "                   reduce_scatter only): every op x dtype x reduce is swept in turn\n"
                "  --sizes A:B[:xF] byte range with K/M/G suffixes, step factor F (default 4K:256M:x2)\n"
                "  --iters N        timed iterations per size (default: auto, ~0.25 s per size)\n"
                "  --warmup N       untimed iterations per size (default 5)\n"
@@ -108,10 +115,15 @@ BenchOptions parse_args(int argc, char** argv, bool& help) {
     };
     std::string key = a.substr(0, a.find('='));
     if (key == "-h" || key == "--help") help = true;
-    else if (key == "--op") o.op = value();
+    else if (key == "--op") o.ops = split(value(), ',');
     else if (key == "--backend" || key == "--backends") o.backends = split(value(), ',');
-    else if (key == "--dtype") o.dtype = parse_dtype(value());
-    else if (key == "--reduce") o.reduce = parse_reduce_op(value());
+    else if (key == "--dtype") {
+      o.dtypes.clear();
+      for (const auto& t : split(value(), ',')) o.dtypes.push_back(parse_dtype(t));
+    } else if (key == "--reduce") {
+      o.reduces.clear();
+      for (const auto& t : split(value(), ',')) o.reduces.push_back(parse_reduce_op(t));
+    }
     else if (key == "--sizes") {
       auto parts = split(value(), ':');
       if (parts.empty() || parts.size() > 3) GZ_THROW(InvalidArgument, "--sizes wants A:B[:xF]");
@@ -131,8 +143,11 @@ BenchOptions parse_args(int argc, char** argv, bool& help) {
     else if (key == "--no-check") o.check = false;
     else GZ_THROW(InvalidArgument, "unknown option '", a, "' (see --help)");
   }
-  if (o.op != "allreduce" && o.op != "broadcast" && o.op != "allgather" && o.op != "reduce_scatter")
-    GZ_THROW(InvalidArgument, "--op must be allreduce, broadcast, allgather or reduce_scatter, not '", o.op, "'");
+  for (const auto& op : o.ops)
+    if (op != "allreduce" && op != "broadcast" && op != "allgather" && op != "reduce_scatter")
+      GZ_THROW(InvalidArgument, "--op must be allreduce, broadcast, allgather or reduce_scatter, not '", op, "'");
+  if (o.ops.empty() || o.dtypes.empty() || o.reduces.empty())
+    GZ_THROW(InvalidArgument, "--op, --dtype and --reduce need at least one value");
   if (o.warmup < 0 || o.iters < 0) GZ_THROW(InvalidArgument, "--iters/--warmup must be >= 0");
   return o;
 }
@@ -331,7 +346,7 @@ std::string verify(const BenchOptions& o, int rank, int n, const void* buf, cons
 }
 
 struct Row {
-  std::string backend;
+  std::string backend, op, dtype, reduce;
   size_t bytes;
   double time_us, algbw, busbw;
 };
@@ -358,8 +373,8 @@ void sweep(const BenchOptions& o, Runner& r, int rank, int n, double memcpy_gbps
       r.run(o, buf.data(), out.data(), count);
       std::string e = verify(o, rank, n, buf.data(), out.data(), count);
       if (!e.empty())
-        GZ_THROW(Error, "WRONG RESULT: backend ", r.name(), " ", o.op, " ", dtype_name(o.dtype), " size ", real_bytes,
-                 " on rank ", rank, ": ", e);
+        GZ_THROW(Error, "WRONG RESULT: backend ", r.name(), " ", o.op, " ", dtype_name(o.dtype), " ",
+                 reduce_op_name(o.reduce), " size ", real_bytes, " on rank ", rank, ": ", e);
     }
     // Timed data stays constant (zeros): no overflow, inf or denormal slow-downs in the sums.
     std::memset(buf.data(), 0, buf.size());
@@ -382,7 +397,7 @@ void sweep(const BenchOptions& o, Runner& r, int rank, int n, double memcpy_gbps
     if (rank == 0) {
       std::printf("  %12zu %12.2f %12.3f %12.3f %14.2f\n", real_bytes, t * 1e6, algbw, busbw, busbw / memcpy_gbps);
       std::fflush(stdout);
-      rows.push_back({r.name(), real_bytes, t * 1e6, algbw, busbw});
+      rows.push_back({r.name(), o.op, dtype_name(o.dtype), reduce_op_name(o.reduce), real_bytes, t * 1e6, algbw, busbw});
     }
     if (bytes > o.max_bytes / o.factor) break;  // no overflow past max
   }
@@ -411,10 +426,10 @@ std::unique_ptr<Runner> make_runner(const std::string& backend, int rank, int n,
 void write_csv(const BenchOptions& o, int n, const std::vector<Row>& rows) {
   FILE* f = std::fopen(o.csv.c_str(), "w");
   if (!f) throw SystemError("cannot write " + o.csv, errno);
-  std::fprintf(f, "backend,op,dtype,ranks,size_bytes,time_us,algbw_GBps,busbw_GBps\n");
+  std::fprintf(f, "backend,op,dtype,ranks,size_bytes,time_us,algbw_GBps,busbw_GBps,reduce\n");
   for (const Row& r : rows)
-    std::fprintf(f, "%s,%s,%s,%d,%zu,%.3f,%.4f,%.4f\n", r.backend.c_str(), o.op.c_str(), dtype_name(o.dtype), n,
-                 r.bytes, r.time_us, r.algbw, r.busbw);
+    std::fprintf(f, "%s,%s,%s,%d,%zu,%.3f,%.4f,%.4f,%s\n", r.backend.c_str(), r.op.c_str(), r.dtype.c_str(), n,
+                 r.bytes, r.time_us, r.algbw, r.busbw, r.reduce.c_str());
   std::fclose(f);
 }
 
@@ -425,7 +440,7 @@ void run_rank(const BenchOptions& o, int rank, int n, std::shared_ptr<Store> sto
   if (rank == 0) {
     memcpy_gbps = memcpy_bandwidth();
     store->set("bench/memcpy_gbps", to_bytes(std::to_string(memcpy_gbps)));
-    std::printf("# gz-bench collectives: %d ranks, op %s, dtype %s\n", n, o.op.c_str(), dtype_name(o.dtype));
+    std::printf("# gz-bench collectives: %d ranks, %zu op(s), %zu dtype(s)\n", n, o.ops.size(), o.dtypes.size());
     std::printf("# memcpy bandwidth (1 thread, 64 MiB, best of 7): %.2f GB/s\n", memcpy_gbps);
     std::fflush(stdout);
   } else {
@@ -440,11 +455,21 @@ void run_rank(const BenchOptions& o, int rank, int n, std::shared_ptr<Store> sto
       if (rank == 0) std::printf("\n# backend %s skipped: %s\n", b.c_str(), e.what());
       continue;
     }
-    try {
-      sweep(o, *r, rank, n, memcpy_gbps, rows);
-    } catch (const InvalidArgument& e) {  // e.g. f16 through raw MPI: same on every rank
-      if (rank == 0) std::printf("# backend %s skipped: %s\n", b.c_str(), e.what());
-    }
+    for (const auto& op : o.ops)
+      for (DType dtype : o.dtypes)
+        for (ReduceOp reduce : o.reduces) {
+          const bool reduces = op == "allreduce" || op == "reduce_scatter";
+          if (!reduces && reduce != o.reduces.front()) continue;  // the reduce does not matter
+          BenchOptions one = o;
+          one.op = op;
+          one.dtype = dtype;
+          one.reduce = reduce;
+          try {
+            sweep(one, *r, rank, n, memcpy_gbps, rows);
+          } catch (const InvalidArgument& e) {  // e.g. f16 through raw MPI: same on every rank
+            if (rank == 0) std::printf("# backend %s skipped: %s\n", b.c_str(), e.what());
+          }
+        }
   }
   if (rank == 0 && !o.csv.empty()) write_csv(o, n, rows);
 }

@@ -22,7 +22,6 @@
 #include "gz/torch/process_group.h"
 #include "gz/train/models/model.h"
 #include "gz/train/parallel_strategy.h"
-#include "train/strategy/fsdp_strategy.h"
 
 namespace {
 
@@ -334,9 +333,7 @@ int bench_train(int argc, char** argv) {
     // (zero_grad() zeroes them), ZeRO stage 2 holds only its gradient blocks.
     const auto grads = gz::bench::gradient_bytes(*model, strategy->gradient_blocks());  // ZeRO's blocks
     // Stage 3: the parameters hold no memory between steps; the shards do.
-    auto* z3 = gz::train::fsdp_hooks(*strategy);
-    const auto params =
-        gz::bench::parameter_bytes(*model, z3 ? z3->fsdp().parameters() : std::vector<torch::Tensor>{});
+    const auto params = gz::bench::parameter_bytes(*model, strategy->parameter_shards());
     gz::bench::report_memory(*gz::default_group(), o.zero ? "zero" + std::to_string(o.zero) : "ddp",
                              gz::optimizer_state_bytes(strategy->optimizer()), grads, mem_base, params);
   }

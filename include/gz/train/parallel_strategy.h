@@ -110,6 +110,9 @@ class ParallelStrategy {
   virtual ExchangeBytes last_exchange() const { return {}; }
   /// @brief ZeRO: this rank's averaged gradient blocks; empty otherwise.
   virtual std::vector<torch::Tensor> gradient_blocks() const { return {}; }
+  /// @brief ZeRO stage 3: the flat shards that hold this rank's parameters between steps (the
+  /// model's own parameters hold no memory then); empty where the model's parameters are whole.
+  virtual std::vector<torch::Tensor> parameter_shards() const { return {}; }
   /// @brief DDP: the wrapper (for comm hooks, join); null in other modes.
   virtual DistributedDataParallel* ddp() { return nullptr; }
 

@@ -71,7 +71,9 @@ class Trainer {
   /// the others (no rank is left waiting for a collective that never comes).
   std::string save_checkpoint();
   /// @brief Restore a checkpoint (dir or state.pt) into model, optimizer, scaler, RNG and state
-  /// (this rank only; train() resumes collectively, see resume_from_checkpoint).
+  /// (train() resumes collectively, see resume_from_checkpoint). This rank only, except at
+  /// zero_stage 3: there every rank must call it, since the shards are gathered to load the whole
+  /// model into and split again after.
   void load_checkpoint(const std::string& path);
   /// @brief "final: test_accuracy=0.9123 test_loss=0.2500 steps=... time=...".
   std::string summary_line() const;

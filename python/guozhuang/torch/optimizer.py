@@ -165,7 +165,9 @@ def broadcast_optimizer_state(optimizer, root_rank):
         payload = buf.getvalue()
     payload = broadcast_object(payload, root_rank)
     if _C.hvd_rank() != root_rank:
-        optimizer.load_state_dict(torch.load(io.BytesIO(payload)))
+        # On the CPU first: root's tensors may name a GPU this rank does not use (or have);
+        # load_state_dict() moves each state tensor to its parameter's device.
+        optimizer.load_state_dict(torch.load(io.BytesIO(payload), map_location="cpu"))
 
 
 __all__ = ["DistributedOptimizer", "join", "broadcast_parameters", "broadcast_optimizer_state", "Compression",

@@ -79,6 +79,7 @@ class FsdpStrategy : public ParallelStrategy, public FsdpHooks {
       if (s.grad().defined()) out.push_back(s.grad());
     return out;
   }
+  std::vector<torch::Tensor> parameter_shards() const override { return fsdp_->parameters(); }
   FullyShardedDataParallel& fsdp() override { return *fsdp_; }
 
  private:
