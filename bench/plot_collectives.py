@@ -25,14 +25,20 @@ def main(argv):
             memcpy = float(args.pop(0))
         else:
             files.append(a)
-    series = defaultdict(list)
-    title = ""
+    rows = []
     for f in files:
         with open(f) as fh:
-            for row in csv.DictReader(fh):
-                series[row["backend"]].append(
-                    (int(row["size_bytes"]), float(row["time_us"]), float(row["busbw_GBps"])))
-                title = f'{row["op"]} {row["dtype"]}, {row["ranks"]} ranks'
+            rows.extend(csv.DictReader(fh))
+    # gz-bench may sweep several op x dtype x reduce in one CSV (older CSVs have no reduce column):
+    # one series per backend when there is one combination, else per backend and combination.
+    combo = lambda row: (row["op"], row["dtype"], row.get("reduce", ""))
+    several = len({combo(r) for r in rows}) > 1
+    series = defaultdict(list)
+    title = ""
+    for row in rows:
+        name = row["backend"] + (" " + " ".join(combo(row)).strip() if several else "")
+        series[name].append((int(row["size_bytes"]), float(row["time_us"]), float(row["busbw_GBps"])))
+        title = f'{row["ranks"]} ranks' if several else f'{row["op"]} {row["dtype"]}, {row["ranks"]} ranks'
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, pts in sorted(series.items()):
         pts.sort()

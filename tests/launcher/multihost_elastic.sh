@@ -141,7 +141,7 @@ if [ "$scenario" = ghost ]; then
     fail "host 0's round 1 did not start alone: $(grep 'elastic round 1' "$dir/host0.log")"
   wait_for 30 "host 0's gzrun to end" test -f "$dir/rc_0.$k0"
   [ "$(cat "$dir/rc_0.$k0")" = 0 ] || fail "host 0's gzrun exited $(cat "$dir/rc_0.$k0"), expected 0"
-  # The ghost is named by its gzrun's pid in the members' list ("host:pid"), never by "ghost".
+  # The ghost is named by its gzrun's id in the members' list ("host:pid.random"), never by "ghost".
   ghost_pid=$(cat "$dir/gzpid_2.$k2")
   grep 'elastic round' "$dir/host0.log" | grep -q ":$ghost_pid\b" &&
     fail "the ghost (host 2, pid $ghost_pid) was made a member: $(grep 'elastic round' "$dir/host0.log")"

@@ -67,7 +67,7 @@ TEST(ElasticRendezvous, StartsAtOnceWhenMaxNodesJoined) {
     ranks.insert(x.node_rank);
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
-  // The run id names the job by the pid of round 0's node 0.
+  // The run id names the job by the id (here the test's pid) of round 0's node 0.
   const auto first = std::find_if(r.begin(), r.end(), [](const RoundInfo& x) { return x.node_rank == 0; });
   EXPECT_EQ(r[0].run_id, std::to_string(100 + (first - r.begin())) + "-0");
 }

@@ -278,4 +278,21 @@ TEST(SnapshotStore, ALiveRunsSnapshotsSurviveAnotherRunsCleanup) {
   EXPECT_FALSE(fs::exists(d.path)) << "a lock file was left behind: " << d.path;
 }
 
+// A run's lock file stays while any holder lives (another process of the run, or a copy of the
+// store): one that ends must not leave the others holding a nameless file. Mutation check:
+// remove_all() unlinking the lock file unconditionally fails the first expectation.
+TEST(SnapshotStore, ARunsLockOutlivesOneOfItsHolders) {
+  Dir d;
+  SnapshotStore one(d.path.string(), 2, 41), other(d.path.string(), 2, 41);
+  one.hold_run_lock();
+  other.hold_run_lock();
+  const fs::path lock = d.path / "run-0000000000000029.lock";
+  ASSERT_TRUE(fs::exists(lock));
+  one.remove_all();
+  EXPECT_TRUE(fs::exists(lock)) << "the lock file went while a holder lives";
+  other.remove_all();
+  EXPECT_FALSE(fs::exists(lock));
+  EXPECT_FALSE(fs::exists(d.path));
+}
+
 }  // namespace test_snapshot_store

@@ -345,6 +345,11 @@ std::string verify(const BenchOptions& o, int rank, int n, const void* buf, cons
   return "";
 }
 
+bool op_reduces(const std::string& op) { return op == "allreduce" || op == "reduce_scatter"; }
+
+// The reduce of a sweep, "-" where the op does not reduce (broadcast, allgather).
+const char* reduce_name(const BenchOptions& o) { return op_reduces(o.op) ? reduce_op_name(o.reduce) : "-"; }
+
 struct Row {
   std::string backend, op, dtype, reduce;
   size_t bytes;
@@ -360,7 +365,7 @@ void sweep(const BenchOptions& o, Runner& r, int rank, int n, double memcpy_gbps
   std::vector<char> buf(buf_elems * es + 64), out(out_elems * es + 64);
   if (rank == 0) {
     std::printf("\n# backend %s  op %s  dtype %s  reduce %s  ranks %d\n", r.name().c_str(), o.op.c_str(),
-                dtype_name(o.dtype), reduce_op_name(o.reduce), n);
+                dtype_name(o.dtype), reduce_name(o), n);
     std::printf("# %12s %12s %12s %12s %14s\n", "size_bytes", "time_us", "algbw_GBps", "busbw_GBps", "busbw/memcpy");
     std::fflush(stdout);
   }
@@ -397,7 +402,7 @@ void sweep(const BenchOptions& o, Runner& r, int rank, int n, double memcpy_gbps
     if (rank == 0) {
       std::printf("  %12zu %12.2f %12.3f %12.3f %14.2f\n", real_bytes, t * 1e6, algbw, busbw, busbw / memcpy_gbps);
       std::fflush(stdout);
-      rows.push_back({r.name(), o.op, dtype_name(o.dtype), reduce_op_name(o.reduce), real_bytes, t * 1e6, algbw, busbw});
+      rows.push_back({r.name(), o.op, dtype_name(o.dtype), reduce_name(o), real_bytes, t * 1e6, algbw, busbw});
     }
     if (bytes > o.max_bytes / o.factor) break;  // no overflow past max
   }
@@ -457,13 +462,12 @@ void run_rank(const BenchOptions& o, int rank, int n, std::shared_ptr<Store> sto
     }
     for (const auto& op : o.ops)
       for (DType dtype : o.dtypes)
-        for (ReduceOp reduce : o.reduces) {
-          const bool reduces = op == "allreduce" || op == "reduce_scatter";
-          if (!reduces && reduce != o.reduces.front()) continue;  // the reduce does not matter
+        for (size_t k = 0; k < o.reduces.size(); ++k) {
+          if (k > 0 && !op_reduces(op)) break;  // the reduce does not matter: one sweep
           BenchOptions one = o;
           one.op = op;
           one.dtype = dtype;
-          one.reduce = reduce;
+          one.reduce = o.reduces[k];
           try {
             sweep(one, *r, rank, n, memcpy_gbps, rows);
           } catch (const InvalidArgument& e) {  // e.g. f16 through raw MPI: same on every rank

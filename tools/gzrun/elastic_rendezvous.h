@@ -23,7 +23,7 @@ namespace gz::launcher {
 /// Keys (all under "gzrun/"; r is a round number):
 ///   gzrun/seq                 counter: each gzrun takes one number when it first joins
 ///   gzrun/round               the round now being formed or run (absent = 0)
-///   gzrun/round<r>/joined     "seq:host:pid;" appended by every gzrun that wants to run in r
+///   gzrun/round<r>/joined     "seq:host:id;" appended by every gzrun that wants to run in r
 ///   gzrun/round<r>/members    the members of r, sorted by seq (node rank = position); written
 ///                             once, with compare_set, by whichever gzrun first sees r complete
 ///   gzrun/round<r>/restarts   failure restarts used before r (written by the nodes moving to r)
@@ -43,7 +43,7 @@ class ElasticRendezvous {
  public:
   using Cancelled = std::function<bool()>;
   /// @brief `store`: a client whose every operation is bounded (the heartbeat timeout); it must
-  /// outlive this object. `me`: "host:pid" (pid last), naming this node in the store.
+  /// outlive this object. `me`: "host:id" (gzrun's launch_id() last), naming this node in the store.
   ElasticRendezvous(const LaunchOptions& options, Store& store, std::string me);
 
   /// @brief Join the first round that still takes nodes and wait until it starts. Returns this

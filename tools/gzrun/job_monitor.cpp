@@ -268,7 +268,7 @@ bool JobMonitor::admit_waiting(Store& s) {
   const auto alive = waiting_.alive(list);
   if (alive.empty()) return false;
   std::string who;
-  for (const std::string& entry : alive)  // "seq:host:pid"
+  for (const std::string& entry : alive)  // "seq:host:id"
     who += (who.empty() ? "" : ", ") + entry.substr(entry.find(':') + 1);
   JobFailure f;
   f.kind = JobFailure::Kind::admit;

@@ -19,11 +19,11 @@ class Store;
 
 namespace gz::launcher {
 
-/// @brief "seq" of a "seq:host:pid" entry.
+/// @brief "seq" of a "seq:host:id" entry.
 long long seq_of(const std::string& entry);
-/// @brief The "seq:host:pid" entries of a joined/members value, in order, repeats of a seq dropped.
+/// @brief The "seq:host:id" entries of a joined/members value, in order, repeats of a seq dropped.
 std::vector<std::string> parse_entries(const std::string& text);
-/// @brief The host of an entry ("seq:host:pid" -> host; empty when malformed).
+/// @brief The host of an entry ("seq:host:id" -> host; empty when malformed).
 std::string host_of(const std::string& entry);
 /// @brief The beat key of the joiner with this seq.
 std::string joiner_beat_key(long long seq);

@@ -46,7 +46,7 @@ class StoreHost {
   using Cancelled = std::function<bool()>;
   /// @brief Multi-node only: wait (up to --rdzv-timeout) until every node's gzrun is ready for
   /// `attempt`; returns the run id shared by all nodes ("<node0 pid>-<attempt>"). On one node
-  /// it returns "<pid>-<attempt>" at once. Throws gz::TimeoutError naming how many nodes came,
+  /// it returns "<launch_id()>-<attempt>" at once. Throws gz::TimeoutError naming how many nodes came,
   /// gz::Aborted when cancelled.
   /// With etcd, `master_addr` (when given) receives the program's MASTER_ADDR: node 0's host
   /// (--master-addr when given there), published by node 0, since no store host names it.

@@ -33,7 +33,7 @@ struct SupervisorConfig {
   using Cancelled = std::function<bool()>;
   /// @brief Called before each round (nodes meet there, or join an elastic job's next round);
   /// returns this node's place in it. `round` is the round the job is expected to be at. May
-  /// throw. Unset: one node, round `round`, run id "<pid>-<round>".
+  /// throw. Unset: one node, round `round`, run id "<launch_id()>-<round>".
   std::function<RoundInfo(int round, const Cancelled&)> begin_round;
   /// @brief Called once every local worker succeeded (nodes wait for each other there, polling
   /// `job_failed`): done; others_did_not_finish (gzrun exits 1); job_failed (the round failed on

@@ -162,12 +162,17 @@ std::string lock_path(const std::string& dir, uint64_t run) {
 bool run_alive(const std::string& dir, uint64_t run) {
   const std::string file = lock_path(dir, run);
   const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return false;
+  if (fd < 0) return errno != ENOENT;  // no lock file: over; any other failure: keep its files
   int rc;
   while ((rc = ::flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
   }
   const bool alive = rc != 0;  // held (EWOULDBLOCK), or unknown: keep its files
-  if (!alive) ::unlink(file.c_str());  // under our exclusive lock: a holder re-creates it
+  // Unlink only the file we hold: another probe may have removed it since we opened it, and the
+  // name may now be a holder's new lock file (hold_run_lock() makes one when its file is gone).
+  struct stat held {}, named {};
+  if (!alive && ::fstat(fd, &held) == 0 && held.st_nlink > 0 && ::stat(file.c_str(), &named) == 0 &&
+      named.st_dev == held.st_dev && named.st_ino == held.st_ino)
+    ::unlink(file.c_str());
   ::close(fd);
   return alive;
 }
@@ -294,8 +299,8 @@ void SnapshotStore::remove_all() {
   remove_snapshots();
   std::error_code ec;
   if (run_lock_) {
-    ::unlink(lock_path(dir_, run_).c_str());
     run_lock_.reset();
+    run_alive(dir_, run_);  // removes the lock file unless a copy or another process still holds it
   }
   fs::remove(dir_, ec);  // only when empty
 }
@@ -344,7 +349,8 @@ int SnapshotStore::remove_other_runs() const {
     if (name.rfind("snap-", 0) != 0) continue;
     const auto h = read_header(entry.path().string());
     if (h && h->run == run_ && name == fs::path(path(h->step)).filename().string()) continue;
-    if (h && run_alive(dir_, h->run)) continue;  // a live job sharing the folder (a sweep)
+    // A live job sharing the folder (a sweep); a file of this run under a wrong name goes.
+    if (h && h->run != run_ && run_alive(dir_, h->run)) continue;
     if (fs::remove(entry.path(), ec)) ++removed;
   }
   return removed;
