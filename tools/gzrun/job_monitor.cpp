@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -107,6 +108,11 @@ void JobMonitor::report_local(JobFailure f) {
   cv_.notify_all();
 }
 
+Duration JobMonitor::store_silent_for() const {
+  if (!thread_.joinable()) return Duration(0);
+  return std::chrono::duration_cast<Duration>(steady_clock::now() - last_ok_.load());
+}
+
 JobFailure JobMonitor::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;
@@ -149,25 +155,46 @@ void JobMonitor::loop() {
   }
 }
 
+Store& JobMonitor::store_until_silent() {
+  // An operation may not outlast the silence budget: one begun just before the store went quiet
+  // would otherwise wait its own full timeout on top, and a cut-off node would learn it is cut off
+  // up to twice the heartbeat timeout late (seen: 5.0 s for a 3 s timeout).
+  const auto timeout = ms_of(o_.heartbeat_timeout_s);
+  const auto left = std::chrono::duration_cast<Duration>(last_ok_.load() + timeout - steady_clock::now());
+  Store& s = store();
+  s.set_timeout(std::max(left, Duration(std::chrono::milliseconds(20))));
+  return s;
+}
+
 void JobMonitor::tick() {
   const auto timeout = ms_of(o_.heartbeat_timeout_s);
+  struct FullTimeout {  // end_round() and the next round's first tick get the whole timeout
+    JobMonitor* m;
+    ~FullTimeout() {
+      if (m->store_) m->store_->set_timeout(ms_of(m->o_.heartbeat_timeout_s));
+    }
+  } restore{this};
   try {
     std::vector<JobFailure> pending;
     {
       std::lock_guard<std::mutex> lock(mu_);
       pending.swap(pending_);
     }
-    for (const JobFailure& f : pending) publish(f);
-    Store& s = store();
+    for (const JobFailure& f : pending) {
+      store_until_silent();
+      publish(f);
+    }
+    Store& s = store_until_silent();
     s.add(round_key(round_, "hb/" + std::to_string(node_rank_)), 1);
+    last_ok_ = steady_clock::now();
     const std::string fkey = round_key(round_, "failure");
     const bool known = failure().failed();
-    if (!known && s.check({fkey}))
-      learn(JobFailure::decode(to_string(s.get(fkey, Deadline::after(timeout)))));
+    if (!known && store_until_silent().check({fkey}))
+      learn(JobFailure::decode(to_string(s.get(fkey, Deadline::after(store_until_silent().timeout())))));
     last_ok_ = steady_clock::now();
     if (known || failure().failed()) return;
     for (auto& [node, peer] : peers_) {
-      int64_t beats = s.add(round_key(round_, "hb/" + std::to_string(node)), 0);
+      int64_t beats = store_until_silent().add(round_key(round_, "hb/" + std::to_string(node)), 0);
       const auto now = steady_clock::now();
       last_ok_ = now;
       if (beats != peer.beats) {
@@ -186,9 +213,9 @@ void JobMonitor::tick() {
       publish(f);
       return;
     }
-    if (o_.elastic) admit_waiting(s);
+    if (o_.elastic) admit_waiting(store_until_silent());
   } catch (const std::exception& e) {
-    const auto silent = std::chrono::duration_cast<Duration>(steady_clock::now() - last_ok_);
+    const auto silent = std::chrono::duration_cast<Duration>(steady_clock::now() - last_ok_.load());
     if (silent < timeout) return;  // a blip: try again next interval, until the deadline
     store_lost_ = true;
     JobFailure f;
@@ -216,7 +243,11 @@ void JobMonitor::end_round() {
   const JobFailure f = failure();
   if (store_lost_) return;
   try {
-    for (const JobFailure& p : pending) publish(p);
+    for (const JobFailure& p : pending) {
+      store_until_silent();
+      publish(p);
+    }
+    store().set_timeout(ms_of(o_.heartbeat_timeout_s));
     if (!f.failed() || !hosts_store_) return;
     // This gzrun hosts the store: keep it up until every node that is still there has seen the
     // failure, so nobody reports "lost the store host" instead of the real cause. A node is
@@ -263,7 +294,7 @@ bool JobMonitor::admit_waiting(Store& s) {
   if (!s.check({joined}) || s.check({round_key(round_, "exit/arrived")})) return false;
   // Only joiners that still beat: one that gave up or was killed while waiting would end the
   // round for nothing (and is never made a member of the next).
-  const auto list = parse_entries(to_string(s.get(joined, Deadline::after(ms_of(o_.heartbeat_timeout_s)))));
+  const auto list = parse_entries(to_string(s.get(joined, Deadline::after(s.timeout()))));
   waiting_.observe(s, list);
   const auto alive = waiting_.alive(list);
   if (alive.empty()) return false;

@@ -66,6 +66,8 @@ class JobMonitor {
   void report_local(JobFailure f);
   /// @brief Readable when the job's failure for this round became known (poll it).
   int fd() const { return pipe_[0]; }
+  /// @brief How long the store has not answered this node's monitor (0 while it answers).
+  Duration store_silent_for() const;
   /// @brief The round's failure as known so far (kind none while the job runs).
   JobFailure failure() const;
   /// @brief End the round: flush a pending report, acknowledge the failure and, on the store host,
@@ -82,6 +84,8 @@ class JobMonitor {
  private:
   void loop();
   void tick();
+  /// @brief The store, its operations bounded by what is left of the heartbeat timeout.
+  Store& store_until_silent();
   /// @brief Set the failure once and wake the supervisor.
   void learn(const JobFailure& f);
   void publish(const JobFailure& f);
@@ -115,7 +119,8 @@ class JobMonitor {
   };
   std::map<int, Peer> peers_;
   JoinerBeats waiting_;  ///< beats of the nodes waiting for the next round (admit only live ones)
-  std::chrono::steady_clock::time_point last_ok_{};
+  /// Last answer from the store (also read by store_silent_for() from the supervisor's thread).
+  std::atomic<std::chrono::steady_clock::time_point> last_ok_{};
   bool store_lost_ = false;
 };
 

@@ -280,13 +280,14 @@ void Supervisor::on_exit(Worker& w) {
   const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
   board_.ended(w.pid, st, !ok && !stopping_, stopping_);
   if (ok) return;
-  std::string d = "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") " + describe_status(st);
+  std::string d =
+      "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") " + describe_status(st);
   if (!stopping_) {
     failure_ = d;
     say(d);
     publish_local(static_cast<int>(JobFailure::Kind::worker),
-                  "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) + ", pid " +
-                      std::to_string(w.pid) + ") " + describe_status(st));
+                  "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) +
+                      ", pid " + std::to_string(w.pid) + ") " + describe_status(st));
     collect_for_verdict();
     if (!all_reaped())
       say("stopping the other local workers (SIGTERM, then SIGKILL after " +
@@ -323,7 +324,8 @@ void Supervisor::kill_adopted() {
     std::vector<pid_t> kids = list_children(::getpid());
     bool any = false;
     for (pid_t p : kids) {
-      bool worker = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) { return w.alive && w.pid == p; });
+      bool worker = std::any_of(workers_.begin(), workers_.end(),
+                                [&](const Worker& w) { return w.alive && w.pid == p; });
       if (worker) continue;
       ::kill(p, SIGKILL);
       any = true;
@@ -437,6 +439,11 @@ void Supervisor::collect_for_verdict() {
   // Without a store (this node lost it) the report has nowhere to go; trying would only delay
   // this gzrun's exit by a connect timeout.
   if (!c_.store_client || (c_.monitor && c_.monitor->failure().kind == JobFailure::Kind::store_lost)) return;
+  // Nor while the store has been silent for half the heartbeat timeout: this node is most likely
+  // cut off, and the upload's connect and set would each wait their timeout before the exit.
+  if (c_.monitor &&
+      c_.monitor->store_silent_for() > Duration(static_cast<long long>(o_.heartbeat_timeout_s * 500)))
+    return;
   // In the background: a node cut off from the store must not delay stopping its workers.
   if (upload_.joinable()) upload_.join();
   upload_ = std::thread(
