@@ -720,7 +720,7 @@ TEST(EtcdSecurity, TlsProtocolRefusalIsNotRetriedForTheWholeTimeout) {
   OddServer plain("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", true);
   EtcdStoreOptions o;
   o.endpoints = {"https://127.0.0.1:" + std::to_string(plain.port())};
-  o.timeout = 5s;
+  o.timeout = 20s;  // retrying would take all of it; refusing at once stays far below, also under load
   Stopwatch sw;
   try {
     EtcdStore s(o);
@@ -730,7 +730,7 @@ TEST(EtcdSecurity, TlsProtocolRefusalIsNotRetriedForTheWholeTimeout) {
   } catch (const Error& e) {
     ADD_FAILURE() << "not refused at once: " << e.what();
   }
-  EXPECT_LT(sw.elapsed().count(), 2000) << "retried the refusal";
+  EXPECT_LT(sw.elapsed().count(), 5000) << "retried the refusal";  // 140 ms here; 2.4 s seen at load 8
 }
 
 TEST(EtcdSecurity, UserAndPasswordAuthentication) {
@@ -766,7 +766,8 @@ TEST(EtcdSecurity, UserAndPasswordAuthentication) {
   EXPECT_EQ(s.add("n", 5), 5);
   // The token expires after 1 s idle (--auth-token-ttl): the client authenticates again.
   std::this_thread::sleep_for(2500ms);
-  EXPECT_EQ(text_of(s.get("k", Deadline::after(5s))), "v");
+  // A generous deadline: a starved etcd member (load 8 on 2 cores) once took over 5 s to answer.
+  EXPECT_EQ(text_of(s.get("k", Deadline::after(20s))), "v");
   // Outside its permission: a clear refusal.
   auto other = o;
   other.prefix = "/elsewhere";
