@@ -376,7 +376,7 @@ void SnapshotWriter::rethrow_locked() {
 }
 
 void SnapshotWriter::submit(const SnapshotHeader& header, std::string payload) {
-  submit(header, [p = std::move(payload)]() mutable { return std::move(p); });
+  submit(header, [p = std::move(payload)](std::string& out) mutable { out = std::move(p); });
 }
 
 void SnapshotWriter::submit(const SnapshotHeader& header, PayloadFn make_payload) {
@@ -411,13 +411,15 @@ void SnapshotWriter::loop() {
     const auto start = std::chrono::steady_clock::now();
     std::string error;
     try {
-      std::string payload = job.second();
+      payload_.clear();
+      job.second(payload_);
       job.second = nullptr;  // what the payload was made from is no longer needed
-      store_.write(job.first, payload);
+      store_.write(job.first, payload_);
     } catch (const std::exception& e) {
       error = e.what();
     }
     job.second = nullptr;
+    payload_.clear();
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     lock.lock();
     busy_ = false;

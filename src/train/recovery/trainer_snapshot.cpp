@@ -41,13 +41,11 @@ std::string snapshot_run(const comm::CommPtr& group, int rank) {
   return detail::concat("local#", id);
 }
 
-std::string archive_bytes(torch::serialize::OutputArchive& archive) {
-  std::string bytes;
-  archive.save_to([&bytes](const void* p, size_t n) {
-    bytes.append(static_cast<const char*>(p), n);
+void append_archive(torch::serialize::OutputArchive& archive, std::string& out) {
+  archive.save_to([&out](const void* p, size_t n) {
+    out.append(static_cast<const char*>(p), n);
     return n;
   });
-  return bytes;
 }
 
 }  // namespace
@@ -121,7 +119,9 @@ void Trainer::take_snapshot() {
       impl_->snapshot_fallback_logged = true;
       torch::serialize::OutputArchive root;
       write_training_state(live, root);
-      impl_->snapshot_writer->submit(h, archive_bytes(root));
+      std::string bytes;
+      append_archive(root, bytes);
+      impl_->snapshot_writer->submit(h, std::move(bytes));
     }
   } catch (const std::exception& e) {
     // A full /dev/shm (64 MB in a default container) must not end training on this rank while
@@ -142,13 +142,13 @@ void Trainer::submit_capture(const TrainingState& live, const SnapshotHeader& he
   try {
     capture.capture(live);
     waiting = Stopwatch();
-    impl_->snapshot_writer->submit(header, [&ring, &capture] {
+    impl_->snapshot_writer->submit(header, [&ring, &capture](std::string& out) {
       // Released once the archive is built, also when building it failed.
       std::unique_ptr<StateCapture, std::function<void(StateCapture*)>> release(
           &capture, [&ring](StateCapture* c) { ring.release(*c); });
       torch::serialize::OutputArchive root;
       write_training_state(capture.state(), root);
-      return archive_bytes(root);
+      append_archive(root, out);
     });
     impl_->snapshot_wait_seconds += waiting.seconds();  // while another write was queued
   } catch (...) {

@@ -82,8 +82,10 @@ class SnapshotStore {
 /// caller's thread only hands over what the payload is made from.
 class SnapshotWriter {
  public:
-  /// @brief Builds a payload on the writer's thread.
-  using PayloadFn = std::function<std::string()>;
+  /// @brief Appends a payload to `out` on the writer's thread. `out` arrives empty, with the
+  /// capacity of the last payload: the writer keeps its buffer, so a payload of the same size
+  /// neither grows nor page-faults its way into fresh memory.
+  using PayloadFn = std::function<void(std::string& out)>;
 
   explicit SnapshotWriter(const SnapshotStore& store);
   /// @brief Finishes the pending writes (a snapshot taken is not dropped on an orderly exit).
@@ -93,8 +95,8 @@ class SnapshotWriter {
 
   /// @brief Queue a write of `payload`: see the other submit().
   void submit(const SnapshotHeader& header, std::string payload);
-  /// @brief Queue a write whose payload `make_payload` returns when the writer's thread gets to
-  /// it (a throw fails that write); waits while another write is already waiting (not while one
+  /// @brief Queue a write whose payload `make_payload` builds when the writer's thread gets to it
+  /// (a throw fails that write); waits while another write is already waiting (not while one
   /// runs). Rethrows a failed previous write, and then does not queue this one.
   void submit(const SnapshotHeader& header, PayloadFn make_payload);
   /// @brief Wait until nothing is pending; rethrows a failed write.
@@ -111,6 +113,7 @@ class SnapshotWriter {
   std::optional<std::pair<SnapshotHeader, PayloadFn>> job_;  // the waiting one
   bool busy_ = false, stop_ = false;
   std::string error_;
+  std::string payload_;  // the writer thread's, reused from one write to the next
   double seconds_ = 0;
   int64_t writes_ = 0;
   std::thread thread_;
