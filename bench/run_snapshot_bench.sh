@@ -9,13 +9,15 @@
 #           snapshot_every 1. Seconds lost = the run's wall time - REF's (same round); steps
 #           redone from the sample audit (tests/train/check_sample_log.py).
 # cost      per model, ROUNDS rounds of ON (snapshot_every 1), OFF, OFF2 (OFF again: the control),
-#           order reversed every other round; throughput = steps/s between the history rows of
-#           step WARMUP and the last step.
+#           with OLD_TRAIN also OLD (that gz-train, e.g. one built before a change, snapshot_every
+#           1), with CAPTURES2=1 also ON2 (GZ_SNAPSHOT_CAPTURES=2); order reversed every other
+#           round; throughput = steps/s between the history rows of step WARMUP and the last
+#           step; the training thread's ms per snapshot from gz-train's "snapshots:" line.
 #
 #   flock /work/.bench.lock bench/run_snapshot_bench.sh [BUILD_DIR]
 #   env: PARTS ("recovery cost"), MODELS ("cnn bert_small"), ROUNDS (4), CNN_STEPS (300),
 #        BERT_STEPS (60), WARMUP (10), CNN_KILL (307, of 468 steps), BERT_KILL (70 of 100),
-#        BERT_SAVE (50), KEEP (a directory for every run's output)
+#        BERT_SAVE (50), KEEP (a directory for every run's output), OLD_TRAIN, CAPTURES2
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"
 . "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
@@ -32,7 +34,9 @@ BERT_KILL=${BERT_KILL:-70}
 BERT_SAVE=${BERT_SAVE:-50}
 gzrun=$build/tools/gzrun/gzrun
 train=$build/apps/gz-train/gz-train
-for f in "$gzrun" "$train"; do [ -x "$f" ] || { echo "missing $f: build first" >&2; exit 1; }; done
+OLD_TRAIN=${OLD_TRAIN:-}
+CAPTURES2=${CAPTURES2:-}
+for f in "$gzrun" "$train" ${OLD_TRAIN:+"$OLD_TRAIN"}; do [ -x "$f" ] || { echo "missing $f: build first" >&2; exit 1; }; done
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GZ_LOG_LEVEL=info  # info: the restore and cost lines
 work=${KEEP:-$(mktemp -d)}
 mkdir -p "$work"
@@ -59,7 +63,7 @@ gzrun_train() {
   shift
   rm -rf "$dir"
   t0=$(date +%s.%N)
-  env "${env[@]}" timeout 900 "$gzrun" --nproc-per-node 2 --master-port 0 --max-restarts 1 -- "$train" "$@" \
+  env "${env[@]}" timeout 900 "$gzrun" --nproc-per-node 2 --master-port 0 --max-restarts 1 -- "${bin:-$train}" "$@" \
     --progress false --tensorboard true --log_every 10 --work_dir "$dir" >"$dir.out" 2>&1 || rc=$?
   [ $rc = 0 ] && echo "$(date +%s.%N) $t0" | awk '{printf "%.1f\n", $1 - $2}' || echo nan
 }
@@ -87,30 +91,36 @@ if [[ " $PARTS " = *" recovery "* ]]; then
 fi
 
 [[ " $PARTS " = *" cost "* ]] || exit 0
+modes="on off off2${OLD_TRAIN:+ old}${CAPTURES2:+ on2}"
 # run MODEL MODE -> steps/s ("nan" on failure)
 run() {
-  local model=$1 mode=$2 dir every=0
+  local model=$1 mode=$2 dir every=0 bin=$train env=(X=1)
   dir=$work/$model-$mode-r$r
-  [ "$mode" = on ] && every=1
+  case $mode in on | on2 | old) every=1 ;; esac
+  [ "$mode" = old ] && bin=$OLD_TRAIN
+  [ "$mode" = on2 ] && env+=(GZ_SNAPSHOT_CAPTURES=2)
   local max=$CNN_STEPS
   [ "$model" = bert_small ] && max=$BERT_STEPS
   # shellcheck disable=SC2046
-  [ "$(gzrun_train "$dir" X=1 -- $(args_of "$model") --max_steps "$max" --save_steps 100000 --eval_steps 100000 \
-    --snapshot_every $every)" = nan ] && { echo nan; return; }
+  [ "$(gzrun_train "$dir" "${env[@]}" -- $(args_of "$model") --max_steps "$max" --save_steps 100000 \
+    --eval_steps 100000 --snapshot_every $every)" = nan ] && { echo nan; return; }
   history_steps_per_s "$dir/history.jsonl" "$WARMUP"
 }
-declare -A sps
+declare -A sps ms
 loads=""
 for ((r = 1; r <= ROUNDS; ++r)); do
   loads="$loads $(cut -d' ' -f1 /proc/loadavg)"
   for model in $MODELS; do
-    order="on off off2"
-    [ $((r % 2)) = 0 ] && order="off2 off on"
+    order=$modes
+    [ $((r % 2)) = 0 ] && order=$(tr ' ' '\n' <<<"$modes" | tac | tr '\n' ' ')
     for mode in $order; do
       s=$(run "$model" "$mode")
       sps[$model/$mode]="${sps[$model/$mode]:-} $s"
       own=""
-      [ "$mode" = on ] && own=$(grep -o 'snapshots: .*' "$work/$model-on-r$r.out" | tail -n 1)
+      if [ "$mode" != off ] && [ "$mode" != off2 ]; then
+        own=$(grep -o 'snapshots: .*' "$work/$model-$mode-r$r.out" | tail -n 1)
+        ms[$model/$mode]="${ms[$model/$mode]:-} $(sed -n 's/.*(\([0-9.e+-]*\) ms each.*/\1/p' <<<"$own")"
+      fi
       printf 'round %d %-10s %-4s %9s steps/s  load %s  %s\n' "$r" "$model" "$mode" "$s" \
         "$(cut -d' ' -f1 /proc/loadavg)" "$own"
     done
@@ -119,11 +129,17 @@ done
 echo
 echo "end: $(date -u '+%F %T') UTC; 1-min load at each round's start:$loads"
 echo
-echo "| model | steps/s OFF (median) | steps/s ON (median) | ON/OFF per round | ON/OFF median | control OFF2/OFF per round | control median |"
-echo "|---|---:|---:|---|---:|---|---:|"
+echo "| model | mode | step ms (median) | steps/s / OFF per round | median | training thread ms per snapshot (median) | that / OFF's step ms |"
+echo "|---|---|---:|---|---:|---:|---:|"
 for model in $MODELS; do
-  on=$(ratios "${sps[$model/on]}" "${sps[$model/off]}")
-  ctl=$(ratios "${sps[$model/off2]}" "${sps[$model/off]}")
-  echo "| $model | $(median "${sps[$model/off]}") | $(median "${sps[$model/on]}") | $on | **$(median "$on")** | $ctl |" \
-    "$(median "$ctl") |"
+  off_ms=$(awk -v s="$(median "${sps[$model/off]}")" 'BEGIN{printf "%.1f", 1000 / s}')
+  echo "| $model | off | $off_ms | | | | |"
+  for mode in $modes; do
+    [ "$mode" = off ] && continue
+    step=$(awk -v s="$(median "${sps[$model/$mode]}")" 'BEGIN{printf "%.1f", 1000 / s}')
+    rat=$(ratios "${sps[$model/$mode]}" "${sps[$model/off]}")
+    own=$(median "${ms[$model/$mode]:-}")
+    share=$(awk -v a="$own" -v b="$off_ms" 'BEGIN{if (a == "nan") print "-"; else printf "%.1f %%", 100 * a / b}')
+    echo "| $model | $mode | $step | $rat | **$(median "$rat")** | ${own/nan/-} | $share |"
+  done
 done

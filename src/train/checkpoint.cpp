@@ -265,9 +265,19 @@ CheckpointInfo CheckpointManager::open(const std::string& path, torch::serialize
   return info;
 }
 
+std::vector<NamedTensor> module_tensors(const torch::nn::Module& module) {
+  std::vector<NamedTensor> out;
+  for (const auto& p : module.named_parameters(true)) out.push_back({p.key(), p.value().detach(), false});
+  for (const auto& b : module.named_buffers(true)) out.push_back({b.key(), b.value().detach(), true});
+  return out;
+}
+
+void save_module_state(const std::vector<NamedTensor>& tensors, torch::serialize::OutputArchive& archive) {
+  for (const auto& t : tensors) archive.write(encode_key(t.name), t.tensor.cpu(), t.buffer);
+}
+
 void save_module_state(const torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
-  for (const auto& p : module.named_parameters(true)) archive.write(encode_key(p.key()), p.value().detach().cpu());
-  for (const auto& b : module.named_buffers(true)) archive.write(encode_key(b.key()), b.value().detach().cpu(), true);
+  save_module_state(module_tensors(module), archive);
 }
 
 void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& file) {

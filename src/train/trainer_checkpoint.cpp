@@ -66,27 +66,32 @@ void Trainer::agree(std::exception_ptr error, const std::string& what) {
   GZ_THROW(Error, "rank ", rank_, ": ", what, " failed on rank(s) ", ranks, ": ", message);
 }
 
-void Trainer::write_state(torch::serialize::OutputArchive& root) {
-  torch::serialize::OutputArchive model_archive, opt_archive, scaler_archive;
-  save_module_state(*model_, model_archive);
-  root.write("model", model_archive);
-  impl_->strategy->optimizer().save(opt_archive);
-  root.write("optimizer", opt_archive);
-  impl_->scaler->save(scaler_archive);
-  root.write("scaler", scaler_archive);
+TrainingState Trainer::live_state() {
+  TrainingState s;
+  s.model = module_tensors(*model_);
+  s.optimizer = &impl_->strategy->optimizer();
+  s.scaler = *impl_->scaler;
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    root.write("rng_cpu", gen.get_state());
+    s.rng = gen.get_state();
   }
-  root.write("counters",
-             torch::tensor({state_.step, state_.epoch, state_.best_step, state_.evals_without_improvement,
-                            static_cast<int64_t>(world_), state_.total_steps, config_.batch_size,
-                            config_.gradient_accumulation_steps, state_.epoch_samples, state_.samples_seen,
-                            impl_->plan.reference_global_batch},
-                           torch::kInt64));
-  root.write("best_metric", torch::tensor({state_.best_metric}, torch::kFloat64));
+  s.counters = {state_.step,
+                state_.epoch,
+                state_.best_step,
+                state_.evals_without_improvement,
+                static_cast<int64_t>(world_),
+                state_.total_steps,
+                config_.batch_size,
+                config_.gradient_accumulation_steps,
+                state_.epoch_samples,
+                state_.samples_seen,
+                impl_->plan.reference_global_batch};
+  s.best_metric = state_.best_metric;
+  return s;
 }
+
+void Trainer::write_state(torch::serialize::OutputArchive& root) { write_training_state(live_state(), root); }
 
 std::string Trainer::save_checkpoint() {
   gz::ScopedPhase phase(gz::Phase::checkpoint);

@@ -14,6 +14,7 @@
 #include "gz/train/recovery/snapshot_store.h"
 #include "gz/train/scheduler.h"
 #include "gz/train/trainer.h"
+#include "recovery/state_capture.h"
 
 namespace gz::train {
 
@@ -37,9 +38,14 @@ struct Trainer::Impl {
   int64_t first_step = 0;
   // In-memory snapshots (snapshot_every): the node's folder, its writer on local rank 0 (the
   // writer refers to the store: declared after it, destroyed before it).
+  // The captures the writer builds archives from: declared before the writer, whose
+  // destructor runs its queued writes (they read the captures).
   std::unique_ptr<SnapshotStore> snapshots;
+  std::unique_ptr<CaptureRing> snapshot_captures;
   std::unique_ptr<SnapshotWriter> snapshot_writer;
-  double snapshot_seconds = 0;  // spent on the training thread (serializing)
+  bool snapshot_fallback_logged = false;
+  double snapshot_seconds = 0;       // spent on the training thread (copying, waiting)
+  double snapshot_wait_seconds = 0;  // of it, waiting for the writer (a capture, the queue)
   int64_t snapshots_taken = 0;
 };
 

@@ -163,6 +163,30 @@ TEST(SnapshotWriter, WritesInTheBackgroundAndFinishesOnDestruction) {
   EXPECT_EQ(s.read(3, 7), payload(3));
 }
 
+// A payload built on the writer's thread lands in the buffer the last one left (no growth, no
+// fresh pages per snapshot) and is written whole. Mutation check: shrink_to_fit() after clear()
+// before each payload in loop() (the old writer freed its payload after each write) fails the
+// capacity expectations.
+TEST(SnapshotWriter, APayloadIsBuiltOnItsThreadIntoTheLastOnesBuffer) {
+  Dir d;
+  SnapshotStore s(d.path.string(), 2, kRun);
+  std::vector<size_t> capacities;
+  {
+    SnapshotWriter w(s);
+    for (int64_t step = 1; step <= 3; ++step)
+      w.submit({step, 0, 1, 7}, [&capacities, step](std::string& out) {
+        EXPECT_TRUE(out.empty());
+        capacities.push_back(out.capacity());
+        out.append(payload(step));
+      });
+  }
+  ASSERT_EQ(capacities.size(), 3u);
+  EXPECT_GE(capacities[1], payload(1).size()) << "the writer's buffer was not kept";
+  EXPECT_GE(capacities[2], payload(2).size());
+  EXPECT_EQ(s.read(3, 7), payload(3));
+  EXPECT_EQ(s.read(2, 7), payload(2));
+}
+
 TEST(SnapshotWriter, AFailedWriteIsReportedByTheNextSubmit) {
   Dir d;
   std::ofstream(d.path.string() + "_file") << "x";  // a file where the folder should be

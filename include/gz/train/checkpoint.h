@@ -88,6 +88,16 @@ class CheckpointManager {
   CheckpointTestHooks hooks_;
 };
 
+/// @brief A parameter or buffer of a module under its name (named_parameters(), named_buffers()).
+struct NamedTensor {
+  std::string name;
+  torch::Tensor tensor;
+  bool buffer = false;
+};
+/// @brief `module`'s parameters, then its buffers, detached (not copied; on their device).
+std::vector<NamedTensor> module_tensors(const torch::nn::Module& module);
+/// @brief Write `tensors` as save_module_state writes a module's (on the CPU, under their names).
+void save_module_state(const std::vector<NamedTensor>& tensors, torch::serialize::OutputArchive& archive);
 /// @brief Write parameters and buffers of `module` under their names.
 void save_module_state(const torch::nn::Module& module, torch::serialize::OutputArchive& archive);
 /// @brief Copy saved parameters and buffers into `module`, checking every name and shape first

@@ -24,6 +24,8 @@ namespace gz::train {
 class LrScheduler;
 class CheckpointManager;
 struct CheckpointInfo;
+struct TrainingState;
+struct SnapshotHeader;
 
 /// @brief Runs one training job on this rank.
 ///
@@ -119,12 +121,16 @@ class Trainer {
   void maybe_resume();
   // Evaluate, record the metrics and the best one, tell the callbacks.
   void run_eval();
-  // The archive of a checkpoint or snapshot: model, optimizer, scaler, RNG, counters.
+  // What a checkpoint or snapshot holds (model, optimizer, scaler, RNG, counters), by reference.
+  TrainingState live_state();
+  // The archive of a checkpoint: live_state() written.
   void write_state(torch::serialize::OutputArchive& root);
   // In-memory snapshots (src/train/recovery/trainer_snapshot.cpp). restore_snapshot() is
   // collective: false when no rank holds one, the disk checkpoint is newer, or it cannot be read.
   void setup_snapshots();
   void take_snapshot();
+  // The snapshot's state copied into the next capture, its archive built on the writer's thread.
+  void submit_capture(const TrainingState& live, const SnapshotHeader& header);
   bool restore_snapshot();
   std::optional<std::string> read_snapshot(int64_t step, int source, bool all_hold);
   void finish_snapshots(bool completed);

@@ -376,10 +376,14 @@ void SnapshotWriter::rethrow_locked() {
 }
 
 void SnapshotWriter::submit(const SnapshotHeader& header, std::string payload) {
+  submit(header, [p = std::move(payload)](std::string& out) mutable { out = std::move(p); });
+}
+
+void SnapshotWriter::submit(const SnapshotHeader& header, PayloadFn make_payload) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !job_ && !busy_; });
+  cv_.wait(lock, [&] { return !job_; });
   rethrow_locked();
-  job_.emplace(header, std::move(payload));
+  job_.emplace(header, std::move(make_payload));
   cv_.notify_all();
 }
 
@@ -387,6 +391,11 @@ void SnapshotWriter::flush() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !job_ && !busy_; });
   rethrow_locked();
+}
+
+std::pair<double, int64_t> SnapshotWriter::work() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {seconds_, writes_};
 }
 
 void SnapshotWriter::loop() {
@@ -397,17 +406,25 @@ void SnapshotWriter::loop() {
     auto job = std::move(*job_);
     job_.reset();
     busy_ = true;
+    cv_.notify_all();  // a submit waiting for the queue may go on
     lock.unlock();
+    const auto start = std::chrono::steady_clock::now();
     std::string error;
     try {
-      store_.write(job.first, job.second);
+      payload_.clear();
+      job.second(payload_);
+      job.second = nullptr;  // what the payload was made from is no longer needed
+      store_.write(job.first, payload_);
     } catch (const std::exception& e) {
       error = e.what();
     }
-    job.second.clear();
-    job.second.shrink_to_fit();
+    job.second = nullptr;
+    payload_.clear();
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     lock.lock();
     busy_ = false;
+    seconds_ += took.count();
+    ++writes_;
     if (!error.empty()) error_ = error;
     cv_.notify_all();
   }

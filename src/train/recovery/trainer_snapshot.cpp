@@ -4,8 +4,10 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include "../trainer_impl.h"
@@ -37,6 +39,13 @@ std::string snapshot_run(const comm::CommPtr& group, int rank) {
            "snapshots: no launcher run id (GZ_RUN_ID, TORCHELASTIC_RUN_ID): a relaunch is a new "
            "run and does not restore this one's");
   return detail::concat("local#", id);
+}
+
+void append_archive(torch::serialize::OutputArchive& archive, std::string& out) {
+  archive.save_to([&out](const void* p, size_t n) {
+    out.append(static_cast<const char*>(p), n);
+    return n;
+  });
 }
 
 }  // namespace
@@ -81,6 +90,11 @@ void Trainer::setup_snapshots() {
     GZ_LOG(warn, "rank ", rank_, ": ", e.what(), "; snapshots are off for this run");
     return;
   }
+  // One capture: a snapshot waits until the writer has built the last one's archive (measured:
+  // docs/benchmarks.md); GZ_SNAPSHOT_CAPTURES=2 lets it lag one behind, at twice the memory.
+  const auto captures = Env::from_process().get_int("GZ_SNAPSHOT_CAPTURES", 1);
+  impl_->snapshot_captures =
+      std::make_unique<CaptureRing>(static_cast<int>(std::clamp<long long>(captures, 1, 4)));
   impl_->snapshot_writer = std::make_unique<SnapshotWriter>(*impl_->snapshots);
   if (const int n = impl_->snapshots->remove_other_runs(); n > 0)
     GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir,
@@ -88,20 +102,27 @@ void Trainer::setup_snapshots() {
 }
 
 void Trainer::take_snapshot() {
-  // Serialising the state is this rank's own time, not training: the straggler report must not
-  // charge it to the node's local rank 0 as an unexplained delay.
+  // The training thread's share of a snapshot (a copy, else the archive) is this rank's own time,
+  // not training: the straggler report must not charge it to the node's local rank 0 as an
+  // unexplained delay.
   gz::ScopedPhase phase(gz::Phase::checkpoint);
   Stopwatch clock;
-  torch::serialize::OutputArchive root;
-  write_state(root);
-  std::string bytes;
-  root.save_to([&bytes](const void* p, size_t n) {
-    bytes.append(static_cast<const char*>(p), n);
-    return n;
-  });
-  SnapshotHeader h{state_.step, state_.epoch, world_, snapshot_fingerprint()};
+  const SnapshotHeader h{state_.step, state_.epoch, world_, snapshot_fingerprint()};
   try {
-    impl_->snapshot_writer->submit(h, std::move(bytes));
+    const TrainingState live = live_state();
+    const std::string why = StateCapture::unsupported(live);
+    if (why.empty()) {
+      submit_capture(live, h);
+    } else {
+      if (!impl_->snapshot_fallback_logged)
+        GZ_LOG(info, "rank ", rank_, ": snapshots of ", why, " are serialized on the training thread");
+      impl_->snapshot_fallback_logged = true;
+      torch::serialize::OutputArchive root;
+      write_training_state(live, root);
+      std::string bytes;
+      append_archive(root, bytes);
+      impl_->snapshot_writer->submit(h, std::move(bytes));
+    }
   } catch (const std::exception& e) {
     // A full /dev/shm (64 MB in a default container) must not end training on this rank while
     // its peers wait in the next collective: without snapshots, restarts use disk checkpoints.
@@ -113,6 +134,29 @@ void Trainer::take_snapshot() {
   ++impl_->snapshots_taken;
 }
 
+void Trainer::submit_capture(const TrainingState& live, const SnapshotHeader& header) {
+  CaptureRing& ring = *impl_->snapshot_captures;
+  Stopwatch waiting;
+  StateCapture& capture = ring.acquire();  // waits while the writer still reads it
+  impl_->snapshot_wait_seconds += waiting.seconds();
+  try {
+    capture.capture(live);
+    waiting = Stopwatch();
+    impl_->snapshot_writer->submit(header, [&ring, &capture](std::string& out) {
+      // Released once the archive is built, also when building it failed.
+      std::unique_ptr<StateCapture, std::function<void(StateCapture*)>> release(
+          &capture, [&ring](StateCapture* c) { ring.release(*c); });
+      torch::serialize::OutputArchive root;
+      write_training_state(capture.state(), root);
+      append_archive(root, out);
+    });
+    impl_->snapshot_wait_seconds += waiting.seconds();  // while another write was queued
+  } catch (...) {
+    ring.release(capture);  // not queued
+    throw;
+  }
+}
+
 void Trainer::finish_snapshots(bool completed) {
   if (!impl_->snapshot_writer) return;
   try {
@@ -121,10 +165,15 @@ void Trainer::finish_snapshots(bool completed) {
     GZ_LOG(warn, "rank ", rank_, ": ", e.what());
   }
   if (completed) impl_->snapshots->remove_all();  // the run is done: free the node's memory
-  if (is_main() && impl_->snapshots_taken > 0)
+  if (is_main() && impl_->snapshots_taken > 0) {
+    const auto [writer_seconds, writes] = impl_->snapshot_writer->work();
+    const double n = static_cast<double>(impl_->snapshots_taken);
     GZ_LOG(info, "snapshots: ", impl_->snapshots_taken, " taken in ", impl_->snapshot_seconds,
-           " s on the training thread (",
-           1e3 * impl_->snapshot_seconds / static_cast<double>(impl_->snapshots_taken), " ms each)");
+           " s on the training thread (", 1e3 * impl_->snapshot_seconds / n, " ms each, ",
+           1e3 * impl_->snapshot_wait_seconds / n, " of it waiting for the writer); the writer thread: ",
+           1e3 * writer_seconds / static_cast<double>(std::max<int64_t>(1, writes)),
+           " ms per write (archive, hash, file)");
+  }
 }
 
 std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool all_hold) {

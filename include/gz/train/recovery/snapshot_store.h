@@ -1,10 +1,11 @@
 // In-memory snapshots of the training state, one folder per node (by default in /dev/shm, which
 // outlives the worker processes), written atomically and in the background. LibTorch-free: a
-// snapshot is a header and the bytes of a serialized archive (the Trainer fills them).
+// snapshot is a header and the bytes of a serialized archive (the Trainer makes them).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -76,30 +77,45 @@ class SnapshotStore {
   std::shared_ptr<const int> run_lock_;  // the locked descriptor, closed with the last copy
 };
 
-/// @brief One background thread that writes snapshots, at most one at a time: submit() waits for
-/// the previous write, so the memory held is one payload besides the files.
+/// @brief One background thread that writes snapshots in order: one write runs while at most one
+/// more waits. A write's payload may be built on that thread (submit with a function), so the
+/// caller's thread only hands over what the payload is made from.
 class SnapshotWriter {
  public:
+  /// @brief Appends a payload to `out` on the writer's thread. `out` arrives empty, with the
+  /// capacity of the last payload: the writer keeps its buffer, so a payload of the same size
+  /// neither grows nor page-faults its way into fresh memory.
+  using PayloadFn = std::function<void(std::string& out)>;
+
   explicit SnapshotWriter(const SnapshotStore& store);
-  /// @brief Finishes the pending write (a snapshot taken is not dropped on an orderly exit).
+  /// @brief Finishes the pending writes (a snapshot taken is not dropped on an orderly exit).
   ~SnapshotWriter();
   SnapshotWriter(const SnapshotWriter&) = delete;
   SnapshotWriter& operator=(const SnapshotWriter&) = delete;
 
-  /// @brief Queue a write; waits while the previous one runs. Rethrows a failed previous write.
+  /// @brief Queue a write of `payload`: see the other submit().
   void submit(const SnapshotHeader& header, std::string payload);
+  /// @brief Queue a write whose payload `make_payload` builds when the writer's thread gets to it
+  /// (a throw fails that write); waits while another write is already waiting (not while one
+  /// runs). Rethrows a failed previous write, and then does not queue this one.
+  void submit(const SnapshotHeader& header, PayloadFn make_payload);
   /// @brief Wait until nothing is pending; rethrows a failed write.
   void flush();
+  /// @brief Seconds the writer's thread spent on writes (building payloads included), and how many.
+  std::pair<double, int64_t> work() const;
 
  private:
   void loop();
   void rethrow_locked();
   const SnapshotStore& store_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<std::pair<SnapshotHeader, std::string>> job_;
+  std::optional<std::pair<SnapshotHeader, PayloadFn>> job_;  // the waiting one
   bool busy_ = false, stop_ = false;
   std::string error_;
+  std::string payload_;  // the writer thread's, reused from one write to the next
+  double seconds_ = 0;
+  int64_t writes_ = 0;
   std::thread thread_;
 };
 
