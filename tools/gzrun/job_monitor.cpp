@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <functional>
 
 #include "gz/core/deadline.h"
 #include "gz/core/error.h"
@@ -22,6 +23,11 @@ using std::chrono::steady_clock;
 std::chrono::milliseconds ms_of(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
 }
+
+struct Finally {  // runs f on every way out of a scope
+  std::function<void()> f;
+  ~Finally() { f(); }
+};
 
 }  // namespace
 
@@ -161,28 +167,31 @@ Store& JobMonitor::store_until_silent() {
   // up to twice the heartbeat timeout late (seen: 5.0 s for a 3 s timeout).
   const auto timeout = ms_of(o_.heartbeat_timeout_s);
   const auto left = std::chrono::duration_cast<Duration>(last_ok_.load() + timeout - steady_clock::now());
+  // At least an interval: a monitor thread that woke late (a loaded host) still gives the store a
+  // fair chance, and detection stays within timeout + interval.
   Store& s = store();
-  s.set_timeout(std::max(left, Duration(std::chrono::milliseconds(20))));
+  s.set_timeout(std::max(left, Duration(ms_of(o_.effective_heartbeat_interval_s()))));
   return s;
+}
+
+void JobMonitor::restore_full_timeout() {
+  if (store_) store_->set_timeout(ms_of(o_.heartbeat_timeout_s));
 }
 
 void JobMonitor::tick() {
   const auto timeout = ms_of(o_.heartbeat_timeout_s);
-  struct FullTimeout {  // end_round() and the next round's first tick get the whole timeout
-    JobMonitor* m;
-    ~FullTimeout() {
-      if (m->store_) m->store_->set_timeout(ms_of(m->o_.heartbeat_timeout_s));
-    }
-  } restore{this};
+  // end_round(), advance_round() and the next round's first tick get the whole timeout.
+  Finally restore{[this] { restore_full_timeout(); }};
+  std::vector<JobFailure> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(pending_);
+  }
   try {
-    std::vector<JobFailure> pending;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending.swap(pending_);
-    }
-    for (const JobFailure& f : pending) {
+    while (!pending.empty()) {
       store_until_silent();
-      publish(f);
+      publish(pending.front());
+      pending.erase(pending.begin());
     }
     Store& s = store_until_silent();
     s.add(round_key(round_, "hb/" + std::to_string(node_rank_)), 1);
@@ -213,10 +222,14 @@ void JobMonitor::tick() {
       publish(f);
       return;
     }
-    if (o_.elastic) admit_waiting(store_until_silent());
+    if (o_.elastic) admit_waiting();
   } catch (const std::exception& e) {
     const auto silent = std::chrono::duration_cast<Duration>(steady_clock::now() - last_ok_.load());
-    if (silent < timeout) return;  // a blip: try again next interval, until the deadline
+    if (silent < timeout) {                   // a blip: try again next interval, until the deadline
+      std::lock_guard<std::mutex> lock(mu_);  // with the local failures not yet published
+      pending_.insert(pending_.begin(), pending.begin(), pending.end());
+      return;
+    }
     store_lost_ = true;
     JobFailure f;
     f.kind = JobFailure::Kind::store_lost;
@@ -242,12 +255,13 @@ void JobMonitor::end_round() {
   }
   const JobFailure f = failure();
   if (store_lost_) return;
+  Finally restore{[this] { restore_full_timeout(); }};  // also when a publish throws
   try {
     for (const JobFailure& p : pending) {
       store_until_silent();
       publish(p);
     }
-    store().set_timeout(ms_of(o_.heartbeat_timeout_s));
+    restore_full_timeout();
     if (!f.failed() || !hosts_store_) return;
     // This gzrun hosts the store: keep it up until every node that is still there has seen the
     // failure, so nobody reports "lost the store host" instead of the real cause. A node is
@@ -286,16 +300,23 @@ void JobMonitor::end_round() {
   }
 }
 
-bool JobMonitor::admit_waiting(Store& s) {
+bool JobMonitor::admit_waiting() {
   // One round trip per interval while nobody waits. A full round cannot take anyone in (the
   // joiner waits for a place), and once a node's workers all succeeded the job is finishing.
+  // Each request is bounded by what is left of the silence budget (store_until_silent()).
   if (nnodes_ >= o_.max_nodes) return false;
   const std::string joined = round_key(round_ + 1, "joined");
-  if (!s.check({joined}) || s.check({round_key(round_, "exit/arrived")})) return false;
+  if (!store_until_silent().check({joined})) return false;
+  last_ok_ = steady_clock::now();
+  if (store_until_silent().check({round_key(round_, "exit/arrived")})) return false;
+  last_ok_ = steady_clock::now();
   // Only joiners that still beat: one that gave up or was killed while waiting would end the
   // round for nothing (and is never made a member of the next).
+  Store& s = store_until_silent();
   const auto list = parse_entries(to_string(s.get(joined, Deadline::after(s.timeout()))));
-  waiting_.observe(s, list);
+  last_ok_ = steady_clock::now();
+  waiting_.observe(store_until_silent(), list);
+  last_ok_ = steady_clock::now();
   const auto alive = waiting_.alive(list);
   if (alive.empty()) return false;
   std::string who;
@@ -305,6 +326,7 @@ bool JobMonitor::admit_waiting(Store& s) {
   f.kind = JobFailure::Kind::admit;
   f.text = "node(s) waiting to join (" + who + "): new round with more nodes (" + std::to_string(nnodes_) +
            " now, at most " + std::to_string(o_.max_nodes) + ")";
+  store_until_silent();
   publish(f);
   return true;
 }

@@ -86,12 +86,13 @@ class JobMonitor {
   void tick();
   /// @brief The store, its operations bounded by what is left of the heartbeat timeout.
   Store& store_until_silent();
+  void restore_full_timeout();
   /// @brief Set the failure once and wake the supervisor.
   void learn(const JobFailure& f);
   void publish(const JobFailure& f);
   /// @brief Elastic: a node waits to join the next round while this one has room and no node has
   /// finished: publish an admit record (ends the round without counting a restart).
-  bool admit_waiting(Store& s);
+  bool admit_waiting();
   Store& store();
 
   const LaunchOptions& o_;

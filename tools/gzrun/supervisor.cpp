@@ -441,8 +441,9 @@ void Supervisor::collect_for_verdict() {
   if (!c_.store_client || (c_.monitor && c_.monitor->failure().kind == JobFailure::Kind::store_lost)) return;
   // Nor while the store has been silent for half the heartbeat timeout: this node is most likely
   // cut off, and the upload's connect and set would each wait their timeout before the exit.
-  if (c_.monitor &&
-      c_.monitor->store_silent_for() > Duration(static_cast<long long>(o_.heartbeat_timeout_s * 500)))
+  // (The silence includes the wait between two heartbeats: an interval on top.)
+  const double silent_s = o_.heartbeat_timeout_s / 2 + o_.effective_heartbeat_interval_s();
+  if (c_.monitor && c_.monitor->store_silent_for() > Duration(static_cast<long long>(silent_s * 1000)))
     return;
   // In the background: a node cut off from the store must not delay stopping its workers.
   if (upload_.joinable()) upload_.join();

@@ -169,7 +169,8 @@ bool run_alive(const std::string& dir, uint64_t run) {
   const bool alive = rc != 0;  // held (EWOULDBLOCK), or unknown: keep its files
   // Unlink only the file we hold: another probe may have removed it since we opened it, and the
   // name may now be a holder's new lock file (hold_run_lock() makes one when its file is gone).
-  struct stat held {}, named {};
+  struct stat held {
+  }, named{};
   if (!alive && ::fstat(fd, &held) == 0 && held.st_nlink > 0 && ::stat(file.c_str(), &named) == 0 &&
       named.st_dev == held.st_dev && named.st_ino == held.st_ino)
     ::unlink(file.c_str());
@@ -376,14 +377,19 @@ void SnapshotWriter::rethrow_locked() {
 }
 
 void SnapshotWriter::submit(const SnapshotHeader& header, std::string payload) {
-  submit(header, [p = std::move(payload)](std::string& out) mutable { out = std::move(p); });
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !job_ && !busy_; });
+  rethrow_locked();
+  job_.emplace(
+      Job{header, [p = std::move(payload)](std::string& out) mutable { out = std::move(p); }, false});
+  cv_.notify_all();
 }
 
 void SnapshotWriter::submit(const SnapshotHeader& header, PayloadFn make_payload) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !job_; });
   rethrow_locked();
-  job_.emplace(header, std::move(make_payload));
+  job_.emplace(Job{header, std::move(make_payload), true});
   cv_.notify_all();
 }
 
@@ -412,14 +418,15 @@ void SnapshotWriter::loop() {
     std::string error;
     try {
       payload_.clear();
-      job.second(payload_);
-      job.second = nullptr;  // what the payload was made from is no longer needed
-      store_.write(job.first, payload_);
+      job.make(payload_);
+      job.make = nullptr;  // what the payload was made from is no longer needed
+      store_.write(job.header, payload_);
     } catch (const std::exception& e) {
       error = e.what();
     }
-    job.second = nullptr;
+    job.make = nullptr;
     payload_.clear();
+    if (!job.keep_buffer) std::string().swap(payload_);  // a caller's bytes: not kept around
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     lock.lock();
     busy_ = false;

@@ -93,7 +93,10 @@ class SnapshotWriter {
   SnapshotWriter(const SnapshotWriter&) = delete;
   SnapshotWriter& operator=(const SnapshotWriter&) = delete;
 
-  /// @brief Queue a write of `payload`: see the other submit().
+  /// @brief Queue a write of `payload` (bytes already made on the caller's thread): waits until
+  /// no write is waiting or running, and the writer frees the bytes after writing them, so at
+  /// most two payloads exist at a time (the fallback for state it cannot capture: a GPU model's
+  /// payload may be large). Rethrows a failed previous write.
   void submit(const SnapshotHeader& header, std::string payload);
   /// @brief Queue a write whose payload `make_payload` builds when the writer's thread gets to it
   /// (a throw fails that write); waits while another write is already waiting (not while one
@@ -105,12 +108,17 @@ class SnapshotWriter {
   std::pair<double, int64_t> work() const;
 
  private:
+  struct Job {
+    SnapshotHeader header;
+    PayloadFn make;
+    bool keep_buffer;  ///< reuse the payload's buffer for the next write (built payloads)
+  };
   void loop();
   void rethrow_locked();
   const SnapshotStore& store_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<std::pair<SnapshotHeader, PayloadFn>> job_;  // the waiting one
+  std::optional<Job> job_;  // the waiting one
   bool busy_ = false, stop_ = false;
   std::string error_;
   std::string payload_;  // the writer thread's, reused from one write to the next
