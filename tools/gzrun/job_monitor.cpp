@@ -189,23 +189,20 @@ void JobMonitor::tick() {
   }
   try {
     while (!pending.empty()) {
-      store_until_silent();
-      publish(pending.front());
+      ask([&](Store&) { publish(pending.front()); });
       pending.erase(pending.begin());
     }
-    Store& s = store_until_silent();
-    s.add(round_key(round_, "hb/" + std::to_string(node_rank_)), 1);
-    last_ok_ = steady_clock::now();
+    ask([&](Store& s) { return s.add(round_key(round_, "hb/" + std::to_string(node_rank_)), 1); });
     const std::string fkey = round_key(round_, "failure");
     const bool known = failure().failed();
-    if (!known && store_until_silent().check({fkey}))
-      learn(JobFailure::decode(to_string(s.get(fkey, Deadline::after(store_until_silent().timeout())))));
-    last_ok_ = steady_clock::now();
+    if (!known && ask([&](Store& s) { return s.check({fkey}); }))
+      learn(JobFailure::decode(
+          to_string(ask([&](Store& s) { return s.get(fkey, Deadline::after(s.timeout())); }))));
     if (known || failure().failed()) return;
     for (auto& [node, peer] : peers_) {
-      int64_t beats = store_until_silent().add(round_key(round_, "hb/" + std::to_string(node)), 0);
-      const auto now = steady_clock::now();
-      last_ok_ = now;
+      const int64_t beats =
+          ask([&](Store& s) { return s.add(round_key(round_, "hb/" + std::to_string(node)), 0); });
+      const auto now = last_ok_.load();
       if (beats != peer.beats) {
         peer.beats = beats;
         peer.changed = now;
@@ -257,10 +254,7 @@ void JobMonitor::end_round() {
   if (store_lost_) return;
   Finally restore{[this] { restore_full_timeout(); }};  // also when a publish throws
   try {
-    for (const JobFailure& p : pending) {
-      store_until_silent();
-      publish(p);
-    }
+    for (const JobFailure& p : pending) ask([&](Store&) { publish(p); });
     restore_full_timeout();
     if (!f.failed() || !hosts_store_) return;
     // This gzrun hosts the store: keep it up until every node that is still there has seen the
@@ -303,20 +297,16 @@ void JobMonitor::end_round() {
 bool JobMonitor::admit_waiting() {
   // One round trip per interval while nobody waits. A full round cannot take anyone in (the
   // joiner waits for a place), and once a node's workers all succeeded the job is finishing.
-  // Each request is bounded by what is left of the silence budget (store_until_silent()).
+  // Each request is bounded by what is left of the silence budget (ask()).
   if (nnodes_ >= o_.max_nodes) return false;
   const std::string joined = round_key(round_ + 1, "joined");
-  if (!store_until_silent().check({joined})) return false;
-  last_ok_ = steady_clock::now();
-  if (store_until_silent().check({round_key(round_, "exit/arrived")})) return false;
-  last_ok_ = steady_clock::now();
+  if (!ask([&](Store& s) { return s.check({joined}); })) return false;
+  if (ask([&](Store& s) { return s.check({round_key(round_, "exit/arrived")}); })) return false;
   // Only joiners that still beat: one that gave up or was killed while waiting would end the
   // round for nothing (and is never made a member of the next).
-  Store& s = store_until_silent();
-  const auto list = parse_entries(to_string(s.get(joined, Deadline::after(s.timeout()))));
-  last_ok_ = steady_clock::now();
-  waiting_.observe(store_until_silent(), list);
-  last_ok_ = steady_clock::now();
+  const auto list =
+      parse_entries(to_string(ask([&](Store& s) { return s.get(joined, Deadline::after(s.timeout())); })));
+  ask([&](Store& s) { waiting_.observe(s, list); });
   const auto alive = waiting_.alive(list);
   if (alive.empty()) return false;
   std::string who;
@@ -326,8 +316,7 @@ bool JobMonitor::admit_waiting() {
   f.kind = JobFailure::Kind::admit;
   f.text = "node(s) waiting to join (" + who + "): new round with more nodes (" + std::to_string(nnodes_) +
            " now, at most " + std::to_string(o_.max_nodes) + ")";
-  store_until_silent();
-  publish(f);
+  ask([&](Store&) { publish(f); });
   return true;
 }
 

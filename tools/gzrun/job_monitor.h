@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "joiners.h"
@@ -86,6 +87,21 @@ class JobMonitor {
   void tick();
   /// @brief The store, its operations bounded by what is left of the heartbeat timeout.
   Store& store_until_silent();
+  /// @brief Make one store request (`request(Store&)`) bounded by what is left of the silence
+  /// budget; its answer renews the budget. Every request of the monitor thread goes through here,
+  /// so none can outlast the budget by its own full timeout.
+  template <class F>
+  decltype(auto) ask(F&& request) {
+    Store& s = store_until_silent();
+    if constexpr (std::is_void_v<decltype(request(s))>) {
+      request(s);
+      last_ok_ = std::chrono::steady_clock::now();
+    } else {
+      decltype(auto) answer = request(s);
+      last_ok_ = std::chrono::steady_clock::now();
+      return answer;
+    }
+  }
   void restore_full_timeout();
   /// @brief Set the failure once and wake the supervisor.
   void learn(const JobFailure& f);
