@@ -4,6 +4,8 @@
 #   scripts/bootstrap.sh test     + test tools (clang for the fuzz target and the ASan+UBSan build, iproute2 for netns
 #                                   tests) and the Python package's build and test dependencies
 #   scripts/bootstrap.sh bench    + python3-torch for the PyTorch DDP comparison
+#   scripts/bootstrap.sh libtorch2  what the LibTorch 2.x stage's tests need (ctest -L 'torch|python'):
+#                                   test's packages less clang and etcd (none of those tests use them)
 #   scripts/bootstrap.sh python   + what `pip install --no-build-isolation ./python` needs (Debian's torch,
 #                                   headers, pybind11, pip, setuptools, wheel: nothing from PyPI)
 set -euo pipefail
@@ -17,9 +19,11 @@ for profile in "$@"; do
                  python3-torch python3-dev pybind11-dev python3-pytest  # + the Python package
                  python3-pip python3-setuptools python3-wheel  # + its pip wheel (test_package.py)
                  etcd-server etcd-client) ;;  # the etcd store's tests (members started by the tests)
+    libtorch2) pkgs+=(libgtest-dev iproute2 python3 python3-torch python3-dev pybind11-dev python3-pytest
+                      python3-pip python3-setuptools python3-wheel) ;;
     python) pkgs+=(python3 python3-torch python3-dev pybind11-dev python3-pip python3-setuptools python3-wheel) ;;
     bench) pkgs+=(python3-torch python3-matplotlib iproute2 etcd-server) ;;  # etcd: bench/run_rdzv_bench.sh
-    *) echo "bootstrap: unknown profile '$profile' (expected: test, bench, python)" >&2; exit 2 ;;
+    *) echo "bootstrap: unknown profile '$profile' (expected: test, libtorch2, bench, python)" >&2; exit 2 ;;
   esac
 done
 missing=()

@@ -13,7 +13,8 @@
 #   env: GZ_LIBTORCH2_SCOPE  all (default): every target and every test
 #                            torch: only what depends on the LibTorch version (target
 #                            gz_libtorch_dependents: the LibTorch layer, trainer, Python package,
-#                            their tests and the binaries those start; ctest -L 'torch|python').
+#                            their tests and the binaries those start; ctest -L 'torch|python';
+#                            packages: bootstrap.sh's libtorch2 profile, no clang or etcd).
 #                            scripts/test.sh's LibTorch 2.x stage uses this.
 #        GZ_TARGETS (build only these), GZ_CTEST_ARGS (e.g. "-L python": run only those tests),
 #        GZ_TEST_JOBS (2), GZ_JOBS (build jobs), GZ_MIRROR (http://deb.debian.org/debian),
@@ -36,8 +37,8 @@ cache=${GZ_LIBTORCH2_CCACHE:-$dir-ccache}
 opt=${GZ_LIBTORCH2_OPT:--O1 -DNDEBUG}
 scope=${GZ_LIBTORCH2_SCOPE:-all}
 case $scope in
-  all) targets=${GZ_TARGETS:-}; ctest_args=${GZ_CTEST_ARGS:-} ;;
-  torch) targets=${GZ_TARGETS:-gz_libtorch_dependents}; ctest_args=${GZ_CTEST_ARGS:--L torch|python} ;;
+  all) targets=${GZ_TARGETS:-}; ctest_args=${GZ_CTEST_ARGS:-}; profile=test ;;
+  torch) targets=${GZ_TARGETS:-gz_libtorch_dependents}; ctest_args=${GZ_CTEST_ARGS:--L torch|python}; profile=libtorch2 ;;
   *) echo "check-libtorch2: GZ_LIBTORCH2_SCOPE must be 'all' or 'torch', not '$scope'" >&2; exit 2 ;;
 esac
 [ "$(id -u)" = 0 ] || { echo "check-libtorch2: run as root (debootstrap and chroot)" >&2; exit 1; }
@@ -80,13 +81,13 @@ find "$dir/src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
   while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp -a --parents -t "$dir/src/")
 chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 USE_LIBUV=0 \
   GZ_TEST_JOBS="${GZ_TEST_JOBS:-2}" GZ_TARGETS="$targets" GZ_CTEST_ARGS="$ctest_args" GZ_JOBS="${GZ_JOBS:-}" \
-  GZ_T0="$t0" GZ_OPT="$opt" CCACHE_DIR=/var/cache/gz-ccache CCACHE_MAXSIZE=5G bash -c '
+  GZ_T0="$t0" GZ_PROFILE="$profile" GZ_OPT="$opt" CCACHE_DIR=/var/cache/gz-ccache CCACHE_MAXSIZE=5G bash -c '
   set -euo pipefail
   phase() { echo "== [$(($(date +%s) - GZ_T0)) s] $*"; }
   cd /src
   . scripts/ctest_stage.sh
-  phase "packages (scripts/bootstrap.sh test)"
-  scripts/bootstrap.sh test
+  phase "packages (scripts/bootstrap.sh $GZ_PROFILE)"
+  scripts/bootstrap.sh "$GZ_PROFILE"
   v=/usr/include/torch/csrc/api/include/torch/version.h
   phase "LibTorch $(awk "/define TORCH_VERSION_(MAJOR|MINOR|PATCH) /{printf \"%s%s\", s, \$3; s=\".\"}" $v), $(g++ --version | head -n1), $(python3 --version)"
   phase "build${GZ_TARGETS:+ ($GZ_TARGETS)}"

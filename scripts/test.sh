@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: bootstrap, build, ctest; the C++ package installed and examples/cpp built
-# against it; then a link-only build of the NCCL backend (where
+# against it (and against the same install packed as a .deb); then a link-only build of the NCCL backend (where
 # CUDA + NCCL are installed); then ASan+UBSan builds (the LibTorch-free layers
 # with their unit tests; the LibTorch layer's DDP, Horovod-mode and trainer/resume tests) and a
-# TSan build of the comm tests; then the store wire-decoder fuzz target for a while. The
-# LibTorch/PyTorch 2.6 stage (Debian 13 root) is CI's second job, .ci/run-libtorch2 (GZ_LIBTORCH2=1:
-# also here, last).
+# TSan build of the comm tests; then the store wire-decoder fuzz target for a while; last, what
+# depends on the LibTorch version built and tested against LibTorch/PyTorch 2.6 in a Debian 13 root
+# (.ci/run-libtorch2; GZ_LIBTORCH2=0 leaves it out).
 # The release and TSan builds use GCC; ASan+UBSan uses clang, which keeps the layers (the reduce
 # kernels' vector extensions and CPU dispatch included) building with clang too.
 # Every ctest stage goes through ctest_stage, which fails when a stage selects no test.
@@ -36,6 +36,16 @@ cmake --install build --prefix "$root/build/install" >/dev/null
 cmake -S examples/cpp -B build/example-cpp -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
 cmake --build build/example-cpp -j "${GZ_JOBS:-$(nproc)}" >/dev/null
 ctest_stage build/example-cpp --timeout 120
+# The same install as a Debian package (CPack, README): unpacked, it must serve find_package too.
+rm -rf build/deb build/example-deb
+mkdir -p build/deb
+(cd build/deb && cpack -G DEB --config ../CPackConfig.cmake >/dev/null)
+deb=$(ls build/deb/guozhuang_*.deb)
+dpkg-deb -x "$deb" build/deb/root
+cmake -S examples/cpp -B build/example-deb -DCMAKE_PREFIX_PATH="$root/build/deb/root/usr" >/dev/null
+cmake --build build/example-deb -j "${GZ_JOBS:-$(nproc)}" >/dev/null
+echo "$(basename "$deb"): $(du -h "$deb" | cut -f1), $(dpkg-deb -c "$deb" | wc -l) entries; examples/cpp against it, under its gzrun:"
+ctest_stage build/example-deb --timeout 120
 stage_time "C++ package + examples/cpp"
 echo "== NCCL backend build (link only)"
 # Compiles and links the NCCL backend and test_nccl against a CUDA + NCCL install when there is
@@ -116,14 +126,15 @@ if [ "${GZ_SKIP_FUZZ:-0}" != 1 ] && [ -f fuzz/CMakeLists.txt ]; then
     -artifact_prefix=build-fuzz/ build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 4
   stage_time "fuzz"
 fi
-if [ "${GZ_LIBTORCH2:-0}" = 1 ]; then
-  # A separate stage (.ci/run-libtorch2), here only on request: on a fresh 2-core machine it costs
-  # more than the rest of this script's budget allows (debootstrap + packages alone ~9 min, then the
-  # LibTorch layer, its tests and the Python suites built and run again; docs/results/verification.md).
+if [ "${GZ_LIBTORCH2:-1}" = 1 ]; then
+  # The LibTorch layer, the trainer, the Python package and their tests (ctest -L 'torch|python')
+  # again, against Debian 13's LibTorch/PyTorch 2.6 and Python 3.13 (the root is made by debootstrap
+  # on a fresh machine and kept at GZ_LIBTORCH2_ROOT for the next run). The LibTorch-free layers do
+  # not depend on the LibTorch version; they ran above. Costs and counts: docs/results/verification.md.
   echo "== LibTorch 2.x: Debian 13's LibTorch/PyTorch 2.6 in a root at ${GZ_LIBTORCH2_ROOT:-/var/tmp/gz-trixie}"
   .ci/run-libtorch2
   stage_time "LibTorch 2.x (Debian 13 root)"
 else
-  echo "== LibTorch 2.x stage not run here: it is CI's separate job .ci/run-libtorch2 (or GZ_LIBTORCH2=1)"
+  echo "== LibTorch 2.x stage left out (GZ_LIBTORCH2=0); .ci/run-libtorch2 runs it alone"
 fi
 echo "all test stages passed"
