@@ -22,6 +22,7 @@
 #include "gz/train/scheduler.h"
 #include "gz/train/straggler.h"
 #include "comm_algorithms.h"
+#include "train/straggler/observability_ab.h"
 #include "train/strategy/fsdp_strategy.h"
 #include "trainer_impl.h"
 
@@ -195,7 +196,11 @@ void Trainer::setup() {
     callbacks_.push_back(std::make_shared<ProgressBar>(c.progress));
     auto history = std::make_shared<HistoryLogger>(c.tensorboard);
     callbacks_.push_back(history);
-    callbacks_.push_back(std::make_shared<StragglerReport>(straggler_options(c, Env::from_process()), history));
+    CallbackPtr report = std::make_shared<StragglerReport>(straggler_options(c, Env::from_process()), history);
+    // A benchmark's switch: the recorders' and the report's cost, A/B within this run.
+    if (const auto w = Env::from_process().get_int("GZ_OBS_AB_WINDOW"); w && *w > 0)
+      report = std::make_shared<ObservabilityAB>(report, *w, Env::from_process().get_bool("GZ_OBS_AB_CONTROL", false));
+    callbacks_.push_back(report);
     callbacks_.push_back(std::make_shared<ModelCheckpoint>());
     if (c.early_stopping_patience > 0)
       callbacks_.push_back(std::make_shared<EarlyStopping>(c.early_stopping_patience, c.early_stopping_threshold));

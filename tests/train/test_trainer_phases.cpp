@@ -19,6 +19,7 @@
 #include "gz/train/config.h"
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
+#include "train/straggler/observability_ab.h"
 
 namespace gz::train {
 namespace {
@@ -130,6 +131,53 @@ TEST(TrainerPhases, StragglerRowsInTheHistory) {
     }
     // Windows after step 1: steps 5 and 9 (12 steps).
     EXPECT_EQ(rows, every == "4" ? 2 : 0) << "straggler.every " << every;
+    fs::remove_all(dir);
+  }
+}
+
+// GZ_OBS_AB_WINDOW's wrapper (bench/run_observability_ab.sh): off-windows pause every flight
+// recorder and do not call the report; on-windows do both as usual; the control switches nothing.
+// Mutation check: forwarding on_step_end in every window, or never pausing, fails here.
+struct CallProbe : Callback {
+  std::vector<int64_t> ended;  ///< state().step at each on_step_end the wrapper forwarded
+  void on_step_end(Trainer& t) override { ended.push_back(t.state().step); }
+};
+struct PauseProbe : Callback {  // runs after the wrapper: sees what it set for this step
+  comm::Communicator* group = nullptr;
+  std::vector<bool> recorded;  ///< per step: the group's recorder answered
+  void on_step_begin(Trainer&) override { recorded.push_back(group->flight_recorder() != nullptr); }
+};
+
+TEST(TrainerPhases, ObservabilityAbPausesAndSkipsOnlyOffWindows) {
+  for (const bool control : {false, true}) {
+    const fs::path dir = fs::temp_directory_path() / ("gz_obs_ab_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    auto group = comm::create_shm_communicator(0, 1, std::make_shared<MemStore>());
+    Trainer t(parse_config("", flags("ddp", dir)), group);
+    auto report = std::make_shared<CallProbe>();
+    auto pause = std::make_shared<PauseProbe>();
+    pause->group = group.get();
+    t.add_callback(std::make_shared<ObservabilityAB>(report, 2, control));
+    t.add_callback(pause);
+    testing::internal::CaptureStdout();
+    t.train();
+    const std::string out = testing::internal::GetCapturedStdout();
+    // 12 steps in windows of 2: steps 0-1, 4-5, 8-9 on; 2-3, 6-7, 10-11 off.
+    const std::vector<int64_t> on_ends{1, 2, 5, 6, 9, 10};
+    const std::vector<bool> on_steps{true, true, false, false, true, true, false, false, true, true, false, false};
+    if (control) {
+      EXPECT_EQ(report->ended.size(), 12u);
+      EXPECT_EQ(pause->recorded, std::vector<bool>(12, true));
+      EXPECT_NE(out.find("control: nothing switched"), std::string::npos) << out;
+    } else {
+      EXPECT_EQ(report->ended, on_ends);
+      EXPECT_EQ(pause->recorded, on_steps);
+    }
+    EXPECT_NE(group->flight_recorder(), nullptr) << "recorders stay paused after training";
+    // Steps 4-10 are timed (the first two windows are warm-up): 4 on (4, 5, 8, 9), 3 off.
+    EXPECT_NE(out.find("obs A/B (window 2"), std::string::npos) << out;
+    EXPECT_NE(out.find("on 4 steps"), std::string::npos) << out;
+    EXPECT_NE(out.find("off 3 steps"), std::string::npos) << out;
     fs::remove_all(dir);
   }
 }

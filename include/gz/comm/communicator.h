@@ -108,9 +108,11 @@ class Communicator {
   uint64_t sequence() const { return seq_.load(); }
 
   /// @brief This group's flight recorder (created on first use; size GZ_FLIGHT_RECORDER, default
-  /// 2000 ops), or nullptr when it is off (GZ_FLIGHT_RECORDER=0). Readers may use it from any
-  /// thread (snapshot(), lateness()); it lives as long as the communicator.
+  /// 2000 ops), or nullptr when it is off (GZ_FLIGHT_RECORDER=0) or paused
+  /// (set_flight_recorders_paused()). Readers may use it from any thread (snapshot(), lateness());
+  /// it lives as long as the communicator.
   FlightRecorder* flight_recorder() noexcept {
+    if (flight_detail::g_paused.load(std::memory_order_relaxed)) return nullptr;
     const int8_t st = fr_state_.load(std::memory_order_acquire);
     return st == 1 ? fr_.get() : st == 2 ? nullptr : init_flight_recorder();
   }

@@ -26,7 +26,17 @@ namespace gz::comm {
 namespace flight_detail {
 extern bool g_use_tsc;  ///< set once at start-up: the TSC is invariant (constant rate, never stops)
 uint64_t steady_ticks() noexcept;
+inline std::atomic<bool> g_paused{false};  ///< set_flight_recorders_paused()
 }  // namespace flight_detail
+
+/// @brief Pause every flight recorder of the process (Communicator::flight_recorder() answers
+/// nullptr, so ops record nothing) or resume them. For measuring the recorder's own cost A/B within
+/// one run (gz-train's GZ_OBS_AB_WINDOW): call it between steps, with no op in flight, or an op's
+/// end goes unrecorded. A backend that took its recorder at construction (Gloo's arrival exchange)
+/// keeps recording arrivals.
+inline void set_flight_recorders_paused(bool paused) noexcept {
+  flight_detail::g_paused.store(paused, std::memory_order_relaxed);
+}
 
 /// @brief The recorder's clock: the TSC where it is invariant (about 10 ns a read, against about
 /// 25 ns for steady_clock on this VM), else steady_clock nanoseconds. One read per event. Never 0.
