@@ -3,8 +3,12 @@
 // (consolidated) format gives, and train on exactly as a resume from that format does; a stage-3
 // checkpoint loads into stage 2 and whole (consolidation); a missing, corrupt or foreign shard or
 // manifest is refused with a message saying which.
+#include <fcntl.h>
 #include <torch/optim/adamw.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -325,6 +329,83 @@ TEST(ShardedCheckpoint, BadCheckpointsAreRefused) {
   fresh();
   fs::remove(shard1);
   EXPECT_THROW(run_zero(2, From::sharded, bad.path, "", "", d, kFirst), Error);
+}
+
+// Not a test: the benchmark of bench/run_sharded_ckpt_bench.sh (disabled; run with
+// --gtest_also_run_disabled_tests). ZeRO stage 2 + AdamW at 4 ranks over a model of
+// GZ_BENCH_WIDTH (default 1024): per round, today's consolidated save (consolidate_state_dict,
+// then rank 0 writes model and optimizer to one file, fsynced) and the sharded save, in
+// alternating order, each ended by a barrier (the trainer waits for the write as well).
+TEST(ShardedCheckpoint, DISABLED_BenchSaveFourRanks) {
+  const int world = 4;
+  const char* w_env = std::getenv("GZ_BENCH_WIDTH");
+  const char* r_env = std::getenv("GZ_BENCH_ROUNDS");
+  const char* d_env = std::getenv("GZ_BENCH_DIR");
+  const int64_t width = w_env ? std::atoll(w_env) : 1024;
+  const int rounds = r_env ? std::atoi(r_env) : 5;
+  const fs::path root = fs::path(d_env ? d_env : fs::temp_directory_path().string()) /
+                        ("gz-sharded-bench-" + std::to_string(::getpid()));
+  fs::create_directories(root);
+  std::vector<torch::nn::Sequential> models;
+  for (int r = 0; r < world; ++r) {
+    torch::manual_seed(3);
+    models.emplace_back(torch::nn::Linear(width, 2 * width), torch::nn::Tanh(),
+                        torch::nn::Linear(2 * width, width));
+  }
+  std::vector<std::vector<double>> secs(2);  // [consolidated, sharded] per round
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store, std::chrono::seconds(300));
+    auto& m = models[r];
+    DistributedDataParallel ddp(m.ptr(), g);
+    ZeroRedundancyOptimizer opt(ddp, std::make_shared<torch::optim::AdamW>(m->parameters(), adamw()),
+                                zero2());
+    opt.zero_grad();
+    ddp.forward([&] { return m->forward(torch::randn({4, width})); }).sum().backward();
+    opt.step();
+    opt.synchronize();
+    auto consolidated = [&](const fs::path& file) {
+      opt.consolidate_state_dict(0);
+      if (r == 0) {
+        torch::serialize::OutputArchive a, model, optim;
+        m->save(model);
+        opt.save(optim);
+        a.write("model", model);
+        a.write("optimizer", optim);
+        a.save_to(file.string());
+        const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);  // fsynced, as CheckpointManager does
+        ASSERT_GE(fd, 0);
+        ::fsync(fd);
+        ::close(fd);
+      }
+    };
+    for (int round = 0; round < rounds; ++round)
+      for (int i = 0; i < 2; ++i) {
+        const int which = (round % 2 == 0) ? i : 1 - i;
+        const fs::path dir = root / (std::to_string(round) + (which ? "-sharded" : "-single"));
+        if (r == 0) fs::create_directories(dir);
+        g->barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        if (which)
+          opt.save_sharded(dir.string(), {"bench", round});
+        else
+          consolidated(dir / "state.pt");
+        g->barrier();
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r == 0) secs[which].push_back(s);
+      }
+  });
+  std::printf("sharded checkpoint save, ZeRO stage 2 + AdamW, 4 ranks, width %lld (%.1f MB of parameters)\n",
+              static_cast<long long>(width), 4.0 * (4 * width * width + 3 * width) / 1e6);
+  for (int round = 0; round < rounds; ++round)
+    std::printf("round %d  consolidated %.3f s  sharded %.3f s  ratio %.2fx\n", round, secs[0][round],
+                secs[1][round], secs[0][round] / secs[1][round]);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("median   consolidated %.3f s  sharded %.3f s  ratio %.2fx\n", median(secs[0]), median(secs[1]),
+              median(secs[0]) / median(secs[1]));
+  fs::remove_all(root);
 }
 
 }  // namespace
