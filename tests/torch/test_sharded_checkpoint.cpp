@@ -1,6 +1,6 @@
 // Sharded checkpoints (gz/torch/sharded_checkpoint.h): ZeRO stage 2 and stage 3 save at 4 ranks,
-// load at 1, 2, 3 and 8 with bitwise the same parameters and optimizer state as the unsharded
-// (consolidated) format gives, and train on exactly as a resume from that format does; a stage-3
+// load at 1, 2, 3 and 8 (and at stage 1) with bitwise the same parameters and optimizer state as the
+// unsharded (consolidated) format gives, and train on exactly as a resume from that format does; a stage-3
 // checkpoint loads into stage 2 and whole (consolidation); a missing, corrupt or foreign shard or
 // manifest is refused with a message saying which.
 #include <fcntl.h>
@@ -60,9 +60,9 @@ std::vector<Net> make_nets(int n) {
   return out;
 }
 torch::optim::AdamWOptions adamw() { return torch::optim::AdamWOptions(1e-2).weight_decay(0.1); }
-ZeroOptions zero2() {
+ZeroOptions zero2(int stage = 2) {
   ZeroOptions z;
-  z.stage = 2;
+  z.stage = stage;
   z.first_bucket_bytes = 64;  // several buckets, cut by the blocks
   z.bucket_bytes = 400;
   return z;
@@ -134,7 +134,7 @@ enum class From { none, sharded, single };
 // optionally save both formats after the last step.
 Outcome run_zero(int world, From from, const std::string& dir, const std::string& model_in,
                  const std::string& opt_in, const Data& d, int to, const std::string& save_dir = "",
-                 std::string* model_out = nullptr, std::string* opt_out = nullptr) {
+                 std::string* model_out = nullptr, std::string* opt_out = nullptr, int stage = 2) {
   auto nets = make_nets(world);
   Outcome out;
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
@@ -147,7 +147,7 @@ Outcome run_zero(int world, From from, const std::string& dir, const std::string
     if (from == From::single) from_bytes(model_in, [&](auto& a) { m->load(a); });
     DistributedDataParallel ddp(m.ptr(), g);
     ZeroRedundancyOptimizer opt(ddp, std::make_shared<torch::optim::AdamW>(m->parameters(), adamw()),
-                                zero2());
+                                zero2(stage));
     if (from == From::sharded) opt.load_sharded(dir, {"job-a", kFirst});
     if (from == From::single) from_bytes(opt_in, [&](auto& a) { opt.load(a); });
     auto consolidated = [&] {
@@ -201,6 +201,9 @@ TEST(ShardedCheckpoint, Stage2SavedAtFourLoadsAtAnyWorldSize) {
     auto single = run_zero(world, From::single, "", model_bytes, opt_bytes, d, kFirst + kMore);
     expect_bitwise(sharded.trained, single.trained, w + ": trained on");
   }
+  // Stage 1 reads the same format.
+  expect_bitwise(run_zero(3, From::sharded, dir.path, "", "", d, kFirst, "", nullptr, nullptr, 1).loaded,
+                 reference, "at stage 1");
   // Consolidation for export: a plain model and AdamW load the whole of it.
   Net plain;
   torch::optim::AdamW opt(plain->parameters(), adamw());
