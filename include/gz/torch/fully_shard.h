@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gz/comm/communicator.h"
+#include "gz/torch/sharded_checkpoint.h"
 
 namespace gz {
 
@@ -134,6 +135,13 @@ class FullyShardedDataParallel {
   /// @brief After the module's parameters were overwritten while whole (unshard(), then loading
   /// them, the same on every rank): each rank's shards take their block. Not collective.
   void reshard_module();
+
+  /// @brief Sharded checkpoint (gz/torch/sharded_checkpoint.h) of the shards and of `opt`'s state
+  /// (`opt` over parameters()). Collective; nothing is gathered.
+  void save_sharded(torch::optim::Optimizer& opt, const std::string& dir, const ShardedCheckpointMeta& meta);
+  /// @brief This rank's shards and their state in `opt` from a sharded checkpoint of any world size
+  /// and stage; the next forward() or unshard() gathers them. Not collective.
+  void load_sharded(torch::optim::Optimizer& opt, const std::string& dir, const ShardedCheckpointMeta& expect = {});
 
   /// @brief Units, root first: each one's name (the module's name, "" for the root), parameter
   /// count and padded flat size.

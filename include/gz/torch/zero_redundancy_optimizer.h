@@ -11,6 +11,7 @@
 
 #include "gz/torch/comm_stats.h"
 #include "gz/torch/ddp.h"
+#include "gz/torch/sharded_checkpoint.h"
 
 namespace gz {
 
@@ -99,6 +100,15 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// @brief Load an unsharded state (from save(), or from the wrapped optimizer type without ZeRO,
   /// any world size): each rank keeps its blocks. Not collective.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// @brief Sharded checkpoint (gz/torch/sharded_checkpoint.h). Collective: each rank writes its
+  /// blocks of the parameters and the state into `dir` (which must exist), rank 0 the manifest;
+  /// nothing is gathered.
+  void save_sharded(const std::string& dir, const ShardedCheckpointMeta& meta);
+  /// @brief Collective: this rank's blocks from a sharded checkpoint of any world size and stage
+  /// (1-3), then the parameters are all-gathered. A missing, corrupt or foreign manifest or shard
+  /// is refused with gz::Error before anything changes.
+  void load_sharded(const std::string& dir, const ShardedCheckpointMeta& expect = {});
 
   /// @brief The wrapped optimizer; its parameters are this rank's blocks (flat, one per bucket).
   torch::optim::Optimizer& local_optimizer();

@@ -42,4 +42,16 @@ StateFields state_fields(torch::optim::OptimizerParamState& state) {
   return f;
 }
 
+std::unique_ptr<torch::optim::OptimizerParamState> new_state(const torch::optim::Optimizer& opt) {
+  namespace o = torch::optim;
+  // Subclasses first would not matter: each state type is the base optimizer's (FusedAdamW's is AdamW's).
+  if (dynamic_cast<const o::SGD*>(&opt)) return std::make_unique<o::SGDParamState>();
+  if (dynamic_cast<const o::Adam*>(&opt)) return std::make_unique<o::AdamParamState>();
+  if (dynamic_cast<const o::AdamW*>(&opt)) return std::make_unique<o::AdamWParamState>();
+  if (dynamic_cast<const o::Adagrad*>(&opt)) return std::make_unique<o::AdagradParamState>();
+  if (dynamic_cast<const o::RMSprop*>(&opt)) return std::make_unique<o::RMSpropParamState>();
+  GZ_THROW(InvalidArgument, "sharded checkpoint: optimizer of type ", typeid(opt).name(),
+           " is not one whose state can be sharded (SGD, Adam, AdamW, gz::FusedAdamW, Adagrad, RMSprop)");
+}
+
 }  // namespace gz::zero

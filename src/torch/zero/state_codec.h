@@ -4,6 +4,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,10 @@ struct StateFields {
 /// @brief Fields of `state` for the elementwise optimizers ZeRO supports: SGD, Adam, AdamW (so
 /// gz::FusedAdamW), Adagrad, RMSprop. Throws gz::InvalidArgument for another state type.
 StateFields state_fields(torch::optim::OptimizerParamState& state);
+
+/// @brief A fresh (empty) per-parameter state of the type `opt` keeps (same optimizers as
+/// state_fields()); throws gz::InvalidArgument for another optimizer.
+std::unique_ptr<torch::optim::OptimizerParamState> new_state(const torch::optim::Optimizer& opt);
 
 using torch_compat::state_key;  // the optimizer's state-map key of a parameter (torch_compat.h)
 

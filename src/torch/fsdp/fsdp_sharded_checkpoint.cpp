@@ -1,0 +1,50 @@
+// FullyShardedDataParallel's sharded checkpoints: its units as flat groups of the sharded format
+// (torch/zero/sharded_format.h); the blocks are the shards, the optimizer's parameters.
+#include "gz/core/error.h"
+#include "gz/torch/fully_shard.h"
+#include "torch/fsdp/fsdp_impl.h"
+#include "torch/zero/sharded_format.h"
+
+namespace gz {
+
+namespace {
+
+zero::ShardSet shard_set(FullyShardedDataParallel::Impl& im, torch::optim::Optimizer& opt) {
+  zero::ShardSet set;
+  set.rank = im.rank;
+  set.world = im.world;
+  set.state_opt = set.options_opt = &opt;
+  for (auto& u : im.units) {
+    if (u.params.empty()) continue;
+    zero::FlatGroup g;
+    g.name = u.name.empty() ? "<root>" : u.name;
+    g.params = u.param_names;
+    for (auto& p : u.params) g.shapes.push_back(p.sizes().vec());
+    g.layout = u.layout;
+    g.block = g.key = u.shard;
+    set.groups.push_back(std::move(g));
+  }
+  return set;
+}
+
+}  // namespace
+
+void FullyShardedDataParallel::save_sharded(torch::optim::Optimizer& opt, const std::string& dir,
+                                            const ShardedCheckpointMeta& meta) {
+  auto& im = *impl_;
+  GZ_CHECK_ARG(!im.in_forward, "FullyShardedDataParallel: save_sharded() inside forward()");
+  restore_optimizer(opt);  // the state keyed by the shards
+  zero::save_shards(shard_set(im, opt), im.group.get(), dir, meta);
+}
+
+void FullyShardedDataParallel::load_sharded(torch::optim::Optimizer& opt, const std::string& dir,
+                                            const ShardedCheckpointMeta& expect) {
+  auto& im = *impl_;
+  GZ_CHECK_ARG(!im.in_forward, "FullyShardedDataParallel: load_sharded() inside forward()");
+  restore_optimizer(opt);
+  auto set = shard_set(im, opt);
+  zero::load_shards(set, dir, expect);
+  im.mark_stale();  // whole units hold the old parameters: gathered again before any use
+}
+
+}  // namespace gz

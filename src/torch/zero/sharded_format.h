@@ -1,0 +1,51 @@
+// The sharded checkpoint format shared by ZeRO stages 1-2, stage 3 and plain (whole) models: a
+// directory with one file per rank (its block of every flat group: parameters and optimizer
+// state) and a manifest.json that rank 0 writes last (the commit mark). Loading reshards: each
+// rank reads, per parameter, the slices it needs from whichever shard files hold them.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gz/comm/communicator.h"
+#include "gz/torch/sharded_checkpoint.h"
+#include "torch/zero/shard_layout.h"
+
+namespace gz::zero {
+
+/// @brief One flat group (a ZeRO bucket, a stage-3 unit, or one whole parameter) as this rank
+/// holds it.
+struct FlatGroup {
+  std::string name;
+  std::vector<std::string> params;           ///< parameter names, in flat order
+  std::vector<std::vector<int64_t>> shapes;  ///< per parameter
+  ShardBucket layout;                        ///< offsets, numels, shard (elements per rank)
+  torch::Tensor block;                       ///< this rank's block (layout.shard elements)
+  torch::Tensor key;                         ///< the optimizer state's key for this block
+  size_t opt_group = 0;                      ///< parameter group (options) of the block
+};
+
+/// @brief What one rank saves or loads.
+struct ShardSet {
+  int rank = 0, world = 1;
+  std::vector<FlatGroup> groups;
+  torch::optim::Optimizer* state_opt = nullptr;    ///< holds the state, keyed by FlatGroup::key
+  torch::optim::Optimizer* options_opt = nullptr;  ///< whose param_groups carry the options
+};
+
+/// @brief Collective over `group` (null: one rank): every rank writes its file, rank 0 the
+/// manifest; throws gz::Error on every rank when any rank failed.
+void save_shards(const ShardSet& set, comm::Communicator* group, const std::string& dir,
+                 const ShardedCheckpointMeta& meta);
+
+/// @brief Not collective: this rank's blocks and their state from a checkpoint of any world size;
+/// nothing changes when it throws. `before_install` (optional) runs once everything is read, before
+/// anything changes: a collective caller agrees with its peers there.
+void load_shards(ShardSet& set, const std::string& dir, const ShardedCheckpointMeta& expect,
+                 const std::function<void()>& before_install = nullptr);
+
+}  // namespace gz::zero

@@ -1,0 +1,342 @@
+// Sharded checkpoints: reading one at any world size (resharding). Each rank reads, for each
+// parameter it owns a part of, that slice from the blocks of the shard files that hold it (files
+// are opened lazily: a rank reads only the files its blocks overlap, plus file 0 for the options).
+// Everything is staged first and installed only when the whole read succeeded.
+#include <torch/serialize/archive.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "gz/core/error.h"
+#include "gz/torch/sharded_checkpoint.h"
+#include "torch/zero/sharded_format.h"
+#include "torch/zero/state_codec.h"
+#include "torch/zero/stream_hash.h"
+
+namespace gz {
+
+namespace zero {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using StatePtr = std::unique_ptr<torch::optim::OptimizerParamState>;
+constexpr const char* kFormat = "gz-sharded-1";
+constexpr int64_t kVersion = 1;
+
+struct Manifest {
+  std::string dir;
+  int world = 0;
+  int64_t step = 0, id = 0;
+  std::string job;
+  std::vector<int64_t> bytes;          // per shard file
+  std::vector<std::string> checksums;  // per shard file (stream_hash.h, hex)
+  json groups;
+  size_t opt_groups = 0;
+};
+
+Manifest parse_manifest(const std::string& dir) {
+  const fs::path path = fs::path(dir) / kShardedManifest;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    GZ_THROW(Error, "sharded checkpoint ", dir, ": no manifest (", path.string(), ")");
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  Manifest m;
+  m.dir = dir;
+  try {
+    const json j = json::parse(text.str());
+    if (!j.is_object() || j.value("format", "") != kFormat)
+      GZ_THROW(Error, "sharded checkpoint ", dir, ": ", path.string(), " is not a ", kFormat, " manifest");
+    m.world = j.at("world").get<int>();
+    m.step = j.at("step").get<int64_t>();
+    m.id = j.at("save_id").get<int64_t>();
+    m.job = j.at("job").get<std::string>();
+    for (auto& s : j.at("shards")) {
+      m.bytes.push_back(s.at("bytes").get<int64_t>());
+      m.checksums.push_back(s.at("checksum").get<std::string>());
+    }
+    m.groups = j.at("groups");
+    m.opt_groups = j.at("optimizer_groups").get<size_t>();
+  } catch (const json::exception& e) {
+    GZ_THROW(Error, "sharded checkpoint ", dir, ": corrupt manifest ", path.string(), ": ", e.what());
+  }
+  if (m.world < 1 || m.bytes.size() != static_cast<size_t>(m.world))
+    GZ_THROW(Error, "sharded checkpoint ", dir, ": manifest lists ", m.bytes.size(), " shards for world ",
+             m.world);
+  return m;
+}
+
+std::string file_checksum(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::vector<char> buf(size_t(1) << 20);
+  StreamHash hash;
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    hash.update(buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  return hex64(hash.digest());
+}
+
+// The shard files of one checkpoint, opened on first use and checked against the manifest.
+class ShardReader {
+ public:
+  explicit ShardReader(const Manifest& m) : m_(m), files_(static_cast<size_t>(m.world)) {}
+
+  torch::serialize::InputArchive& archive(int s) {
+    auto& slot = files_[static_cast<size_t>(s)];
+    if (slot) return *slot;
+    const std::string file = (fs::path(m_.dir) / shard_file_name(s, m_.world)).string();
+    std::error_code ec;
+    const auto size = fs::file_size(file, ec);
+    if (ec)
+      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file, " is missing: ", ec.message());
+    if (static_cast<int64_t>(size) != m_.bytes[s])
+      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file, " has ", size,
+               " bytes, the manifest says ", m_.bytes[s], " (truncated, altered or from another save)");
+    if (file_checksum(file) != m_.checksums[s])
+      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file,
+               " is corrupt or from another save (its checksum differs from the manifest's)");
+    auto a = std::make_unique<torch::serialize::InputArchive>();
+    torch::Tensor meta;
+    c10::IValue job;
+    try {
+      a->load_from(file);
+      a->read("gz_meta", meta);
+      a->read("gz_job", job);
+    } catch (const c10::Error& e) {
+      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": cannot read shard file ", file,
+               " (corrupt?): ", e.what_without_backtrace());
+    }
+    auto v = meta.to(torch::kInt64);
+    if (v.numel() != 5 || v[0].item<int64_t>() != kVersion || v[1].item<int64_t>() != s ||
+        v[2].item<int64_t>() != m_.world || v[4].item<int64_t>() != m_.id || job.toStringRef() != m_.job)
+      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file,
+               " belongs to another save (rank, world, save id or job differ from the manifest's)");
+    slot = std::move(a);
+    return *slot;
+  }
+
+  torch::Tensor tensor(int s, const std::string& key) {
+    torch::Tensor t;
+    bool found = false;
+    try {
+      found = archive(s).try_read(key, t);
+    } catch (const c10::Error& e) {
+      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard ", s, ": cannot read '", key,
+               "': ", e.what_without_backtrace());
+    }
+    if (!found)
+      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard ", s, " has no '", key, "' (corrupt?)");
+    return t;
+  }
+
+  /// @brief Elements [x, y) of old group `og`'s flat `what` ("param", "state_<field>").
+  torch::Tensor range(size_t og, const std::string& what, int64_t x, int64_t y) {
+    const int64_t shard = m_.groups[og].at("shard").get<int64_t>();
+    const std::string key = "g" + std::to_string(og) + "_" + what;
+    std::vector<torch::Tensor> pieces;
+    for (int64_t s = x / shard; s * shard < y; ++s) {
+      const int64_t lo = std::max(x, s * shard), hi = std::min(y, (s + 1) * shard);
+      auto t = tensor(static_cast<int>(s), key);
+      if (t.numel() != shard)
+        GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard ", s, ": '", key, "' has ", t.numel(),
+                 " elements, the manifest says ", shard);
+      pieces.push_back(t.narrow(0, lo - s * shard, hi - lo));
+    }
+    return pieces.size() == 1 ? pieces[0] : torch::cat(pieces);
+  }
+
+ private:
+  const Manifest& m_;
+  std::vector<std::unique_ptr<torch::serialize::InputArchive>> files_;
+};
+
+struct OldParam {
+  size_t group = 0;
+  int64_t offset = 0, numel = 0;
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+
+std::map<std::string, OldParam> index_params(const Manifest& m) {
+  std::map<std::string, OldParam> out;
+  for (size_t k = 0; k < m.groups.size(); ++k)
+    for (auto& p : m.groups[k].at("params"))
+      out[p.at("name").get<std::string>()] = {k, p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>(),
+                                              p.at("shape").get<std::vector<int64_t>>(),
+                                              p.at("dtype").get<std::string>()};
+  return out;
+}
+
+// What one new group will hold: its block and (if any old group it draws on has some) state.
+struct Staged {
+  torch::Tensor block;
+  std::map<std::string, torch::Tensor> fields;
+  bool has_state = false;
+  int64_t step = -1;
+};
+
+const OldParam& find_param(const std::map<std::string, OldParam>& where, const FlatGroup& g, size_t j,
+                           const Manifest& m) {
+  auto it = where.find(g.params[j]);
+  if (it == where.end())
+    GZ_THROW(Error, "sharded checkpoint ", m.dir, " has no parameter '", g.params[j],
+             "' (a different model?)");
+  const OldParam& old = it->second;
+  if (old.shape != g.shapes[j] || old.dtype != c10::toString(g.block.scalar_type()))
+    GZ_THROW(Error, "sharded checkpoint ", m.dir, ": parameter '", g.params[j], "' is ", old.dtype, " ",
+             c10::IntArrayRef(old.shape), ", the model's is ", c10::toString(g.block.scalar_type()), " ",
+             c10::IntArrayRef(g.shapes[j]));
+  return old;
+}
+
+// The state every rank's block of `g` gets, whatever part it owns (ranks must agree even when a
+// block is all padding): the union of the fields of the old groups its parameters come from.
+void stage_state_fields(const FlatGroup& g, int64_t numel, const Manifest& m,
+                        const std::map<std::string, OldParam>& where, Staged& out) {
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    const json& og = m.groups[find_param(where, g, j, m).group];
+    if (og.at("state").is_null()) continue;
+    out.has_state = true;
+    if (!og.at("step").is_null()) out.step = std::max(out.step, og.at("step").get<int64_t>());
+    for (auto& [name, dtype] : og.at("state").items()) {
+      auto& t = out.fields[name];
+      if (!t.defined())
+        t = torch::zeros({numel}, g.block.options().dtype(static_cast<c10::ScalarType>(dtype.get<int>())));
+    }
+  }
+}
+
+Staged stage_group(const FlatGroup& g, int rank, const Manifest& m,
+                   const std::map<std::string, OldParam>& where, ShardReader& rd) {
+  const auto [lo, hi] = g.layout.block(rank);
+  Staged out;
+  out.block = torch::zeros({hi - lo}, g.block.options().requires_grad(false));  // padding is zero
+  stage_state_fields(g, hi - lo, m, where, out);
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    const OldParam& old = find_param(where, g, j, m);
+    const auto [first, last] = owned_part(g.layout, j, rank);
+    if (first >= last) continue;
+    const int64_t x = old.offset + first - g.layout.offsets[j], y = x + (last - first);
+    out.block.narrow(0, first - lo, last - first).copy_(rd.range(old.group, "param", x, y));
+    const json& og = m.groups[old.group];
+    if (og.at("state").is_null()) continue;
+    for (auto& [name, dtype] : og.at("state").items())
+      out.fields[name].narrow(0, first - lo, last - first).copy_(rd.range(old.group, "state_" + name, x, y));
+  }
+  return out;
+}
+
+StatePtr make_state(const FlatGroup& g, Staged& s, torch::optim::Optimizer& opt, const std::string& dir) {
+  auto st = new_state(opt);
+  auto f = state_fields(*st);
+  for (auto& [name, t] : s.fields) {
+    auto it = std::find_if(f.tensors.begin(), f.tensors.end(), [&](auto& e) { return name == e.first; });
+    if (it == f.tensors.end())
+      GZ_THROW(Error, "sharded checkpoint ", dir, ": optimizer state '", name,
+               "' is unknown to this optimizer");
+    *it->second = t.narrow(0, 0, g.block.numel()).view(g.block.sizes());
+  }
+  if (f.step && s.step >= 0) *f.step = s.step;
+  return st;
+}
+
+std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> stage_options(const ShardSet& set,
+                                                                           const Manifest& m,
+                                                                           ShardReader& rd) {
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> out;
+  if (!set.options_opt) return out;
+  auto& groups = set.options_opt->param_groups();
+  if (groups.size() != m.opt_groups)
+    GZ_THROW(Error, "sharded checkpoint ", m.dir, " has ", m.opt_groups,
+             " optimizer parameter group(s), this optimizer ", groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    torch::serialize::InputArchive in;
+    if (!rd.archive(0).try_read("opt" + std::to_string(g), in))
+      GZ_THROW(Error, "sharded checkpoint ", m.dir, ": shard 0 has no options of parameter group ", g);
+    auto o = groups[g].options().clone();
+    try {
+      o->serialize(in);
+    } catch (const c10::Error& e) {
+      GZ_THROW(Error, "sharded checkpoint ", m.dir, ": options of parameter group ", g,
+               " do not fit this optimizer: ", e.what_without_backtrace());
+    }
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+}  // namespace
+
+void load_shards(ShardSet& set, const std::string& dir, const ShardedCheckpointMeta& expect,
+                 const std::function<void()>& before_install) {
+  const Manifest m = parse_manifest(dir);
+  if (!expect.job.empty() && m.job != expect.job)
+    GZ_THROW(Error, "sharded checkpoint ", dir, " belongs to job '", m.job, "', not to '", expect.job, "'");
+  if (expect.step >= 0 && m.step != expect.step)
+    GZ_THROW(Error, "sharded checkpoint ", dir, " is of step ", m.step, ", expected ", expect.step);
+  const auto where = index_params(m);
+  ShardReader rd(m);
+  std::vector<Staged> staged;
+  for (auto& g : set.groups) staged.push_back(stage_group(g, set.rank, m, where, rd));
+  std::vector<StatePtr> states(set.groups.size());
+  for (size_t k = 0; k < set.groups.size(); ++k)
+    if (staged[k].has_state) states[k] = make_state(set.groups[k], staged[k], *set.state_opt, dir);
+  auto options = stage_options(set, m, rd);
+  if (before_install) before_install();
+  // Everything read: install it.
+  torch::NoGradGuard no_grad;
+  auto& map = set.state_opt->state();
+  for (size_t k = 0; k < set.groups.size(); ++k) {
+    auto& g = set.groups[k];
+    g.block.detach().view({-1}).copy_(staged[k].block.narrow(0, 0, g.block.numel()));
+    const auto key = state_key(map, g.key);
+    if (states[k])
+      map[key] = std::move(states[k]);
+    else
+      map.erase(key);
+  }
+  for (size_t g = 0; g < options.size(); ++g)
+    set.options_opt->param_groups()[g].set_options(std::move(options[g]));
+}
+
+}  // namespace zero
+
+ShardedCheckpointInfo read_sharded_manifest(const std::string& dir) {
+  const auto m = zero::parse_manifest(dir);
+  return {m.world, m.step, m.job};
+}
+
+void load_sharded_whole(torch::nn::Module& model, torch::optim::Optimizer& opt, const std::string& dir,
+                        const ShardedCheckpointMeta& expect) {
+  // Each parameter the optimizer holds is a group of its own at world 1: its block is all of it.
+  std::map<const void*, size_t> group_of;
+  for (size_t g = 0; g < opt.param_groups().size(); ++g)
+    for (auto& p : opt.param_groups()[g].params()) group_of[p.unsafeGetTensorImpl()] = g;
+  zero::ShardSet set;
+  set.state_opt = set.options_opt = &opt;
+  for (const auto& item : model.named_parameters()) {
+    auto it = group_of.find(item.value().unsafeGetTensorImpl());
+    if (it == group_of.end()) continue;
+    zero::FlatGroup g;
+    g.name = item.key();
+    g.params = {item.key()};
+    g.shapes = {item.value().sizes().vec()};
+    g.layout = zero::flat_bucket({item.value().numel()}, 1);
+    g.block = g.key = item.value();
+    g.opt_group = it->second;
+    set.groups.push_back(std::move(g));
+  }
+  zero::load_shards(set, dir, expect);
+}
+
+}  // namespace gz

@@ -1,0 +1,77 @@
+// ZeroRedundancyOptimizer's sharded checkpoints: its buckets as flat groups of the sharded format
+// (sharded_format.h); the blocks are the local optimizer's parameters and keys.
+#include "gz/core/error.h"
+#include "gz/torch/tensor_adapter.h"
+#include "gz/torch/zero_redundancy_optimizer.h"
+#include "torch/zero/sharded_format.h"
+#include "torch/zero/zero_impl.h"
+
+namespace gz {
+
+namespace {
+
+zero::ShardSet shard_set(ZeroRedundancyOptimizer::Impl& im, torch::optim::Optimizer& front) {
+  zero::ShardSet set;
+  set.rank = im.rank;
+  set.world = im.world;
+  set.state_opt = im.local.get();
+  set.options_opt = &front;  // the model-facing groups carry the options (step() copies them)
+  for (size_t k = 0; k < im.buckets.size(); ++k) {
+    const auto& b = im.buckets[k];
+    zero::FlatGroup g;
+    g.name = "bucket" + std::to_string(k);
+    for (size_t i : b.params) {
+      g.params.push_back(im.reducer->param_names()[i]);
+      g.shapes.push_back(im.params[i].sizes().vec());
+    }
+    g.layout = b;
+    g.block = g.key = im.shard_params[k];
+    g.opt_group = b.group;
+    set.groups.push_back(std::move(g));
+  }
+  return set;
+}
+
+}  // namespace
+
+void ZeroRedundancyOptimizer::save_sharded(const std::string& dir, const ShardedCheckpointMeta& meta) {
+  auto& im = *impl_;
+  im.wait_gathers();
+  im.rebind_params();
+  zero::save_shards(shard_set(im, *this), im.group.get(), dir, meta);
+}
+
+void ZeroRedundancyOptimizer::load_sharded(const std::string& dir, const ShardedCheckpointMeta& expect) {
+  auto& im = *impl_;
+  im.wait_gathers();
+  im.rebind_params();
+  auto set = shard_set(im, *this);
+  // Every rank installs its blocks or none does: the all-gather below needs them all.
+  bool agreed = false;
+  auto agree = [&](bool ok) {
+    int64_t failed = ok ? 0 : 1;
+    agreed = true;
+    im.group->allreduce(&failed, 1, DType::i64, comm::ReduceOp::max);
+    if (failed && ok)
+      GZ_THROW(Error, "ZeroRedundancyOptimizer::load_sharded on rank ", im.rank,
+               ": another rank could not load ", dir, " (its error says why); nothing was loaded");
+  };
+  try {
+    zero::load_shards(set, dir, expect, [&] { agree(true); });
+  } catch (...) {
+    if (!agreed) agree(false);  // tells the others; this rank's own error follows
+    throw;
+  }
+  im.consolidated.clear();
+  im.consolidated_at = -1;
+  // Every rank has its blocks: all-gather them into the whole parameters.
+  for (size_t k = 0; k < im.buckets.size(); ++k) {
+    auto& f = im.flat[k];
+    const auto [lo, hi] = im.buckets[k].block(im.rank);
+    char* base = static_cast<char*>(f.data_ptr());
+    im.group->allgather(base + lo * f.element_size(), base, static_cast<size_t>(hi - lo),
+                        to_dtype(f.scalar_type(), "allgather"));
+  }
+}
+
+}  // namespace gz
