@@ -166,6 +166,8 @@ void Trainer::setup() {
     mo.in_channels = c.in_channels;
     mo.input_size = c.input_size;
     mo.dropout = c.dropout;
+    mo.hidden = c.hidden;
+    mo.layers = c.layers;
     model_ = create_model(mo);
   }
   model_->to(impl_->device);
@@ -201,7 +203,7 @@ void Trainer::setup() {
     if (const auto w = Env::from_process().get_int("GZ_OBS_AB_WINDOW"); w && *w > 0)
       report = std::make_shared<ObservabilityAB>(report, *w, Env::from_process().get_bool("GZ_OBS_AB_CONTROL", false));
     callbacks_.push_back(report);
-    callbacks_.push_back(std::make_shared<ModelCheckpoint>());
+    if (c.save_checkpoints) callbacks_.push_back(std::make_shared<ModelCheckpoint>());
     if (c.early_stopping_patience > 0)
       callbacks_.push_back(std::make_shared<EarlyStopping>(c.early_stopping_patience, c.early_stopping_threshold));
   }

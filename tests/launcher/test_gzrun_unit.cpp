@@ -265,6 +265,8 @@ TEST(GzrunProcess, DescribeStatus) {
   }
   waitpid(p, &st, 0);
   EXPECT_EQ(describe_status(st), "killed by signal 9 (SIGKILL)");
+  EXPECT_NE(unexpected_death_hint(st).find("lack of memory"), std::string::npos) << unexpected_death_hint(st);
+  EXPECT_EQ(unexpected_death_hint(3 << 8), "");  // exited with code 3
   EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
 }
 

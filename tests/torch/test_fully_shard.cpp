@@ -1,5 +1,6 @@
 // fully_shard (ZeRO stage 3): 100 steps equal plain DDP's losses at 1-4 ranks (plain, gradient
-// accumulation with and without no_sync, clipping), each rank holds a quarter of DDP's parameter,
+// accumulation with and without no_sync, clipping; each also under bf16 autocast over fp32 master
+// shards), each rank holds a quarter of DDP's parameter,
 // gradient and optimizer memory at 4 ranks, a failed pass leaves no trace, the module is whole
 // after the wrapper, units by size, misuse refused.
 #include <torch/optim/adamw.h>
@@ -8,6 +9,7 @@
 #include <unordered_set>
 
 #include "gz/core/error.h"
+#include "gz/torch/autocast.h"
 #include "gz/torch/ddp.h"
 #include "gz/torch/fully_shard.h"
 #include "gz/torch/zero_redundancy_optimizer.h"
@@ -77,6 +79,8 @@ struct Config {
   int micro = 1;
   bool no_sync = false;
   double clip = 0;
+  bool bf16 = false;            // forward under CPU autocast to bfloat16 (parameters and optimizer stay fp32)
+  bool clip_in_double = false;  // DDP clips with stage 3's rule (clip_in_double), not LibTorch's
   int64_t width = 24;
   int blocks = 3;
 };
@@ -118,7 +122,8 @@ void train(
       const int i = s * c.micro + k;
       std::optional<std::shared_ptr<void>> guard;
       if (c.no_sync && k + 1 < c.micro) guard = no_sync();
-      auto loss = torch::mse_loss(forward(shard(d.x[i], r, kB)), shard(d.y[i], r, kB));
+      // The loss in fp32, outside autocast, as the trainer computes it.
+      auto loss = torch::mse_loss(forward(shard(d.x[i], r, kB)).to(torch::kFloat), shard(d.y[i], r, kB));
       loss.backward();
       if (r == 0) run.losses.push_back(loss.template item<double>());
     }
@@ -126,6 +131,26 @@ void train(
     opt.step();
     after_step();
   }
+}
+
+// FullyShardedDataParallel::clip_grad_norm_'s arithmetic over whole gradients: squares summed in
+// double, one coefficient. LibTorch's clip_grad_norm_ takes the norm in float, which rounds the
+// coefficient differently in its last bits.
+void clip_in_double(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  double sq = 0;
+  for (const auto& p : params)
+    if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  const double coef = max_norm / (std::sqrt(sq) + 1e-6);
+  if (coef < 1)
+    for (const auto& p : params)
+      if (p.grad().defined()) p.grad().mul_(coef);
+}
+
+// The model computed in bfloat16 when autocast is on (the comparison would prove nothing otherwise).
+torch::Tensor expect_dtype(const Config& c, torch::Tensor out) {
+  EXPECT_EQ(out.scalar_type(), c.bf16 ? torch::kBFloat16 : torch::kFloat);
+  return out;
 }
 
 // One model per rank, made on the calling thread: their constructor seeds the global RNG, which
@@ -147,8 +172,16 @@ TrainRun run_ddp(int world, const Config& c, const Data& d, int steps) {
     TrainRun run;
     train(
         opt, c, d, steps, r, run,
-        [&](const torch::Tensor& x) { return ddp.forward([&] { return m->forward(x); }); },
-        [&](double max) { torch::nn::utils::clip_grad_norm_(m->parameters(), max); },
+        [&](const torch::Tensor& x) {
+          AutocastGuard autocast(torch::kCPU, torch::kBFloat16, c.bf16);
+          return expect_dtype(c, ddp.forward([&] { return m->forward(x); }));
+        },
+        [&](double max) {
+          if (c.clip_in_double)
+            clip_in_double(m->parameters(), max);
+          else
+            torch::nn::utils::clip_grad_norm_(m->parameters(), max);
+        },
         [&]() -> std::optional<std::shared_ptr<void>> {
           return std::make_shared<DistributedDataParallel::NoSyncGuard>(ddp.reducer());
         });
@@ -172,7 +205,10 @@ TrainRun run_fsdp(int world, const Config& c, const Data& d, int steps, FullySha
     TrainRun run;
     train(
         opt, c, d, steps, r, run,
-        [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); },
+        [&](const torch::Tensor& x) {
+          AutocastGuard autocast(torch::kCPU, torch::kBFloat16, c.bf16);
+          return expect_dtype(c, fsdp->forward([&] { return m->forward(x); }));
+        },
         [&](double max) { fsdp->clip_grad_norm_(max); },
         [&]() -> std::optional<std::shared_ptr<void>> {
           return std::make_shared<FullyShardedDataParallel::NoSyncGuard>(*fsdp);
@@ -204,7 +240,7 @@ double max_rel(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
   return worst;
 }
 
-void expect_same_training(int world, const Config& c) {
+void expect_same_training(int world, const Config& c, double loss_tol = 1e-5, double param_tol = 1e-4) {
   const int steps = 100;
   auto d = make_data(steps * c.micro, world * kB);
   const TrainRun ref = run_ddp(world, c, d, steps);
@@ -216,8 +252,11 @@ void expect_same_training(int world, const Config& c) {
   double worst = 0;
   for (size_t i = 0; i < ref.losses.size(); ++i)
     worst = std::max(worst, std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
-  EXPECT_LE(worst, 1e-5) << "losses differ from DDP's";
-  EXPECT_LE(max_rel(got.params, ref.params), 1e-4) << "parameters differ from DDP's";
+  const double params_rel = max_rel(got.params, ref.params);
+  std::cout << "world " << world << (c.bf16 ? " bf16" : "") << ": worst loss rel " << worst << ", params rel "
+            << params_rel << "\n";
+  EXPECT_LE(worst, loss_tol) << "losses differ from DDP's";
+  EXPECT_LE(params_rel, param_tol) << "parameters differ from DDP's";
 }
 
 class FullyShardVsDdp : public ::testing::TestWithParam<int> {};
@@ -243,6 +282,43 @@ TEST_P(FullyShardVsDdp, ClippingByGlobalNormEqualsDdp) {
   Config c;
   c.clip = 0.05;
   expect_same_training(GetParam(), c);
+}
+
+// bf16 autocast over fp32 parameters, gradients and optimizer state (the master shards). DDP
+// under the same autocast casts the same fp32 weights to the same bf16 values and computes the
+// same bf16 gradients; sums of bf16-valued gradients are exact in fp32 in any order (unless their
+// magnitudes lie 2^16 apart), so
+// stage 3 must match it as closely as fp32 training does (it comes out bit for bit here). Any
+// last-bit difference of the fp32 masters would show up far larger than in fp32: it flips the
+// bf16 rounding of a weight now and then (2^-8 relative), and training carries that on. So DDP
+// clips with stage 3's arithmetic here (the fp32 test compares against LibTorch's rule).
+TEST_P(FullyShardVsDdp, Bf16AutocastEqualsDdp) {
+  Config c;
+  c.bf16 = true;
+  expect_same_training(GetParam(), c);
+}
+
+TEST_P(FullyShardVsDdp, Bf16WithAccumulationAndClippingEqualsDdp) {
+  const int world = GetParam();
+  for (const bool no_sync : {true, false}) {
+    SCOPED_TRACE(no_sync ? "no_sync" : "without no_sync");
+    Config c;
+    c.bf16 = true;
+    c.micro = 2;
+    c.no_sync = no_sync;
+    c.clip = 0.05;
+    c.clip_in_double = true;
+    // Without no_sync both average every micro-step, DDP as (world * avg1 + sum2) / world, stage 3
+    // as avg1 + sum2 / world: equal when dividing by world is exact (a power of two), else a
+    // last-bit difference that bf16 rounding amplifies as above. Measured at 3 ranks: 3e-3 (losses)
+    // and 8e-3 (parameters); skipping the clip, computing in fp32 or rounding the masters to bf16
+    // gives 2.6e-2 to 1e-1 on the parameters.
+    const bool exact = no_sync || (world & (world - 1)) == 0;
+    if (exact)
+      expect_same_training(world, c);
+    else
+      expect_same_training(world, c, 1e-2, 1.5e-2);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(FullyShard, FullyShardVsDdp, ::testing::Values(1, 2, 3, 4),

@@ -170,6 +170,15 @@ std::string describe_status(int status) {
   return "ended with wait status " + std::to_string(status);
 }
 
+std::string unexpected_death_hint(int status) {
+  // Nothing else kills a worker with SIGKILL unasked but a person or a supervisor: the OOM killer
+  // is the usual culprit, and the bare signal number says nothing about memory.
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+    return "; gzrun did not send that SIGKILL: possibly killed for lack of memory (the kernel's OOM "
+           "killer, or a memory cgroup's limit; see dmesg)";
+  return "";
+}
+
 std::vector<pid_t> list_children(pid_t parent) {
   std::vector<pid_t> out;
   DIR* d = opendir("/proc");

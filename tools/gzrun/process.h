@@ -36,6 +36,10 @@ std::string signal_name(int sig);
 /// @brief "exited with code 3" / "killed by signal 9 (SIGKILL)" for a waitpid() status.
 std::string describe_status(int status);
 
+/// @brief For a worker that died of a signal gzrun did not send: a hint at the likely cause
+/// (SIGKILL: the out-of-memory killer, as a memory cgroup's or the kernel's), else "".
+std::string unexpected_death_hint(int status);
+
 /// @brief Pids whose parent is `parent` (from /proc). With gzrun as a child subreaper this
 /// finds descendants that escaped their worker's process group (setsid) once the worker died.
 std::vector<pid_t> list_children(pid_t parent);

@@ -283,11 +283,13 @@ void Supervisor::on_exit(Worker& w) {
   std::string d =
       "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") " + describe_status(st);
   if (!stopping_) {
-    failure_ = d;
-    say(d);
+    // Not stopping: gzrun sent no signal yet, so a SIGKILL came from elsewhere.
+    const std::string hint = unexpected_death_hint(st);
+    failure_ = d + hint;
+    say(failure_);
     publish_local(static_cast<int>(JobFailure::Kind::worker),
                   "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) +
-                      ", pid " + std::to_string(w.pid) + ") " + describe_status(st));
+                      ", pid " + std::to_string(w.pid) + ") " + describe_status(st) + hint);
     collect_for_verdict();
     if (!all_reaped())
       say("stopping the other local workers (SIGTERM, then SIGKILL after " +

@@ -65,6 +65,8 @@ struct TrainConfig {
   int64_t in_channels = 1;
   int64_t num_classes = 10;
   double dropout = 0.1;
+  int64_t hidden = 256;  ///< width of mlp's hidden layers and of bert_small's encoder
+  int64_t layers = 4;    ///< mlp's hidden layers, bert_small's encoder blocks
   // optimisation
   int64_t batch_size = 64;  ///< per rank, per micro-step
   int64_t eval_batch_size = 256;
@@ -83,6 +85,9 @@ struct TrainConfig {
   int64_t eval_steps = 0;  ///< evaluate every N steps; 0 = at the end of every epoch
   int64_t save_steps = 0;  ///< checkpoint every N steps; 0 = at the end of every epoch
   int64_t save_total_limit = 2;  ///< keep at most N checkpoints (the best is never deleted)
+  /// @brief false: write no checkpoints at all (benchmarks, memory tests: at zero_stage 3 a
+  /// checkpoint consolidates the whole optimizer state on rank 0).
+  bool save_checkpoints = true;
   std::string metric_for_best_model = "test_accuracy";
   bool greater_is_better = true;
   int64_t early_stopping_patience = 0;  ///< evaluations without improvement before stopping (0 = off)

@@ -9,6 +9,7 @@
 #include "gz/core/error.h"
 #include "gz/train/models/bert.h"
 #include "gz/train/models/cnn.h"
+#include "gz/train/models/mlp.h"
 #include "gz/train/models/mobilenet_v2.h"
 #include "gz/train/models/resnet.h"
 
@@ -25,6 +26,7 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"resnet50", [](const ModelOptions& o) { return std::make_shared<ResNetImpl>(o, 50); }},
       {"mobilenet_v2", [](const ModelOptions& o) { return std::make_shared<MobileNetV2Impl>(o); }},
       {"bert_small", [](const ModelOptions& o) { return std::make_shared<BertClassifierImpl>(o); }},
+      {"mlp", [](const ModelOptions& o) { return std::make_shared<MlpImpl>(o); }},
   };
   return models;
 }

@@ -12,7 +12,7 @@ namespace gz::train {
 
 /// @brief Hyper-parameters of the built-in models (each model reads the fields it needs).
 struct ModelOptions {
-  std::string net_type = "cnn";  ///< cnn, resnet18, resnet34, resnet50, mobilenet_v2, bert_small
+  std::string net_type = "cnn";  ///< cnn, resnet18, resnet34, resnet50, mobilenet_v2, bert_small, mlp
   int64_t num_classes = 10;
   int64_t in_channels = 1;   ///< image models
   int64_t input_size = 28;   ///< image side (image models) or sequence length (text models)
@@ -20,7 +20,7 @@ struct ModelOptions {
   /// @brief gz's fused kernels where a model has a matching block: gz::fused_dropout (bert_small),
   /// gz::max_pool2d_relu (cnn). Same distributions and gradients; false = LibTorch's own ops.
   bool fused_kernels = true;
-  // BERT-style encoder
+  // BERT-style encoder (hidden and layers: also the mlp's width and hidden layers)
   int64_t vocab_size = 30522;
   int64_t hidden = 256;
   int64_t layers = 4;
