@@ -13,6 +13,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 . scripts/ctest_stage.sh
+# The last stage needs root (debootstrap, chroot): say so now, not after the other stages.
+if [ "${GZ_LIBTORCH2:-1}" = 1 ] && [ "$(id -u)" != 0 ] && ! sudo -n true 2>/dev/null; then
+  echo "test.sh: the LibTorch 2.x stage needs root or password-less sudo (debootstrap, chroot):" \
+    "run as root, or leave it out with GZ_LIBTORCH2=0" >&2
+  exit 1
+fi
 stage_start=$(date +%s)
 stage_time() { echo "== $1 took $(($(date +%s) - stage_start)) s"; stage_start=$(date +%s); }
 scripts/bootstrap.sh test

@@ -292,10 +292,18 @@ TEST_P(FullyShardVsDdp, ClippingByGlobalNormEqualsDdp) {
 // last-bit difference of the fp32 masters would show up far larger than in fp32: it flips the
 // bf16 rounding of a weight now and then (2^-8 relative), and training carries that on. So DDP
 // clips with stage 3's arithmetic here (the fp32 test compares against LibTorch's rule).
+// Bit for bit on the machine that measured it (a Xeon with AVX-512), but that rests on LibTorch's
+// AdamW rounding an element alike whether it lies in a vector or in a loop's scalar tail (shards
+// and whole tensors put different elements there), which another CPU's kernels need not do; such
+// last-bit differences grew to ~1e-3 where they occurred (3 ranks, above). So the bf16 cases allow
+// 5e-3: the mutations measured still fail it (clipping that does not scale: 4e-2 and more on the
+// losses; gradients reduced in bf16: 5.6e-3 to 1.1e-2 on the parameters).
+constexpr double kBf16LossTol = 5e-3, kBf16ParamTol = 5e-3;
+
 TEST_P(FullyShardVsDdp, Bf16AutocastEqualsDdp) {
   Config c;
   c.bf16 = true;
-  expect_same_training(GetParam(), c);
+  expect_same_training(GetParam(), c, kBf16LossTol, kBf16ParamTol);
 }
 
 TEST_P(FullyShardVsDdp, Bf16WithAccumulationAndClippingEqualsDdp) {
@@ -315,7 +323,7 @@ TEST_P(FullyShardVsDdp, Bf16WithAccumulationAndClippingEqualsDdp) {
     // gives 2.6e-2 to 1e-1 on the parameters.
     const bool exact = no_sync || (world & (world - 1)) == 0;
     if (exact)
-      expect_same_training(world, c);
+      expect_same_training(world, c, kBf16LossTol, kBf16ParamTol);
     else
       expect_same_training(world, c, 1e-2, 1.5e-2);
   }

@@ -329,9 +329,20 @@ TEST(ShardedCheckpoint, BadCheckpointsAreRefused) {
   expect_refused([&] { load({}); }, "no manifest");
   // Collective load with one rank's shard missing: both ranks refuse (rank 0 has all it needs,
   // it learns from the agreement), none waits for the other's all-gather.
+  // A rank that waited in the all-gather until its 30 s deadline would also throw gz::Error (a
+  // TimeoutError): the bound tells the two apart.
   fresh();
   fs::remove(shard1);
+  const auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(run_zero(2, From::sharded, bad.path, "", "", d, kFirst), Error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10))
+      << "a rank waited for its peer's failed load until the op deadline";
+  // Stage 3 alike (the stage-2 checkpoint loads there): a rank that installed its shards alone
+  // would wait in the next forward's all-gather for its peer until the deadline.
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_THROW(run_fsdp(2, From::sharded, bad.path, "", "", d, kFirst), Error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(10))
+      << "stage 3: a rank waited for its peer's failed load until the op deadline";
 }
 
 // Not a test: the benchmark of bench/run_sharded_ckpt_bench.sh (disabled; run with

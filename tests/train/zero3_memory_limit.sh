@@ -42,7 +42,11 @@ mkdir "$base" || { echo "FAIL: cannot create $base"; exit 1; }
 cat >"$dir/in_cgroup.sh" <<'EOF'
 #!/usr/bin/env bash
 g=$GZ_TEST_CGROUP/rank$RANK
-mkdir "$g" && echo "$GZ_TEST_LIMIT" >"$g/memory.limit_in_bytes" && echo $$ >"$g/cgroup.procs" ||
+# No swapping instead of an OOM kill (a host with swap): swappiness 0, and memory+swap capped too
+# where the kernel accounts swap (memory.memsw.*).
+mkdir "$g" && echo "$GZ_TEST_LIMIT" >"$g/memory.limit_in_bytes" && echo 0 >"$g/memory.swappiness" &&
+  { [ ! -e "$g/memory.memsw.limit_in_bytes" ] || echo "$GZ_TEST_LIMIT" >"$g/memory.memsw.limit_in_bytes"; } &&
+  echo $$ >"$g/cgroup.procs" ||
   { echo "in_cgroup.sh: cannot join $g" >&2; exit 99; }
 exec "$@"
 EOF
@@ -51,7 +55,7 @@ chmod +x "$dir/in_cgroup.sh"
 # run NAME ZERO_STAGE: 4 ranks, each limited; the exit status of gzrun.
 run() {
   mkdir "$base/$1"
-  GZ_TEST_CGROUP=$base/$1 GZ_TEST_LIMIT=$((limit_mb << 20)) timeout 120 "$gzrun" --nproc-per-node 4 \
+  GZ_TEST_CGROUP=$base/$1 GZ_TEST_LIMIT=$((limit_mb << 20)) timeout -k 10 120 "$gzrun" --nproc-per-node 4 \
     --grace-period 2 -- "$dir/in_cgroup.sh" "$gztrain" --dataset synthetic --train_data 512 --test_data 32 \
     --in_channels 1 --input_size 16 --net_type mlp --hidden 1024 --layers 24 --optimizer adamw \
     --batch_size 8 --eval_batch_size 32 --max_steps "$steps" --mode ddp --zero_stage "$2" --num_workers 0 \

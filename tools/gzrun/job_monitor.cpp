@@ -200,8 +200,8 @@ void JobMonitor::tick() {
           to_string(ask([&](Store& s) { return s.get(fkey, Deadline::after(s.timeout())); }))));
     if (known || failure().failed()) return;
     for (auto& [node, peer] : peers_) {
-      const int64_t beats =
-          ask([&](Store& s) { return s.add(round_key(round_, "hb/" + std::to_string(node)), 0); });
+      const std::string key = round_key(round_, "hb/" + std::to_string(node));  // (a lambda may not
+      const int64_t beats = ask([&](Store& s) { return s.add(key, 0); });      // capture `node`)
       const auto now = last_ok_.load();
       if (beats != peer.beats) {
         peer.beats = beats;
@@ -216,7 +216,7 @@ void JobMonitor::tick() {
       f.text = "node " + std::to_string(node) + " lost: no heartbeat from its gzrun for " +
                format_duration(silent) + " (seen by node " + std::to_string(node_rank_) +
                "; its gzrun was killed or stopped, its host is down or its network is cut)";
-      publish(f);
+      ask([&](Store&) { publish(f); });
       return;
     }
     if (o_.elastic) admit_waiting();

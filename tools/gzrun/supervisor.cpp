@@ -296,7 +296,8 @@ void Supervisor::on_exit(Worker& w) {
           format_duration(std::chrono::milliseconds(static_cast<long long>(o_.grace_period_s * 1000))) + ")");
     begin_stop(SIGTERM);
   } else {
-    say("stopped: " + d);
+    // Stopping, but before the grace period's SIGKILL: that SIGKILL was not gzrun's either.
+    say("stopped: " + d + (escalated_ ? std::string() : unexpected_death_hint(st)));
   }
 }
 

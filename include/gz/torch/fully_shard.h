@@ -140,7 +140,8 @@ class FullyShardedDataParallel {
   /// (`opt` over parameters()). Collective; nothing is gathered.
   void save_sharded(torch::optim::Optimizer& opt, const std::string& dir, const ShardedCheckpointMeta& meta);
   /// @brief This rank's shards and their state in `opt` from a sharded checkpoint of any world size
-  /// and stage; the next forward() or unshard() gathers them. Not collective.
+  /// and stage; the next forward() or unshard() gathers them. Collective: every rank installs or
+  /// none does.
   void load_sharded(torch::optim::Optimizer& opt, const std::string& dir, const ShardedCheckpointMeta& expect = {});
 
   /// @brief Units, root first: each one's name (the module's name, "" for the root), parameter

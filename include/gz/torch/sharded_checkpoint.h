@@ -1,6 +1,7 @@
 // Sharded checkpoints for ZeRO (stages 1-3): every rank writes its own shard in parallel, rank 0
 // a manifest; loading reshards to any world size; a plain model and optimizer can load one whole
-// (consolidation to the unsharded format for export).
+// (consolidation to the unsharded format for export). They hold the parameters the optimizer
+// steps and its state, not module buffers or frozen parameters (the caller saves those).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -52,8 +53,8 @@ void load_sharded(ZeroRedundancyOptimizer& opt, const std::string& dir, const Sh
 /// @brief Stage 3: `opt` is the optimizer over fsdp.parameters(). Collective.
 void save_sharded(FullyShardedDataParallel& fsdp, torch::optim::Optimizer& opt, const std::string& dir,
                   const ShardedCheckpointMeta& meta);
-/// @brief Stage 3: this rank's shards and their state (the next forward gathers them). Not
-/// collective.
+/// @brief Stage 3: this rank's shards and their state (the next forward gathers them).
+/// Collective: every rank installs or none does.
 void load_sharded(FullyShardedDataParallel& fsdp, torch::optim::Optimizer& opt, const std::string& dir,
                   const ShardedCheckpointMeta& expect);
 

@@ -43,7 +43,8 @@ void FullyShardedDataParallel::load_sharded(torch::optim::Optimizer& opt, const 
   GZ_CHECK_ARG(!im.in_forward, "FullyShardedDataParallel: load_sharded() inside forward()");
   restore_optimizer(opt);
   auto set = shard_set(im, opt);
-  zero::load_shards(set, dir, expect);
+  // All ranks or none: a rank left with the old shards would gather a mixed model.
+  zero::load_shards_collective(set, im.group.get(), dir, expect, "FullyShardedDataParallel::load_sharded");
   im.mark_stale();  // whole units hold the old parameters: gathered again before any use
 }
 

@@ -45,8 +45,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using StatePtr = std::unique_ptr<torch::optim::OptimizerParamState>;
-constexpr const char* kFormat = "gz-sharded-1";
-constexpr int64_t kVersion = 1;
 
 void fsync_or_throw(const fs::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -100,15 +98,20 @@ uint64_t save_hashed(torch::serialize::OutputArchive& a, const std::string& path
   if (fd < 0) throw SystemError("create " + path, errno);
   StreamHash hash;
   int err = 0;
-  a.save_to([&](const void* data, size_t n) -> size_t {
-    hash.update(data, n);
-    for (size_t done = 0; done < n && !err;) {
-      const ssize_t w = ::write(fd, static_cast<const char*>(data) + done, n - done);
-      if (w < 0 && errno != EINTR) err = errno;
-      if (w > 0) done += static_cast<size_t>(w);
-    }
-    return err ? 0 : n;
-  });
+  try {
+    a.save_to([&](const void* data, size_t n) -> size_t {
+      hash.update(data, n);
+      for (size_t done = 0; done < n && !err;) {
+        const ssize_t w = ::write(fd, static_cast<const char*>(data) + done, n - done);
+        if (w < 0 && errno != EINTR) err = errno;
+        if (w > 0) done += static_cast<size_t>(w);
+      }
+      return err ? 0 : n;
+    });
+  } catch (...) {
+    ::close(fd);  // LibTorch's writer throws when a write came up short
+    throw;
+  }
   if (::close(fd) != 0 && !err) err = errno;
   if (err) throw SystemError("write " + path, err);
   return hash.digest();
@@ -117,8 +120,8 @@ uint64_t save_hashed(torch::serialize::OutputArchive& a, const std::string& path
 uint64_t write_shard(const ShardSet& set, const ShardedCheckpointMeta& meta, int64_t id,
                      const fs::path& file) {
   torch::serialize::OutputArchive a;
-  a.write("gz_meta",
-          torch::tensor({kVersion, int64_t(set.rank), int64_t(set.world), meta.step, id}, torch::kInt64));
+  a.write("gz_meta", torch::tensor({kShardedVersion, int64_t(set.rank), int64_t(set.world), meta.step, id},
+                                   torch::kInt64));
   a.write("gz_job", c10::IValue(meta.job));
   for (size_t k = 0; k < set.groups.size(); ++k) {
     const auto& g = set.groups[k];
@@ -174,9 +177,14 @@ void write_manifest(const ShardSet& set, const ShardedCheckpointMeta& meta, int6
   json groups = json::array();
   for (size_t k = 0; k < set.groups.size(); ++k) groups.push_back(group_json(set, k));
   const size_t opt_groups = set.options_opt ? set.options_opt->param_groups().size() : 0;
-  const json m = {
-      {"format", kFormat}, {"world", set.world}, {"step", meta.step}, {"job", meta.job},
-      {"save_id", id},     {"shards", shards},   {"groups", groups},  {"optimizer_groups", opt_groups}};
+  const json m = {{"format", kShardedFormat},
+                  {"world", set.world},
+                  {"step", meta.step},
+                  {"job", meta.job},
+                  {"save_id", id},
+                  {"shards", shards},
+                  {"groups", groups},
+                  {"optimizer_groups", opt_groups}};
   const std::string text = m.dump(1) + "\n";
   write_atomic(dir / kShardedManifest, [&](const std::string& tmp) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -192,8 +200,19 @@ void save_shards(const ShardSet& set, comm::Communicator* group, const std::stri
                  const ShardedCheckpointMeta& meta) {
   // One id per save, in every file: shards of different saves never mix.
   int64_t id = 0;
-  if (set.rank == 0)
+  if (set.rank == 0) {
+    // Saving over an older checkpoint: it stops being one (no manifest) before any of its shards
+    // is replaced, so a save that fails half-way leaves an incomplete directory, never a manifest
+    // over a mix of old and new shards. (To keep the last checkpoint, save into a new directory.)
+    std::error_code ec;
+    if (fs::remove(fs::path(dir) / kShardedManifest, ec)) {
+      try {
+        fsync_or_throw(dir);
+      } catch (const std::exception&) {  // the others wait in the broadcast below: go on
+      }
+    }
     id = static_cast<int64_t>(std::random_device{}() & 0x7fffffff) << 31 | std::random_device{}();
+  }
   if (group) group->broadcast(&id, 1, DType::i64, 0);
   const fs::path file = fs::path(dir) / shard_file_name(set.rank, set.world);
   int64_t mine[2] = {-1, 0};  // bytes, checksum

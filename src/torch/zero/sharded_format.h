@@ -17,6 +17,11 @@
 
 namespace gz::zero {
 
+/// @brief The manifest's "format" and the shard files' version (written and checked by
+/// sharded_format.cpp and sharded_load.cpp; one definition: both may share a unity translation unit).
+inline constexpr const char* kShardedFormat = "gz-sharded-1";
+inline constexpr int64_t kShardedVersion = 1;
+
 /// @brief One flat group (a ZeRO bucket, a stage-3 unit, or one whole parameter) as this rank
 /// holds it.
 struct FlatGroup {
@@ -47,5 +52,12 @@ void save_shards(const ShardSet& set, comm::Communicator* group, const std::stri
 /// anything changes: a collective caller agrees with its peers there.
 void load_shards(ShardSet& set, const std::string& dir, const ShardedCheckpointMeta& expect,
                  const std::function<void()>& before_install = nullptr);
+
+/// @brief load_shards() on every rank of `group` (null: this rank alone), all or nothing: once
+/// every rank has read what it needs they agree; if any rank failed none installs anything, the
+/// failed ranks throw their own error and the others one naming the lowest failed rank. `who`
+/// starts the message ("ZeroRedundancyOptimizer::load_sharded").
+void load_shards_collective(ShardSet& set, comm::Communicator* group, const std::string& dir,
+                            const ShardedCheckpointMeta& expect, const std::string& who);
 
 }  // namespace gz::zero

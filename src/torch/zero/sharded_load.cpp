@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "gz/comm/communicator.h"
 #include "gz/core/error.h"
 #include "gz/torch/sharded_checkpoint.h"
 #include "torch/zero/sharded_format.h"
@@ -28,8 +29,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using StatePtr = std::unique_ptr<torch::optim::OptimizerParamState>;
-constexpr const char* kFormat = "gz-sharded-1";
-constexpr int64_t kVersion = 1;
 
 struct Manifest {
   std::string dir;
@@ -54,8 +53,9 @@ Manifest parse_manifest(const std::string& dir) {
   m.dir = dir;
   try {
     const json j = json::parse(text.str());
-    if (!j.is_object() || j.value("format", "") != kFormat)
-      GZ_THROW(Error, "sharded checkpoint ", dir, ": ", path.string(), " is not a ", kFormat, " manifest");
+    if (!j.is_object() || j.value("format", "") != kShardedFormat)
+      GZ_THROW(Error, "sharded checkpoint ", dir, ": ", path.string(), " is not a ", kShardedFormat,
+               " manifest");
     m.world = j.at("world").get<int>();
     m.step = j.at("step").get<int64_t>();
     m.id = j.at("save_id").get<int64_t>();
@@ -109,7 +109,7 @@ class ShardReader {
     torch::Tensor meta;
     c10::IValue job;
     try {
-      a->load_from(file);
+      a->load_from(file, torch::Device(torch::kCPU));  // a GPU save consolidates on a CPU-only host
       a->read("gz_meta", meta);
       a->read("gz_job", job);
     } catch (const c10::Error& e) {
@@ -117,7 +117,7 @@ class ShardReader {
                " (corrupt?): ", e.what_without_backtrace());
     }
     auto v = meta.to(torch::kInt64);
-    if (v.numel() != 5 || v[0].item<int64_t>() != kVersion || v[1].item<int64_t>() != s ||
+    if (v.numel() != 5 || v[0].item<int64_t>() != kShardedVersion || v[1].item<int64_t>() != s ||
         v[2].item<int64_t>() != m_.world || v[4].item<int64_t>() != m_.id || job.toStringRef() != m_.job)
       GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file,
                " belongs to another save (rank, world, save id or job differ from the manifest's)");
@@ -239,7 +239,8 @@ Staged stage_group(const FlatGroup& g, int rank, const Manifest& m,
 StatePtr make_state(const FlatGroup& g, Staged& s, torch::optim::Optimizer& opt, const std::string& dir) {
   auto st = new_state(opt);
   auto f = state_fields(*st);
-  for (auto& [name, t] : s.fields) {
+  for (auto& [field, t] : s.fields) {
+    const std::string& name = field;  // clang: a lambda may not capture a structured binding
     auto it = std::find_if(f.tensors.begin(), f.tensors.end(), [&](auto& e) { return name == e.first; });
     if (it == f.tensors.end())
       GZ_THROW(Error, "sharded checkpoint ", dir, ": optimizer state '", name,
@@ -307,6 +308,33 @@ void load_shards(ShardSet& set, const std::string& dir, const ShardedCheckpointM
   }
   for (size_t g = 0; g < options.size(); ++g)
     set.options_opt->param_groups()[g].set_options(std::move(options[g]));
+}
+
+void load_shards_collective(ShardSet& set, comm::Communicator* group, const std::string& dir,
+                            const ShardedCheckpointMeta& expect, const std::string& who) {
+  if (!group) return load_shards(set, dir, expect);
+  bool agreed = false;
+  // Each rank offers its own number when it failed, the world size when not: the minimum names
+  // the lowest failed rank.
+  auto agree = [&](bool ok) {
+    int64_t lowest = ok ? set.world : set.rank;
+    agreed = true;
+    group->allreduce(&lowest, 1, DType::i64, comm::ReduceOp::min);
+    if (ok && lowest < set.world)
+      GZ_THROW(Error, who, " on rank ", set.rank, ": rank ", lowest, " could not load ", dir,
+               " (its error says why); nothing was loaded");
+  };
+  try {
+    load_shards(set, dir, expect, [&] { agree(true); });
+  } catch (...) {
+    if (!agreed) {
+      try {
+        agree(false);  // tells the others; this rank's own error is the one that counts
+      } catch (...) {
+      }
+    }
+    throw;
+  }
 }
 
 }  // namespace zero

@@ -47,21 +47,7 @@ void ZeroRedundancyOptimizer::load_sharded(const std::string& dir, const Sharded
   im.rebind_params();
   auto set = shard_set(im, *this);
   // Every rank installs its blocks or none does: the all-gather below needs them all.
-  bool agreed = false;
-  auto agree = [&](bool ok) {
-    int64_t failed = ok ? 0 : 1;
-    agreed = true;
-    im.group->allreduce(&failed, 1, DType::i64, comm::ReduceOp::max);
-    if (failed && ok)
-      GZ_THROW(Error, "ZeroRedundancyOptimizer::load_sharded on rank ", im.rank,
-               ": another rank could not load ", dir, " (its error says why); nothing was loaded");
-  };
-  try {
-    zero::load_shards(set, dir, expect, [&] { agree(true); });
-  } catch (...) {
-    if (!agreed) agree(false);  // tells the others; this rank's own error follows
-    throw;
-  }
+  zero::load_shards_collective(set, im.group.get(), dir, expect, "ZeroRedundancyOptimizer::load_sharded");
   im.consolidated.clear();
   im.consolidated_at = -1;
   // Every rank has its blocks: all-gather them into the whole parameters.

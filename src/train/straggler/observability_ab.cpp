@@ -29,9 +29,13 @@ void ObservabilityAB::on_step_begin(Trainer& t) {
   }
   prev_step_ = step;
   prev_ = now;
-  // Every rank switches at the same step: no op is in flight between two steps.
+  // Every rank switches at the same step. DDP and Horovod mode have no op in flight between two
+  // steps; ZeRO's parameter all-gathers do (issued by step(), waited in the next forward), so a
+  // switch may leave one of them as a queued op in a dump: a benchmark's artefact.
   if (!control_) comm::set_flight_recorders_paused(!on_window(step));
 }
+
+ObservabilityAB::~ObservabilityAB() { comm::set_flight_recorders_paused(false); }  // train() threw
 
 void ObservabilityAB::on_step_end(Trainer& t) {
   if (control_ || on_window(t.state().step - 1)) report_->on_step_end(t);

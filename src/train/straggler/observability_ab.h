@@ -19,6 +19,7 @@ namespace gz::train {
 class ObservabilityAB : public Callback {
  public:
   ObservabilityAB(CallbackPtr report, int64_t window, bool control);
+  ~ObservabilityAB() override;
   void on_train_begin(Trainer& t) override;
   void on_train_end(Trainer& t) override;
   void on_epoch_begin(Trainer& t) override { report_->on_epoch_begin(t); }
