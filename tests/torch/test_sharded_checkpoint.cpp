@@ -181,6 +181,25 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
+// A checkpoint saved at 4 ranks (`dir`; `model_bytes`/`opt_bytes`: the same state unsharded),
+// loaded by `run` at 1, 2, 3 and 8 ranks: bitwise the unsharded state, and training on from it
+// bitwise like a resume from the unsharded files. Returns that state (parameters, then state).
+template <class Run>
+std::vector<torch::Tensor> expect_reshards(Run run, const fs::path& dir, const std::string& model_bytes,
+                                           const std::string& opt_bytes, const Data& d) {
+  Net saved;
+  from_bytes(model_bytes, [&](auto& a) { saved->load(a); });
+  auto reference = whole_state(clones(saved->parameters()), opt_bytes);
+  for (int world : {1, 2, 3, 8}) {
+    const auto w = "world " + std::to_string(world);
+    auto sharded = run(world, From::sharded, dir.string(), "", "", d, kFirst + kMore);
+    expect_bitwise(sharded.loaded, reference, w + ": loaded state");
+    auto single = run(world, From::single, "", model_bytes, opt_bytes, d, kFirst + kMore);
+    expect_bitwise(sharded.trained, single.trained, w + ": trained on");
+  }
+  return reference;
+}
+
 TEST(ShardedCheckpoint, Stage2SavedAtFourLoadsAtAnyWorldSize) {
   auto d = make_data(kFirst + kMore, kGlobal);
   TempDir dir("gz-sharded-z2");
@@ -191,16 +210,8 @@ TEST(ShardedCheckpoint, Stage2SavedAtFourLoadsAtAnyWorldSize) {
   const auto info = read_sharded_manifest(dir.path);
   EXPECT_EQ(info.world, 4);
   EXPECT_EQ(info.step, kFirst);
-  Net saved;
-  from_bytes(model_bytes, [&](auto& a) { saved->load(a); });
-  const auto reference = whole_state(clones(saved->parameters()), opt_bytes);
-  for (int world : {1, 2, 3, 8}) {
-    const auto w = "world " + std::to_string(world);
-    auto sharded = run_zero(world, From::sharded, dir.path, "", "", d, kFirst + kMore);
-    expect_bitwise(sharded.loaded, reference, w + ": loaded state");
-    auto single = run_zero(world, From::single, "", model_bytes, opt_bytes, d, kFirst + kMore);
-    expect_bitwise(sharded.trained, single.trained, w + ": trained on");
-  }
+  const auto reference =
+      expect_reshards([](auto... a) { return run_zero(a...); }, dir.path, model_bytes, opt_bytes, d);
   // Stage 1 reads the same format.
   expect_bitwise(run_zero(3, From::sharded, dir.path, "", "", d, kFirst, "", nullptr, nullptr, 1).loaded,
                  reference, "at stage 1");
@@ -266,16 +277,8 @@ TEST(ShardedCheckpoint, Stage3SavedAtFourLoadsAtAnyWorldSizeAndStage) {
   TempDir dir("gz-sharded-z3");
   std::string model_bytes, opt_bytes;
   run_fsdp(4, From::none, "", "", "", d, kFirst, dir.path, &model_bytes, &opt_bytes);
-  Net saved;
-  from_bytes(model_bytes, [&](auto& a) { saved->load(a); });
-  const auto reference = whole_state(clones(saved->parameters()), opt_bytes);
-  for (int world : {1, 2, 3, 8}) {
-    const auto w = "world " + std::to_string(world);
-    auto sharded = run_fsdp(world, From::sharded, dir.path, "", "", d, kFirst + kMore);
-    expect_bitwise(sharded.loaded, reference, w + ": loaded state");
-    auto single = run_fsdp(world, From::single, "", model_bytes, opt_bytes, d, kFirst + kMore);
-    expect_bitwise(sharded.trained, single.trained, w + ": trained on");
-  }
+  const auto reference =
+      expect_reshards([](auto... a) { return run_fsdp(a...); }, dir.path, model_bytes, opt_bytes, d);
   // Stage 3's checkpoint at stage 2 (buckets instead of units).
   expect_bitwise(run_zero(2, From::sharded, dir.path, "", "", d, kFirst).loaded, reference, "at stage 2");
 }
