@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "gz/core/error.h"
@@ -360,6 +361,47 @@ TEST(ShardedCheckpoint, BadCheckpointsAreRefused) {
   });
   EXPECT_NE(msg[1].find("shard-1-of-2.pt"), std::string::npos) << msg[1];
   EXPECT_NE(msg[0].find("rank 1 could not load"), std::string::npos) << "rank 0: '" << msg[0] << "'";
+}
+
+// Every number a loader indexes or slices with is checked when the manifest is read: edited
+// values become a gz::Error naming the field, never an out-of-range read (or a json exception).
+TEST(ShardedCheckpoint, ManifestValuesOutOfRangeAreRefused) {
+  auto d = make_data(kFirst, kGlobal);
+  TempDir good("gz-sharded-range-good"), bad("gz-sharded-range-bad");
+  run_zero(2, From::none, "", "", "", d, kFirst, good.path);
+  nlohmann::json original;
+  std::ifstream(good.path / kShardedManifest) >> original;
+  auto refused_when = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& says) {
+    fs::remove_all(bad.path);
+    fs::copy(good.path, bad.path);
+    auto j = original;
+    edit(j);
+    std::ofstream(bad.path / kShardedManifest, std::ios::trunc) << j.dump();
+    Net plain;
+    torch::optim::AdamW opt(plain->parameters(), adamw());
+    const auto before = clones(plain->parameters());
+    expect_refused([&] { load_sharded_whole(*plain, opt, bad.path, {}); }, says);
+    expect_bitwise(clones(plain->parameters()), before, "after refusing (" + says + ")");
+  };
+  auto& p0 = original["groups"][0]["params"][0];
+  const int64_t group_numel = original["groups"][0]["numel"].get<int64_t>();
+  refused_when([](auto& j) { j["groups"][0]["shard"] = 1; }, "\"groups[0].shard\" is 1, outside");
+  refused_when([](auto& j) { j["groups"][0]["shard"] = -4; }, "\"groups[0].shard\"");
+  refused_when([&](auto& j) { j["groups"][0]["params"][0]["offset"] = group_numel; },
+               "\"groups[0].params[0].offset\"");
+  refused_when([&](auto& j) { j["groups"][0]["params"][0]["numel"] = p0["numel"].get<int64_t>() + 1; },
+               "\"groups[0].params[0].numel\"");
+  refused_when([](auto& j) { j["groups"][0]["params"][0]["shape"] = "x"; },
+               "\"groups[0].params[0].shape\" is not an array");
+  refused_when([](auto& j) { j["groups"][0]["params"][0]["shape"][0] = -2; }, "holds a bad size");
+  refused_when([](auto& j) { j["groups"][0]["state"]["exp_avg"] = 999; }, "\"groups[0].state.exp_avg\"");
+  refused_when([](auto& j) { j["world"] = 3; }, "\"shards\" lists 2 files for world 3");
+  refused_when([](auto& j) { j["world"] = 0; }, "\"world\" is 0");
+  refused_when([](auto& j) { j["shards"][1]["bytes"] = -5; }, "\"shards[1].bytes\"");
+  refused_when([](auto& j) { j["shards"][1].erase("checksum"); }, "\"shards[1].checksum\" is missing");
+  refused_when([](auto& j) { j["step"] = 1.5; }, "\"step\" is not an integer");
+  refused_when([](auto& j) { j["optimizer_groups"] = 18446744073709551615ull; }, "\"optimizer_groups\"");
+  refused_when([&](auto& j) { j["groups"][0]["params"].push_back(p0); }, "is listed twice");
 }
 
 // Not a test: the benchmark of bench/run_sharded_ckpt_bench.sh (disabled; run with

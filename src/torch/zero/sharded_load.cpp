@@ -10,13 +10,13 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "gz/comm/communicator.h"
 #include "gz/core/error.h"
 #include "gz/torch/sharded_checkpoint.h"
 #include "torch/zero/sharded_format.h"
+#include "torch/zero/sharded_manifest.h"
 #include "torch/zero/state_codec.h"
 #include "torch/zero/stream_hash.h"
 
@@ -27,53 +27,7 @@ namespace zero {
 namespace {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
 using StatePtr = std::unique_ptr<torch::optim::OptimizerParamState>;
-
-struct Manifest {
-  std::string dir;
-  int world = 0;
-  int64_t step = 0, id = 0;
-  std::string job;
-  std::vector<int64_t> bytes;          // per shard file
-  std::vector<std::string> checksums;  // per shard file (stream_hash.h, hex)
-  json groups;
-  size_t opt_groups = 0;
-};
-
-Manifest parse_manifest(const std::string& dir) {
-  const fs::path path = fs::path(dir) / kShardedManifest;
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    GZ_THROW(Error, "sharded checkpoint ", dir, ": no manifest (", path.string(), ")");
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  Manifest m;
-  m.dir = dir;
-  try {
-    const json j = json::parse(text.str());
-    if (!j.is_object() || j.value("format", "") != kShardedFormat)
-      GZ_THROW(Error, "sharded checkpoint ", dir, ": ", path.string(), " is not a ", kShardedFormat,
-               " manifest");
-    m.world = j.at("world").get<int>();
-    m.step = j.at("step").get<int64_t>();
-    m.id = j.at("save_id").get<int64_t>();
-    m.job = j.at("job").get<std::string>();
-    for (auto& s : j.at("shards")) {
-      m.bytes.push_back(s.at("bytes").get<int64_t>());
-      m.checksums.push_back(s.at("checksum").get<std::string>());
-    }
-    m.groups = j.at("groups");
-    m.opt_groups = j.at("optimizer_groups").get<size_t>();
-  } catch (const json::exception& e) {
-    GZ_THROW(Error, "sharded checkpoint ", dir, ": corrupt manifest ", path.string(), ": ", e.what());
-  }
-  if (m.world < 1 || m.bytes.size() != static_cast<size_t>(m.world))
-    GZ_THROW(Error, "sharded checkpoint ", dir, ": manifest lists ", m.bytes.size(), " shards for world ",
-             m.world);
-  return m;
-}
 
 std::string file_checksum(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
@@ -141,10 +95,13 @@ class ShardReader {
 
   /// @brief Elements [x, y) of old group `og`'s flat `what` ("param", "state_<field>").
   torch::Tensor range(size_t og, const std::string& what, int64_t x, int64_t y) {
-    const int64_t shard = m_.groups[og].at("shard").get<int64_t>();
+    const int64_t shard = m_.groups[og].shard;  // parse_manifest(): world blocks cover the group
     const std::string key = "g" + std::to_string(og) + "_" + what;
     std::vector<torch::Tensor> pieces;
     for (int64_t s = x / shard; s * shard < y; ++s) {
+      if (s >= m_.world)  // unreachable after parse_manifest()'s checks; an index, so checked anyway
+        GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": '", key, "' [", x, ", ", y, ") lies past shard ",
+                 m_.world - 1);
       const int64_t lo = std::max(x, s * shard), hi = std::min(y, (s + 1) * shard);
       auto t = tensor(static_cast<int>(s), key);
       if (t.numel() != shard)
@@ -170,10 +127,10 @@ struct OldParam {
 std::map<std::string, OldParam> index_params(const Manifest& m) {
   std::map<std::string, OldParam> out;
   for (size_t k = 0; k < m.groups.size(); ++k)
-    for (auto& p : m.groups[k].at("params"))
-      out[p.at("name").get<std::string>()] = {k, p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>(),
-                                              p.at("shape").get<std::vector<int64_t>>(),
-                                              p.at("dtype").get<std::string>()};
+    for (const ManifestParam& p : m.groups[k].params)
+      if (!out.emplace(p.name, OldParam{k, p.offset, p.numel, p.shape, p.dtype}).second)
+        GZ_THROW(Error, "sharded checkpoint ", m.dir, ": parameter '", p.name,
+                 "' is listed twice (corrupt manifest)");
   return out;
 }
 
@@ -204,14 +161,16 @@ const OldParam& find_param(const std::map<std::string, OldParam>& where, const F
 void stage_state_fields(const FlatGroup& g, int64_t numel, const Manifest& m,
                         const std::map<std::string, OldParam>& where, Staged& out) {
   for (size_t j = 0; j < g.params.size(); ++j) {
-    const json& og = m.groups[find_param(where, g, j, m).group];
-    if (og.at("state").is_null()) continue;
+    const ManifestGroup& og = m.groups[find_param(where, g, j, m).group];
+    if (!og.has_state) continue;
     out.has_state = true;
-    if (!og.at("step").is_null()) out.step = std::max(out.step, og.at("step").get<int64_t>());
-    for (auto& [name, dtype] : og.at("state").items()) {
-      auto& t = out.fields[name];
-      if (!t.defined())
-        t = torch::zeros({numel}, g.block.options().dtype(static_cast<c10::ScalarType>(dtype.get<int>())));
+    // Old groups merged into one (e.g. stage 2 buckets into stage 3 units) keep one step: the
+    // newest. Within one save every group steps together, so they differ only for groups that
+    // were skipped while their gradients were missing.
+    out.step = std::max(out.step, og.step);
+    for (const auto& field : og.state) {
+      auto& t = out.fields[field.first];
+      if (!t.defined()) t = torch::zeros({numel}, g.block.options().dtype(field.second));
     }
   }
 }
@@ -228,10 +187,11 @@ Staged stage_group(const FlatGroup& g, int rank, const Manifest& m,
     if (first >= last) continue;
     const int64_t x = old.offset + first - g.layout.offsets[j], y = x + (last - first);
     out.block.narrow(0, first - lo, last - first).copy_(rd.range(old.group, "param", x, y));
-    const json& og = m.groups[old.group];
-    if (og.at("state").is_null()) continue;
-    for (auto& [name, dtype] : og.at("state").items())
-      out.fields[name].narrow(0, first - lo, last - first).copy_(rd.range(old.group, "state_" + name, x, y));
+    const ManifestGroup& og = m.groups[old.group];
+    for (const auto& field : og.state)
+      out.fields[field.first]
+          .narrow(0, first - lo, last - first)
+          .copy_(rd.range(old.group, "state_" + field.first, x, y));
   }
   return out;
 }
