@@ -15,6 +15,7 @@
 #        ON windows exchange as often as a plain run), CNN_STEPS (1000), BERT_STEPS (240), KEEP (dir)
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"
+. "$(dirname "$0")/lib/observability.sh"  # args_of
 . "$(dirname "$0")/lib/stats.sh"  # median, span, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
@@ -34,15 +35,6 @@ echo "runs: $work; build: $build ($(git -C "$root" rev-parse --short HEAD 2>/dev
 echo "start: $(date -u '+%F %T') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
 text_lines "$work/text"
 
-args_of() {  # MODEL -> gz-train arguments
-  case $1 in
-    cnn) echo "--config $root/configs/fashion_mnist.yaml --max_steps $CNN_STEPS --test_limit 500" ;;
-    bert_small) echo "--dataset text_lines --train_data $work/text --test_data $work/text --net_type bert_small \
-      --input_size 64 --num_classes 4 --batch_size 8 --max_steps $BERT_STEPS --eval_batch_size 64 --test_limit 64 \
-      --mode ddp --num_workers 1 --num_threads 1" ;;
-    *) echo "unknown model $1" >&2; exit 2 ;;
-  esac
-}
 
 # run MODEL MODE (ab|control) -> prints the run's on/off ratio ("nan" when it failed)
 run() {

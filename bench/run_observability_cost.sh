@@ -17,6 +17,7 @@
 #        KEEP (a directory: keep every run's output and history there)
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"
+. "$(dirname "$0")/lib/observability.sh"  # args_of
 . "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
@@ -37,15 +38,6 @@ echo "start: $(date -u '+%F %T') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 text_lines "$work/text"  # bert_small's data
 
-args_of() {  # MODEL -> gz-train arguments
-  case $1 in
-    cnn) echo "--config $root/configs/fashion_mnist.yaml --max_steps $CNN_STEPS --test_limit 500" ;;
-    bert_small) echo "--dataset text_lines --train_data $work/text --test_data $work/text --net_type bert_small \
-      --input_size 64 --num_classes 4 --batch_size 8 --max_steps $BERT_STEPS --eval_batch_size 64 --test_limit 64 \
-      --mode ddp --num_workers 1 --num_threads 1" ;;
-    *) echo "unknown model $1" >&2; exit 2 ;;
-  esac
-}
 
 # run MODEL MODE -> prints "steps_per_s" ("nan" when the run failed); keeps its output in $dir.out
 run() {
