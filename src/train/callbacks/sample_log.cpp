@@ -26,11 +26,15 @@ void SampleLog::on_train_begin(Trainer& t) {
        << std::flush;
 }
 
-void SampleLog::on_step_end(Trainer& t) {
+void SampleLog::on_step_begin(Trainer& t) {
+  // Written before the step's gradients leave this rank, not after the step: a rank killed after
+  // its peers' all-reduce completed (in its optimizer step, say) has trained on these samples as
+  // far as the job is concerned, and its peers keep that step (their snapshot holds it). Logged
+  // only at the end, its share would be missing from a step nobody redoes. A step that never
+  // completes is redone by a later session, whose record is the one that counts.
   const auto& idx = t.step_samples();
-  out_ << t.state().epoch << ' ' << t.state().step << ' ' << idx.size();
+  out_ << t.state().epoch << ' ' << t.state().step + 1 << ' ' << idx.size();
   for (size_t i : idx) out_ << ' ' << i;
-  // Flushed per step: a crash right after must not lose what the step trained on.
   out_ << '\n' << std::flush;
 }
 
