@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ZeRO vs DDP on one host: bert-small, AdamW (gz::FusedAdamW), N ranks (default 4). Every round
+# ZeRO vs DDP on one host: MODEL (default bert-small), AdamW (gz::FusedAdamW), N ranks (default 4). Every round
 # runs the stages of STAGES (default plain DDP, ZeRO stage 1 and stage 2; 3 = fully sharded) one
 # after the other (interleaved, so slow phases of a noisy machine hit all alike; ratios are to the
 # first stage listed) and records samples/s and the MEMORY lines of gz-bench train --memory:
@@ -9,7 +9,7 @@
 # model and optimizer were built. Prints medians and the ratios to DDP.
 #
 #   flock /work/.bench.lock bench/run_zero_bench.sh [BUILD_DIR]
-#   env: RANKS (4), REPEATS (3), STEPS (12), WARMUP (3), BATCH (8), SEQ (128), CSV (also write there),
+#   env: MODEL (bert-small; bert-base), RANKS (4), REPEATS (3), STEPS (12), WARMUP (3), BATCH (8), SEQ (128), CSV (also write there),
 #        STAGES ("0 1 2")
 set -euo pipefail
 BENCH_DECIMALS=2
@@ -26,6 +26,7 @@ BATCH=${BATCH:-8}
 SEQ=${SEQ:-128}
 CSV=${CSV:-}
 STAGES=${STAGES:-0 1 2}
+MODEL=${MODEL:-bert-small}
 base=${STAGES%% *}
 for f in "$gzrun" "$bench"; do
   [ -x "$f" ] || { echo "missing $f: build first (scripts/build.sh)" >&2; exit 1; }
@@ -40,7 +41,7 @@ field() { echo "$2" | sed -n "s/.*MEMORY_MEAN .* $1=\(-\{0,1\}[0-9.]*\).*/\1/p" 
 for rep in $(seq 1 "$REPEATS"); do
   for z in $STAGES; do
     out=$(timeout "${RUN_TIMEOUT:-600}" "$gzrun" --nproc-per-node "$RANKS" --master-port 0 -- "$bench" train \
-      --model bert-small --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --warmup "$WARMUP" --threads 1 \
+      --model "$MODEL" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --warmup "$WARMUP" --threads 1 \
       --zero "$z" --memory 2>&1) || { echo "$out" >>"$log"; echo "FAILED: zero=$z (see $log)" >&2; exit 1; }
     echo "== round $rep zero=$z" >>"$log"
     echo "$out" >>"$log"
@@ -59,7 +60,7 @@ done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || a == "nan" || b == "nan") print "n/a"; else printf "%.3f", a / b }'; }
 name() { [ "$1" = 0 ] && echo ddp || echo "zero-$1"; }
 echo
-echo "bert-small, AdamW (FusedAdamW), $RANKS ranks x batch $BATCH, seq $SEQ, $STEPS timed steps; medians of $REPEATS rounds (per-rank means; vs = vs $(name "$base"))"
+echo "$MODEL, AdamW (FusedAdamW), $RANKS ranks x batch $BATCH, seq $SEQ, $STEPS timed steps; medians of $REPEATS rounds (per-rank means; vs = vs $(name "$base"))"
 fmt='%-7s %10s %7s %10s %7s %9s %8s %7s %9s %9s %7s %9s %9s %9s %9s %9s\n'
 printf "$fmt" impl samples/s vs state_MiB vs grad_MiB st+gr vs param_MiB p+st+gr vs pss_grow anon_pss shm_pss rss_grow peak_rss
 [ -z "$CSV" ] || echo "impl,samples_per_s,throughput_vs_base,state_mib,state_vs_base,grad_mib,state_grad_mib,state_grad_vs_base,param_mib,param_state_grad_mib,param_state_grad_vs_base,pss_growth_mib,pss_anon_growth_mib,pss_shmem_growth_mib,rss_growth_mib,peak_rss_growth_mib" >"$CSV"

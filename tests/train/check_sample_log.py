@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Audit the sample logs gz-train writes with log_samples: true (work_dir/samples/).
 
-For every optimizer step, the records of the last session (launch) that ran it count: earlier
-sessions' records of that step were lost in a crash and redone after a resume. The check:
+A rank writes a step's record when the step begins and "done <step>" when it ends. For every
+optimizer step, the records of the last session (launch) that began it count: earlier sessions'
+records of that step were lost in a crash and redone after a resume. The check:
   - every step 1..last was run, and by every rank of its session's world;
   - within each epoch no sample index appears twice, and the epoch read exactly
     floor(N / G) x G samples (G = global batch) when --dataset-size is given (keep_global);
@@ -19,7 +20,8 @@ import sys
 
 
 def load(work_dir):
-    """session -> {"world": W, "global_batch": G, "steps": {step: {rank: (epoch, [indices])}}}"""
+    """session -> {"world": W, "global_batch": G, "steps": {step: {rank: (epoch, [indices])}},
+    "done": {steps some rank of the session completed}}"""
     sessions = {}
     files = glob.glob(os.path.join(work_dir, "samples", "session-*-rank*.txt"))
     if not files:
@@ -31,12 +33,16 @@ def load(work_dir):
                 sys.exit(f"FAIL: {path}: no header line")
             h = dict(zip(header[1::2], header[2::2]))
             session, rank, world = int(h["session"]), int(h["rank"]), int(h["world"])
-            s = sessions.setdefault(session, {"world": world, "global_batch": int(h["global_batch"]), "steps": {}})
+            s = sessions.setdefault(session, {"world": world, "global_batch": int(h["global_batch"]), "steps": {},
+                                             "done": set()})
             if s["world"] != world:
                 sys.exit(f"FAIL: {path}: world {world}, other ranks of session {session} say {s['world']}")
             for line in f:
                 parts = line.split()
                 if not parts:
+                    continue
+                if parts[0] == "done":
+                    s["done"].add(int(parts[1]))
                     continue
                 epoch, step, n = int(parts[0]), int(parts[1]), int(parts[2])
                 idx = [int(x) for x in parts[3:]]
@@ -112,13 +118,17 @@ def main():
             if sorted(steps[step][2]) != sorted(ref[step][2]):
                 sys.exit(f"FAIL: step {step} read other samples than the reference run")
     per_session = collections.Counter(s for s, _, _ in steps.values())
-    # Work lost to faults: steps some session ran that a later session ran again.
-    redone = sum(1 for sid, sess in sessions.items() for step in sess["steps"] if steps[step][0] != sid)
+    # Work lost to faults: steps some session completed that a later session ran again; and steps
+    # a fault interrupted (begun, never completed there), run again as well.
+    later = [(sid, step) for sid, sess in sessions.items() for step in sess["steps"] if steps[step][0] != sid]
+    redone = sum(1 for sid, step in later if step in sessions[sid]["done"])
+    interrupted = len(later) - redone
     counted_text = ", ".join("%d: %d" % (sessions[s]["world"], per_session[s]) for s in counted)
     sizes = sorted({len(v) for v in by_epoch.values()})
     print(f"sample log OK: {last} steps, {len(by_epoch)} epoch(s) of {sizes} distinct samples, no sample twice "
           f"in an epoch; sessions counted (world: steps): {counted_text}; "
           f"{redone} step(s) run twice (lost to faults and redone after a resume), "
+          f"{interrupted} interrupted step(s) run again, "
           f"{len(sessions) - len(counted)} session(s) fully redone")
 
 

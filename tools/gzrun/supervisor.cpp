@@ -461,7 +461,11 @@ void Supervisor::collect_for_verdict() {
 
 void Supervisor::print_verdict(const JobFailure& failure) {
   if (upload_.joinable()) upload_.join();
-  if (!collected_) return;
+  // A round ended to admit nodes is no failure: a local worker that failed first only lost its
+  // connection to a peer stopped for the new round. A verdict would blame that peer, and node 0
+  // would wait --verdict-wait for reports the other nodes never send (they collect none for an
+  // admission), joining the new round that much later: past the join window, a round later.
+  if (!collected_ || failure.kind == JobFailure::Kind::admit) return;
   const std::string dir = board_.snapshot().dump_dir;
   // After a failure every op still running is part of the picture, however young.
   const double stuck_ms = 0;

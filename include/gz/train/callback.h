@@ -126,13 +126,14 @@ class PruningCallback : public Callback {
 /// work_dir/samples/session-<session id>-rank<r>.txt: a header line
 /// "# session S world W rank R start_step X epoch E epoch_samples C global_batch G", then one line
 /// per optimizer step, "<epoch> <step> <n> <index>...", written when the step begins (see
-/// sample_log.cpp for why). A resumed run starts a new session, so an
+/// sample_log.cpp for why), and "done <step>" when it ends. A resumed run starts a new session, so an
 /// auditor (tests/train/check_sample_log.py) can keep, for every step, the last session that ran
 /// it and check that each epoch read every sample of its order at most once and none twice.
 class SampleLog : public Callback {
  public:
   void on_train_begin(Trainer& t) override;
   void on_step_begin(Trainer& t) override;
+  void on_step_end(Trainer& t) override;
   void on_train_end(Trainer& t) override;
 
  private:

@@ -38,6 +38,12 @@ void SampleLog::on_step_begin(Trainer& t) {
   out_ << '\n' << std::flush;
 }
 
+void SampleLog::on_step_end(Trainer& t) {
+  // The auditor counts as redone only steps some session completed (begun ones are lost work of
+  // the fault, not a redo); a peer's "done" stands in for a rank killed before writing its own.
+  out_ << "done " << t.state().step << '\n' << std::flush;
+}
+
 void SampleLog::on_train_end(Trainer&) { out_.flush(); }
 
 }  // namespace gz::train
