@@ -179,7 +179,8 @@ stop_ms=$(ms_since "$t0")
 for i in 0 1; do wait_for 30 "host $i in round 1 with 2 nodes" in_log $i 'elastic round 1: node . of 2'; done
 for i in 0 1; do in_log $i 'job failure in round 0: ' || fail "host $i reports no failure of round 0"; done
 if [ "$scenario" = snapshot ]; then
-  any_log() { cat "$dir"/host*.log 2>/dev/null | grep -q "$1"; }
+  # Not `cat | grep -q`: under pipefail, cat killed by SIGPIPE after an early match fails the pipeline.
+  any_log() { grep -q -h "$1" "$dir"/host*.log 2>/dev/null; }
   wait_for 60 "round 1 to restore a snapshot" any_log 'restored the snapshot of step .* held by [12] of 2 rank'
 fi
 # Round 1 trains on 2 ranks for a while (its sample log grows), then host 2 comes back.
