@@ -176,6 +176,7 @@ std::vector<Field> fields(TrainConfig& c) {
            return std::string("does not work with mixed_precision fp16 (GradScaler); use bf16");
          return std::string();
        }},
+      {"fsdp_prefetch", Kind::Bool, &c.fsdp_prefetch, none},
   };
 }
 

@@ -135,6 +135,7 @@ void Trainer::build_strategy() {
   so.ddp.comm_hook = impl_->comm.ddp_hook(c);
   so.zero_stage = static_cast<int>(c.zero_stage);
   so.zero.stats = impl_->comm.stats();  // ZeRO's reduce-scatters and all-gathers are the gradient traffic
+  so.fsdp.prefetch = c.fsdp_prefetch;
   so.horovod = impl_->comm.horovod_options(c);
   so.accumulation = impl_->plan.accumulation;
   so.dp_devices.assign(static_cast<size_t>(c.dp_replicas), impl_->device);

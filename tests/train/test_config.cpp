@@ -151,4 +151,14 @@ TEST(Config, ZeroStageNeedsDdp) {
   expect_error([] { parse_config("mode: horovod\n", {"--zero_stage", "2"}); }, {"'zero_stage'", "horovod"});
 }
 
+TEST(Config, FsdpPrefetch) {
+  EXPECT_TRUE(parse_config("", {}).fsdp_prefetch);
+  EXPECT_FALSE(parse_config("mode: ddp\nzero_stage: 3\nfsdp_prefetch: false\n", {}, "a.yaml").fsdp_prefetch);
+  EXPECT_FALSE(parse_config("mode: ddp\n", {"--fsdp_prefetch", "false"}).fsdp_prefetch);
+  expect_error([] { parse_config("fsdp_prefetch: maybe\n", {}, "a.yaml"); }, {"'fsdp_prefetch'", "boolean"});
+  // The key round-trips through the config file a run writes.
+  auto c = parse_config("", {"--fsdp_prefetch", "off"});
+  EXPECT_FALSE(parse_config(gz::train::config_to_yaml(c), {}).fsdp_prefetch);
+}
+
 }  // namespace test_config

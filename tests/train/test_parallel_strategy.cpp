@@ -13,6 +13,7 @@
 #include "gz/store/mem_store.h"
 #include "gz/train/parallel_strategy.h"
 #include "support/run_ranks.h"
+#include "train/strategy/fsdp_strategy.h"
 
 // A namespace of its own: the unity build (GZ_UNITY_BUILD) compiles this file together with
 // the other files of its test target.
@@ -111,6 +112,27 @@ TEST(ParallelStrategy, EveryModeMatchesOneProcess) {
       got[static_cast<size_t>(rank)] = train_two_steps(mode, g, rank * 4, rank * 4 + 4, 2);
     });
     for (auto& t : got) EXPECT_TRUE(torch::allclose(t, ref, 1e-5, 1e-6)) << gz::train::to_string(mode);
+  }
+}
+
+// StrategyOptions::fsdp (gz-bench --no-prefetch, the trainer's fsdp_prefetch) is what the stage-3
+// strategy builds fully_shard with. Mutation check: fully_shard() without o.fsdp in
+// fsdp_strategy.cpp fails here.
+TEST(ParallelStrategy, Stage3TakesItsFullyShardOptions) {
+  for (bool prefetch : {true, false}) {
+    auto model = std::make_shared<TinyImpl>();
+    auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+    gz::train::StrategyOptions so;
+    so.mode = ParallelMode::ddp;
+    so.zero_stage = 3;
+    so.fsdp.prefetch = prefetch;
+    so.fsdp.reshard_after_forward = !prefetch;
+    so.group = gz::comm::create_shm_communicator(0, 1, std::make_shared<gz::MemStore>());
+    auto s = gz::train::make_strategy(so, model, opt);
+    auto* z3 = gz::train::fsdp_hooks(*s);
+    ASSERT_NE(z3, nullptr);
+    EXPECT_EQ(z3->fsdp().options().prefetch, prefetch);
+    EXPECT_EQ(z3->fsdp().options().reshard_after_forward, !prefetch);
   }
 }
 

@@ -22,6 +22,7 @@
 #include "gz/torch/process_group.h"
 #include "gz/train/models/model.h"
 #include "gz/train/parallel_strategy.h"
+#include "train/strategy/fsdp_strategy.h"
 
 namespace {
 
@@ -41,6 +42,7 @@ struct TrainBenchOptions {
   double bucket_mb = -1;  // -1: the library's defaults
   double first_bucket_mb = -1;
   int zero = 0;                        // ddp mode: ZeRO stage (0 = plain DDP)
+  bool prefetch = true;                // --zero 3: gz::FullyShardOptions::prefetch
   bool memory = false;                 // print what gradients, optimizer state and the process hold
   gz::CompressionOptions compression;  // --powersgd-rank, --topk-ratio, --int8-chunk, --start-step
   std::string averaging = "none";      // none, local_sgd, async
@@ -100,6 +102,8 @@ int usage() {
       "  --first-bucket-mb MB     ddp: first bucket's cap; default the library's\n"
       "  --zero 0|1|2|3           ddp mode: ZeRO stage (1: optimizer state sharded, 2: gradients too,\n"
       "                           3: parameters too, gz::fully_shard)\n"
+      "  --no-prefetch            --zero 3: gather each unit only when it runs (no overlap with the\n"
+      "                           unit before it); printed as prefetch=on|off (n/a below stage 3)\n"
       "  --memory                 print MEMORY lines: optimizer state and gradient bytes per rank\n"
       "                           (tensors), RSS, anonymous and shared memory growth, peak RSS\n");
   return 2;
@@ -146,6 +150,8 @@ TrainBenchOptions parse(int argc, char** argv) {
       o.first_bucket_mb = std::stod(next());
     else if (a == "--zero")
       o.zero = static_cast<int>(gz::parse_int(next(), "--zero"));
+    else if (a == "--no-prefetch")
+      o.prefetch = false;
     else if (a == "--memory")
       o.memory = true;
     else if (a == "--powersgd-rank")
@@ -183,6 +189,7 @@ TrainBenchOptions parse(int argc, char** argv) {
   GZ_CHECK_ARG(
       o.zero == 0 || (o.hook == "allreduce" && o.averaging == "none"),
       "--zero runs with --hook allreduce and --averaging none (ZeRO has its own reduce-scatter hook)");
+  GZ_CHECK_ARG(o.prefetch || o.zero == 3, "--no-prefetch needs --zero 3 (fully_shard's prefetch)");
   GZ_CHECK_ARG(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.threads > 0 && o.seq > 0,
                "batch/steps/threads");
   return o;
@@ -264,6 +271,7 @@ int bench_train(int argc, char** argv) {
   if (o.first_bucket_mb > 0) so.ddp.first_bucket_bytes = static_cast<size_t>(o.first_bucket_mb * (1 << 20));
   so.zero_stage = o.zero;
   so.zero.stats = stats;  // ZeRO's reduce-scatters and all-gathers are its gradient traffic
+  so.fsdp.prefetch = o.prefetch;
   if (o.cycle_us >= 0) so.horovod.cycle_time = std::chrono::microseconds(o.cycle_us);
   so.horovod.row_sparse.enabled = o.row_sparse;
   if (o.bucket_mb > 0) so.horovod.replay_bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
@@ -272,6 +280,9 @@ int bench_train(int argc, char** argv) {
   so.horovod.stats = stats;
   so.dp_devices.assign(static_cast<size_t>(replicas), torch::Device(torch::kCPU));
   auto strategy = gz::train::make_strategy(so, model, opt);
+  // What the strategy really runs with (not the flag): a benchmark records what it measured.
+  auto* z3 = gz::train::fsdp_hooks(*strategy);
+  const char* prefetch = z3 ? (z3->fsdp().options().prefetch ? "on" : "off") : "n/a";
   std::unique_ptr<gz::PeriodicModelAverager> local_sgd;
   std::unique_ptr<gz::AsyncModelAverager> async_avg;
   if (o.averaging == "local_sgd") {
@@ -347,18 +358,19 @@ int bench_train(int argc, char** argv) {
   if (rank == 0) {
     std::printf(
         "gz-bench train: model=%s mode=%s ranks=%d replicas=%d batch=%lld threads=%d steps=%d kernels=%s "
-        "hook=%s backend=%s params=%lld row_sparse=%s dense_bytes=%lld rows_bytes=%lld\n",
+        "hook=%s backend=%s params=%lld row_sparse=%s dense_bytes=%lld rows_bytes=%lld prefetch=%s\n",
         o.model.c_str(), gz::train::to_string(o.mode), world, replicas, static_cast<long long>(o.batch),
         o.threads, o.steps, o.kernels.c_str(), o.hook.c_str(),
         distributed ? gz::default_group()->backend().c_str() : "none", static_cast<long long>(nparams),
-        o.row_sparse ? "on" : "off", static_cast<long long>(dense_bytes), static_cast<long long>(rows_bytes));
+        o.row_sparse ? "on" : "off", static_cast<long long>(dense_bytes), static_cast<long long>(rows_bytes),
+        prefetch);
     const std::string mode =
         std::string(gz::train::to_string(o.mode)) + (o.zero ? "_zero" + std::to_string(o.zero) : "");
     std::printf(
         "RESULT impl=gz model=%s mode=%s ranks=%d samples_per_s=%.2f step_ms=%.3f hook=%s averaging=%s "
-        "bytes_per_step=%.0f wire_bytes_per_step=%.0f\n",
+        "bytes_per_step=%.0f wire_bytes_per_step=%.0f prefetch=%s\n",
         o.model.c_str(), mode.c_str(), world * replicas, samples / secs, 1000.0 * secs / o.steps,
-        o.hook.c_str(), o.averaging.c_str(), bytes_per_step, wire_per_step);
+        o.hook.c_str(), o.averaging.c_str(), bytes_per_step, wire_per_step, prefetch);
     std::fflush(stdout);
   }
   async_avg.reset();

@@ -154,6 +154,8 @@ class FullyShardedDataParallel {
   std::vector<UnitInfo> units() const;
   FullyShardMemory memory() const;
   void reset_peak();
+  /// @brief The options it was built with.
+  const FullyShardOptions& options() const;
   const comm::CommPtr& group() const;
 
   /// @brief Internal state (src/torch/fsdp/fsdp_impl.h).

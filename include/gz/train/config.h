@@ -123,6 +123,9 @@ struct TrainConfig {
   // ZeRO (mode ddp): 0 = plain DDP; 1 = optimizer state sharded over the ranks (each keeps 1/world
   // of it); 2 = gradients sharded too. Same results as 0; checkpoints stay unsharded.
   int64_t zero_stage = 0;
+  /// @brief zero_stage 3: gather the next unit while one computes (gz::FullyShardOptions::prefetch);
+  /// false for measuring what the overlap gains.
+  bool fsdp_prefetch = true;
   StragglerConfig straggler;  ///< the straggler report (gz/train/straggler.h)
 };
 

@@ -14,6 +14,7 @@
 #include "gz/torch/data_parallel.h"
 #include "gz/torch/ddp.h"
 #include "gz/torch/distributed_optimizer.h"
+#include "gz/torch/fully_shard.h"
 #include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/models/model.h"
 
@@ -42,6 +43,8 @@ struct StrategyOptions {
   /// @brief ddp: ZeRO stage (0 = plain DDP); zero.stage is set from it.
   int zero_stage = 0;
   ZeroOptions zero;
+  /// @brief ddp with zero_stage 3: gz::fully_shard's options (prefetch, reshard_after_forward).
+  FullyShardOptions fsdp;
   DistributedOptimizerOptions horovod;
   /// @brief horovod: backward passes per optimizer step (gradient accumulation).
   int64_t accumulation = 1;

@@ -348,6 +348,8 @@ FullyShardMemory FullyShardedDataParallel::memory() const {
 
 void FullyShardedDataParallel::reset_peak() { impl_->whole_peak = impl_->whole_now; }
 
+const FullyShardOptions& FullyShardedDataParallel::options() const { return impl_->options; }
+
 const comm::CommPtr& FullyShardedDataParallel::group() const { return impl_->group; }
 
 FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel& fsdp) : fsdp_(fsdp) {
