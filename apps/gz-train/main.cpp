@@ -1,6 +1,7 @@
 // gz-train: train a classifier from a YAML config, one process or many under gzrun.
 //   gz-train --config configs/fashion_mnist.yaml [--key value | --key=value ...]
 //   gzrun --nproc-per-node 2 gz-train --config configs/fashion_mnist.yaml
+//   gz-train --config WORK_DIR/config.yaml --export-checkpoint SRC OUT.pt   (consolidate)
 #include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -35,13 +36,34 @@ void usage(std::ostream& os) {
         "  Trains the model the YAML config describes; flags override config keys\n"
         "  (nested keys with dots: --scheduler.warmup_steps 100). Distributed modes (ddp, horovod)\n"
         "  take their rank and world from the launcher: gzrun --nproc-per-node 2 gz-train ...\n"
-        "  --help-keys lists every accepted key.\n";
+        "  --help-keys lists every accepted key.\n"
+        "  --export-checkpoint SRC OUT: write checkpoint SRC (sharded or not, any world size) as one\n"
+        "  consolidated state file OUT, in one process; the config is the job's (work_dir/config.yaml).\n";
+}
+
+// --export-checkpoint: the job's model and optimizer in one process, the checkpoint loaded whole.
+int export_checkpoint(gz::train::TrainConfig config, const std::string& src, const std::string& out) {
+  config.mode = "single";
+  config.zero_stage = 0;
+  config.checkpoint_format = "consolidated";
+  config.snapshot_every = 0;
+  config.resume_from_checkpoint.clear();
+  config.finetune.clear();
+  try {
+    gz::train::Trainer trainer(config);
+    trainer.export_checkpoint(src, out);
+    std::cout << "exported " << src << " (step " << trainer.state().step << ") to " << out << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "gz-train: export-checkpoint: " << e.what() << std::endl;
+    return 1;
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config_path;
+  std::string config_path, export_src, export_out;
   std::vector<std::string> flags;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -62,6 +84,14 @@ int main(int argc, char** argv) {
       config_path = argv[++i];
     } else if (a.rfind("--config=", 0) == 0) {
       config_path = a.substr(9);
+    } else if (a == "--export-checkpoint") {
+      if (i + 2 >= argc) {
+        std::cerr << "gz-train: --export-checkpoint needs SRC and OUT\n";
+        usage(std::cerr);
+        return 2;
+      }
+      export_src = argv[++i];
+      export_out = argv[++i];
     } else {
       flags.push_back(a);
     }
@@ -78,6 +108,7 @@ int main(int argc, char** argv) {
     std::cerr << "gz-train: " << e.what() << "\n";
     return 2;
   }
+  if (!export_src.empty()) return export_checkpoint(config, export_src, export_out);
   int rank = 0;
   try {
     if (config.mode == "ddp" || config.mode == "horovod") {

@@ -12,10 +12,12 @@
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
+#include "gz/torch/sharded_checkpoint.h"
 #include "gz/train/atomic_file.h"
 
 namespace gz::train {
@@ -46,6 +48,17 @@ std::string encode_key(std::string name) {
   return out;
 }
 
+// `path` is the state.pt of a sharded checkpoint directory.
+bool is_state_of_checkpoint(const std::string& path) {
+  const fs::path p(path);
+  if (p.filename() != "state.pt") return false;
+  try {
+    return CheckpointManager::read_manifest(p.parent_path().string()).sharded;
+  } catch (const Error&) {
+    return false;  // no manifest: a plain archive file
+  }
+}
+
 }  // namespace
 
 CheckpointManager::CheckpointManager(std::string root, int64_t keep, std::string metric, bool greater_is_better)
@@ -53,32 +66,61 @@ CheckpointManager::CheckpointManager(std::string root, int64_t keep, std::string
 
 std::string CheckpointManager::save(torch::serialize::OutputArchive& archive, int64_t step, int64_t epoch,
                                     const std::map<std::string, double>& metrics) {
+  return commit(begin(step, false), archive, epoch, metrics, false);
+}
+
+PendingCheckpoint CheckpointManager::begin(int64_t step, bool sharded) {
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) throw SystemError("create directory " + root_, ec.value());
-  const std::string final_dir = (fs::path(root_) / step_dir_name(step)).string();
-  const std::string tmp_dir = temp_name_for(final_dir);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) throw SystemError("create directory " + tmp_dir, ec.value());
+  PendingCheckpoint p;
+  p.step = step;
+  p.dir = (fs::path(root_) / step_dir_name(step)).string();
+  p.tmp_dir = temp_name_for(p.dir);
+  fs::create_directories(sharded ? p.shards_dir() : p.tmp_dir, ec);
+  if (ec) {
+    abort(p);
+    throw SystemError("create directory " + (sharded ? p.shards_dir() : p.tmp_dir), ec.value());
+  }
+  return p;
+}
+
+void CheckpointManager::abort(const PendingCheckpoint& pending) const {
+  std::error_code ec;
+  fs::remove_all(pending.tmp_dir, ec);
+}
+
+std::string CheckpointManager::commit(const PendingCheckpoint& pending,
+                                      torch::serialize::OutputArchive& archive, int64_t epoch,
+                                      const std::map<std::string, double>& metrics, bool sharded) {
+  const std::string& tmp_dir = pending.tmp_dir;
   const std::string state = tmp_dir + "/state.pt";
   try {
-    archive.save_to(state);
-  } catch (const c10::Error& e) {
-    fs::remove_all(tmp_dir, ec);
-    GZ_THROW(Error, "cannot write checkpoint ", state, ": ", e.what_without_backtrace());
+    try {
+      archive.save_to(state);
+    } catch (const c10::Error& e) {
+      GZ_THROW(Error, "cannot write checkpoint ", state, ": ", e.what_without_backtrace());
+    }
+    fsync_path(state);
+    const auto bytes = static_cast<int64_t>(fs::file_size(state));
+    nlohmann::json manifest = {{"format", kFormat},
+                               {"step", pending.step},
+                               {"epoch", epoch},
+                               {"state_bytes", bytes},
+                               {"sharded", sharded}};
+    nlohmann::json& m = manifest["metrics"] = nlohmann::json::object();
+    for (auto& [k, v] : metrics) m[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+    // Invalid UTF-8 in a metric name is replaced (U+FFFD) rather than failing the save.
+    write_file_atomic(tmp_dir + "/manifest.json",
+                      manifest.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    fsync_path(tmp_dir);
+  } catch (...) {
+    abort(pending);
+    throw;
   }
-  fsync_path(state);
-  const auto bytes = static_cast<int64_t>(fs::file_size(state));
-  nlohmann::json manifest = {{"format", kFormat}, {"step", step}, {"epoch", epoch}, {"state_bytes", bytes}};
-  nlohmann::json& m = manifest["metrics"] = nlohmann::json::object();
-  for (auto& [k, v] : metrics) m[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-  // Invalid UTF-8 in a metric name is replaced (U+FFFD) rather than failing the save.
-  write_file_atomic(tmp_dir + "/manifest.json",
-                    manifest.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  fsync_path(tmp_dir);
-  replace_dir(tmp_dir, final_dir);
+  replace_dir(tmp_dir, pending.dir);
   rotate();
-  return final_dir;
+  return pending.dir;
 }
 
 void CheckpointManager::replace_dir(const std::string& tmp_dir, const std::string& final_dir) {
@@ -134,6 +176,7 @@ CheckpointInfo CheckpointManager::read_manifest(const std::string& dir) {
     info.step = n.at("step").get<int64_t>();
     info.epoch = n.at("epoch").get<int64_t>();
     info.state_bytes = n.at("state_bytes").get<int64_t>();
+    info.sharded = n.value("sharded", false);  // absent in checkpoints written before sharding
     if (n.contains("metrics") && n["metrics"].is_object())
       for (auto& [k, v] : n["metrics"].items())
         if (v.is_number()) info.metrics[k] = v.get<double>();  // null = not finite when saved
@@ -250,6 +293,14 @@ CheckpointInfo CheckpointManager::open(const std::string& path, torch::serialize
     if (static_cast<int64_t>(size) != info.state_bytes)
       GZ_THROW(Error, "checkpoint file ", file, " is truncated or altered: ", size, " bytes, manifest says ",
                info.state_bytes);
+    if (info.sharded) {
+      ShardedCheckpointMeta expect;
+      expect.step = info.step;
+      verify_sharded_checkpoint(info.shards_dir(), expect);
+    }
+  } else if (is_state_of_checkpoint(path)) {
+    // The state.pt of a sharded checkpoint is half of it: open the directory, shards checked.
+    return open(fs::path(path).parent_path().string(), archive);
   } else if (!fs::exists(path)) {
     GZ_THROW(Error, "checkpoint ", path, " does not exist");
   } else {
@@ -280,7 +331,9 @@ void save_module_state(const torch::nn::Module& module, torch::serialize::Output
   save_module_state(module_tensors(module), archive);
 }
 
-void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& file) {
+void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+                       const std::string& file, const std::vector<std::string>& elsewhere) {
+  const std::set<std::string> held(elsewhere.begin(), elsewhere.end());
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
   auto collect = [&](const std::string& name, const torch::Tensor& dst, bool buffer) {
     torch::Tensor src;
@@ -290,6 +343,7 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
     } catch (const c10::Error& e) {
       GZ_THROW(Error, "checkpoint ", file, ": cannot read '", name, "': ", e.what_without_backtrace());
     }
+    if (!found && held.count(name)) return;
     if (!found) GZ_THROW(Error, "checkpoint ", file, " has no ", buffer ? "buffer" : "parameter", " '", name,
                          "' (a different model?)");
     if (src.sizes() != dst.sizes())

@@ -59,6 +59,15 @@ std::function<std::string()> one_of(const std::string* v, std::vector<std::strin
   };
 }
 
+// Why `c`'s checkpoint_format cannot be used (empty: it can).
+std::string checkpoint_format_error(const TrainConfig& c) {
+  auto err = one_of(&c.checkpoint_format, {"auto", "consolidated", "sharded"})();
+  if (err.empty() && c.checkpoint_format == "sharded" && c.zero_stage == 0)
+    err = "sharded needs zero_stage 1, 2 or 3 (at zero_stage 0 every rank holds the whole state); "
+          "use auto or consolidated";
+  return err;
+}
+
 std::vector<Field> fields(TrainConfig& c) {
   auto none = [] { return std::string(); };
   SchedulerConfig& s = c.scheduler;
@@ -177,6 +186,7 @@ std::vector<Field> fields(TrainConfig& c) {
          return std::string();
        }},
       {"fsdp_prefetch", Kind::Bool, &c.fsdp_prefetch, none},
+      {"checkpoint_format", Kind::String, &c.checkpoint_format, [&c] { return checkpoint_format_error(c); }},
   };
 }
 
@@ -452,6 +462,13 @@ std::vector<std::string> config_keys() {
   std::vector<std::string> keys;
   for (auto& f : fields(c)) keys.push_back(f.key);
   return keys;
+}
+
+bool sharded_checkpoints(const TrainConfig& config) {
+  const std::string err = checkpoint_format_error(config);
+  if (!err.empty()) GZ_THROW(InvalidArgument, "config key 'checkpoint_format': ", err);
+  if (config.checkpoint_format == "sharded") return true;
+  return config.checkpoint_format == "auto" && config.zero_stage >= 1;
 }
 
 }  // namespace gz::train

@@ -16,6 +16,7 @@
 #include "gz/torch/collectives.h"
 #include "gz/torch/fused_adamw.h"
 #include "gz/torch/process_group.h"
+#include "gz/torch/sharded_checkpoint.h"
 #include "gz/train/data/factory.h"
 #include "gz/train/data_loader.h"
 #include "gz/train/elastic_batch.h"
@@ -77,6 +78,7 @@ std::string fmt(double v, int prec = 4) {
 
 Trainer::Trainer(TrainConfig config, comm::CommPtr group) : config_(std::move(config)), impl_(std::make_unique<Impl>()) {
   impl_->mode = parse_parallel_mode(config_.mode);
+  impl_->sharded_checkpoints = sharded_checkpoints(config_);
   if (needs_group(impl_->mode)) {
     if (!group && gz::is_initialized()) group = gz::default_group();
     if (!group)
@@ -180,8 +182,17 @@ void Trainer::setup() {
     auto info = CheckpointManager::open(c.finetune, archive);
     torch::serialize::InputArchive model_archive;
     std::string file = fs::is_directory(c.finetune) ? info.state_file() : c.finetune;
-    if (archive.try_read("model", model_archive)) load_module_state(*model_, model_archive, file);
-    else load_module_state(*model_, archive, file);
+    if (info.sharded) {
+      // The weights the shards hold, whole (their optimizer state goes into a scratch optimizer).
+      archive.read("model", model_archive);
+      load_module_state(*model_, model_archive, file, read_sharded_manifest(info.shards_dir()).params);
+      auto scratch = make_optimizer(c, model_->parameters());
+      load_sharded_whole(*model_, *scratch, info.shards_dir(), {});
+    } else if (archive.try_read("model", model_archive)) {
+      load_module_state(*model_, model_archive, file);
+    } else {
+      load_module_state(*model_, archive, file);
+    }
   }
   impl_->optimizer = make_optimizer(c, model_->parameters());
   build_strategy();

@@ -9,6 +9,7 @@
 #include "gz/core/log.h"
 #include "gz/core/phase.h"
 #include "gz/torch/collectives.h"
+#include "gz/torch/sharded_checkpoint.h"
 #include "gz/train/checkpoint.h"
 #include "train/strategy/fsdp_strategy.h"
 #include "trainer_impl.h"
@@ -96,24 +97,32 @@ void Trainer::write_state(torch::serialize::OutputArchive& root) { write_trainin
 std::string Trainer::save_checkpoint() {
   gz::ScopedPhase phase(gz::Phase::checkpoint);
   std::string dir;
-  std::exception_ptr error;
-  impl_->strategy->before_save();  // collective: ZeRO gathers the whole state on rank 0
-  if (is_main()) {
-    try {
-      torch::serialize::OutputArchive root;
-      write_state(root);
-      auto metrics = state_.metrics;
-      metrics["train_loss"] = state_.loss;
-      dir = impl_->checkpoints->save(root, state_.step, state_.epoch, metrics);
-    } catch (...) {
-      error = std::current_exception();
+  if (impl_->sharded_checkpoints) {
+    dir = save_sharded_checkpoint();
+  } else {
+    std::exception_ptr error;
+    impl_->strategy->before_save();  // collective: ZeRO gathers the whole state on rank 0
+    if (is_main()) {
+      try {
+        torch::serialize::OutputArchive root;
+        write_state(root);
+        dir = impl_->checkpoints->save(root, state_.step, state_.epoch, checkpoint_metrics());
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
+    // Replaces a barrier: the other ranks wait here for rank 0's write, and learn if it failed
+    // instead of timing out in the next collective rank 0 never joins.
+    agree(error, detail::concat("saving the checkpoint of step ", state_.step));
   }
-  // Replaces a barrier: the other ranks wait here for rank 0's write, and learn if it failed
-  // instead of timing out in the next collective rank 0 never joins.
-  agree(error, detail::concat("saving the checkpoint of step ", state_.step));
   for (auto& cb : callbacks_) cb->on_save(*this, dir);
   return dir;
+}
+
+std::map<std::string, double> Trainer::checkpoint_metrics() const {
+  auto metrics = state_.metrics;
+  metrics["train_loss"] = state_.loss;
+  return metrics;
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
@@ -124,6 +133,26 @@ void Trainer::load_checkpoint(const std::string& path) {
 
 void Trainer::apply_checkpoint(torch::serialize::InputArchive& root, const CheckpointInfo& info,
                                const std::string& file) {
+  if (!info.sharded) return apply_state(root, info, file, nullptr);
+  // Sharded: state.pt holds what the shards do not. At zero_stage >= 1 the shards load
+  // collectively, so every rank learns first whether every rank could apply state.pt.
+  const bool collective = !impl_->strategy->replicated_state();
+  std::exception_ptr error;
+  try {
+    const auto held = read_sharded_manifest(info.shards_dir()).params;
+    apply_state(root, info, file, &held);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (collective)
+    agree(error, "loading checkpoint " + info.dir);
+  else if (error)
+    std::rethrow_exception(error);
+  load_shards(info);
+}
+
+void Trainer::apply_state(torch::serialize::InputArchive& root, const CheckpointInfo& info,
+                          const std::string& file, const std::vector<std::string>* sharded) {
   try {
     torch::serialize::InputArchive model_archive, opt_archive, scaler_archive;
     if (!root.try_read("model", model_archive)) GZ_THROW(Error, "checkpoint ", file, " has no model state");
@@ -133,11 +162,15 @@ void Trainer::apply_checkpoint(torch::serialize::InputArchive& root, const Check
     auto cnt = counters.to(torch::kInt64);
     auto at = [&](int i) { return cnt[i].item<int64_t>(); };
     const bool accounted = counters.numel() >= 11;  // written with the sample accounting
-    auto* z3 = fsdp_hooks(*impl_->strategy);
-    if (z3) z3->begin_load();  // whole model and optimizer to load into
-    load_module_state(*model_, model_archive, file);
-    if (root.try_read("optimizer", opt_archive)) impl_->strategy->optimizer().load(opt_archive);
-    if (z3) z3->end_load();
+    if (sharded) {
+      load_module_state(*model_, model_archive, file, *sharded);  // buffers, frozen parameters
+    } else {
+      auto* z3 = fsdp_hooks(*impl_->strategy);
+      if (z3) z3->begin_load();  // whole model and optimizer to load into
+      load_module_state(*model_, model_archive, file);
+      if (root.try_read("optimizer", opt_archive)) impl_->strategy->optimizer().load(opt_archive);
+      if (z3) z3->end_load();
+    }
     if (root.try_read("scaler", scaler_archive)) impl_->scaler->load(scaler_archive);
     if (root.try_read("rng_cpu", rng)) {
       auto gen = at::detail::getDefaultCPUGenerator();

@@ -20,6 +20,7 @@ namespace gz::train {
 
 struct Trainer::Impl {
   ParallelMode mode = ParallelMode::single;  // parsed once from config `mode`
+  bool sharded_checkpoints = false;          // resolved once from config `checkpoint_format`
   /// @brief The optimizer over the model's parameters, as built from the config; the strategy
   /// steps it (or its ZeRO wrapper).
   std::shared_ptr<torch::optim::Optimizer> optimizer;

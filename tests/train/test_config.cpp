@@ -161,4 +161,19 @@ TEST(Config, FsdpPrefetch) {
   EXPECT_FALSE(parse_config(gz::train::config_to_yaml(c), {}).fsdp_prefetch);
 }
 
+TEST(Config, CheckpointFormatAutoIsShardedWithZero) {
+  EXPECT_FALSE(sharded_checkpoints(parse_config("", {})));
+  EXPECT_TRUE(sharded_checkpoints(parse_config("mode: ddp\nzero_stage: 1\n", {})));
+  EXPECT_TRUE(
+      sharded_checkpoints(parse_config("mode: ddp\nzero_stage: 3\n", {"--checkpoint_format", "sharded"})));
+  EXPECT_FALSE(
+      sharded_checkpoints(parse_config("mode: ddp\nzero_stage: 2\ncheckpoint_format: consolidated\n", {})));
+  expect_error([] { parse_config("checkpoint_format: sharded\n", {}, "a.yaml"); },
+               {"'checkpoint_format'", "a.yaml", "zero_stage 1, 2 or 3"});
+  expect_error([] { parse_config("", {"--checkpoint_format", "zip"}); }, {"'checkpoint_format'", "zip"});
+  TrainConfig c;  // built in code, not parsed: the Trainer's check is the same rule
+  c.checkpoint_format = "sharded";
+  expect_error([&] { sharded_checkpoints(c); }, {"'checkpoint_format'", "zero_stage 1, 2 or 3"});
+}
+
 }  // namespace test_config

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace gz {
 
@@ -38,8 +39,17 @@ struct ShardedCheckpointInfo {
   int world = 0;
   int64_t step = 0;
   std::string job;
+  /// @brief The names of the parameters the shards hold (a module's named_parameters() keys);
+  /// its other parameters and its buffers are the caller's to save.
+  std::vector<std::string> params;
 };
 ShardedCheckpointInfo read_sharded_manifest(const std::string& dir);
+
+/// @brief A cheap completeness check without reading the shards (a checkpoint listing uses it
+/// to skip a damaged one): the manifest is readable, of `expect`'s job and step (when given), and
+/// every shard file is present with the size the manifest records. Throws gz::Error naming the
+/// file and the reason. Loading still checks the checksums.
+ShardedCheckpointInfo verify_sharded_checkpoint(const std::string& dir, const ShardedCheckpointMeta& expect);
 
 /// @brief Collective: each rank writes its blocks of the parameters and of the optimizer state
 /// into `dir` (which must exist; files written to a temp name and renamed), rank 0 the manifest

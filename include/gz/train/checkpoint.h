@@ -1,6 +1,7 @@
-// Checkpoint directories: work_dir/checkpoints/checkpoint-<step>/{state.pt, manifest.json}, written
-// atomically (temp dir, fsync, rename; an existing step is swapped with RENAME_EXCHANGE), rotated
-// to a limit, never deleting the best one.
+// Checkpoint directories: work_dir/checkpoints/checkpoint-<step>/{state.pt, manifest.json} (and
+// shards/ in a sharded one: a file per rank and their manifest), written atomically (temp dir,
+// fsync, rename; an existing step is swapped with RENAME_EXCHANGE), rotated to a limit, never
+// deleting the best one.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -22,7 +23,20 @@ struct CheckpointInfo {
   int64_t epoch = 0;
   int64_t state_bytes = 0;  ///< size of state.pt when written (truncation check)
   std::map<std::string, double> metrics;
+  /// @brief The model's trained parameters and the optimizer state are in shards_dir() (a sharded
+  /// checkpoint of gz/torch/sharded_checkpoint.h, one file per rank); state.pt holds the rest.
+  bool sharded = false;
   std::string state_file() const { return dir + "/state.pt"; }
+  std::string shards_dir() const { return dir + "/shards"; }
+};
+
+/// @brief A checkpoint being written (CheckpointManager::begin): its files go into tmp_dir, which
+/// commit() turns into dir.
+struct PendingCheckpoint {
+  std::string tmp_dir;
+  std::string dir;
+  int64_t step = 0;
+  std::string shards_dir() const { return tmp_dir + "/shards"; }
 };
 
 /// @brief Fault injection for tests of the replace path; production code leaves these unset.
@@ -34,6 +48,9 @@ struct CheckpointTestHooks {
   /// exchange (old one still under its temp name), or between the fallback's two renames. Throw
   /// from it to simulate a crash there.
   std::function<void()> mid_replace;
+  /// @brief Called on every rank with the shard folder of a sharded save before the shards are
+  /// written (a test makes one rank's write fail there).
+  std::function<void(const std::string& shards_dir)> before_shards;
 };
 
 /// @brief Saves, lists, rotates and loads checkpoints under one directory.
@@ -52,6 +69,16 @@ class CheckpointManager {
   /// rotate. Returns the directory. Throws gz::SystemError / gz::Error naming the path.
   std::string save(torch::serialize::OutputArchive& archive, int64_t step, int64_t epoch,
                    const std::map<std::string, double>& metrics);
+  /// @brief save() in two halves, for checkpoints whose files others write too (the shards of a
+  /// sharded checkpoint): begin() creates the temp dir (with shards/ when `sharded`); commit()
+  /// writes `archive` as state.pt and the manifest, then puts the dir in place and rotates, as
+  /// save() does; abort() removes the temp dir (older checkpoints stay as they were).
+  PendingCheckpoint begin(int64_t step, bool sharded);
+  std::string commit(const PendingCheckpoint& pending, torch::serialize::OutputArchive& archive,
+                     int64_t epoch, const std::map<std::string, double>& metrics, bool sharded);
+  void abort(const PendingCheckpoint& pending) const;
+  /// @brief The test hooks (before_shards is called by the Trainer).
+  const CheckpointTestHooks& test_hooks() const { return hooks_; }
   /// @brief Complete checkpoints, oldest first, one per step (temp dirs and dirs without a valid
   /// manifest skipped with a warning).
   std::vector<CheckpointInfo> list() const;
@@ -72,7 +99,8 @@ class CheckpointManager {
   void set_test_hooks(CheckpointTestHooks hooks) { hooks_ = std::move(hooks); }
 
   /// @brief Read a checkpoint dir (or its state.pt, or a plain archive file) into `archive`.
-  /// Truncated / unreadable files throw gz::Error naming the file.
+  /// Truncated / unreadable files throw gz::Error naming the file; a sharded checkpoint's shards
+  /// must be there too, of its step and the sizes their manifest records (not read here).
   static CheckpointInfo open(const std::string& path, torch::serialize::InputArchive& archive);
   /// @brief Parse manifest.json of a checkpoint dir; throws gz::Error naming it.
   static CheckpointInfo read_manifest(const std::string& dir);
@@ -101,7 +129,9 @@ void save_module_state(const std::vector<NamedTensor>& tensors, torch::serialize
 /// @brief Write parameters and buffers of `module` under their names.
 void save_module_state(const torch::nn::Module& module, torch::serialize::OutputArchive& archive);
 /// @brief Copy saved parameters and buffers into `module`, checking every name and shape first
-/// (nothing is changed on mismatch). `file` names the source in gz::Error messages.
-void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& file);
+/// (nothing is changed on mismatch). `file` names the source in gz::Error messages. `elsewhere`:
+/// names another file holds (a sharded checkpoint's parameters), skipped when `archive` lacks them.
+void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+                       const std::string& file, const std::vector<std::string>& elsewhere = {});
 
 }  // namespace gz::train

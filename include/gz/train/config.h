@@ -121,11 +121,16 @@ struct TrainConfig {
   int64_t snapshot_every = 0;
   std::string snapshot_dir;  ///< empty: /dev/shm/gz-snapshots-<uid>/<hash of work_dir>
   // ZeRO (mode ddp): 0 = plain DDP; 1 = optimizer state sharded over the ranks (each keeps 1/world
-  // of it); 2 = gradients sharded too. Same results as 0; checkpoints stay unsharded.
+  // of it); 2 = gradients sharded too; 3 = parameters sharded too. Same results as 0.
   int64_t zero_stage = 0;
   /// @brief zero_stage 3: gather the next unit while one computes (gz::FullyShardOptions::prefetch);
   /// false for measuring what the overlap gains.
   bool fsdp_prefetch = true;
+  /// @brief auto | consolidated | sharded. sharded: every rank writes its part of the parameters
+  /// and optimizer state (checkpoint-<step>/shards/), nothing is gathered; consolidated: rank 0
+  /// writes the whole state into state.pt. auto = sharded when zero_stage >= 1. Both load at any
+  /// stage and world size; sharded needs zero_stage >= 1 and a folder every rank sees.
+  std::string checkpoint_format = "auto";
   StragglerConfig straggler;  ///< the straggler report (gz/train/straggler.h)
 };
 
@@ -142,5 +147,7 @@ std::string config_to_yaml(const TrainConfig& config);
 void save_config(const TrainConfig& config, const std::string& path);
 /// @brief Every accepted key ("lr", "scheduler.warmup_steps", ...).
 std::vector<std::string> config_keys();
+/// @brief Whether `config` writes sharded checkpoints (checkpoint_format, auto resolved).
+bool sharded_checkpoints(const TrainConfig& config);
 
 }  // namespace gz::train

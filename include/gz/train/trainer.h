@@ -70,13 +70,20 @@ class Trainer {
   /// @brief Collective: the main process writes a checkpoint of the current state while the others
   /// wait; every rank learns whether it worked. Returns the directory (empty on other ranks).
   /// A failed save throws on every rank: the original error on rank 0, a gz::Error quoting it on
-  /// the others (no rank is left waiting for a collective that never comes).
+  /// the others (no rank is left waiting for a collective that never comes). Sharded
+  /// (checkpoint_format): every rank writes its shard into the directory's shards/ folder (which
+  /// every rank must see), the main process the rest and the manifest.
   std::string save_checkpoint();
   /// @brief Restore a checkpoint (dir or state.pt) into model, optimizer, scaler, RNG and state
   /// (train() resumes collectively, see resume_from_checkpoint). This rank only, except at
-  /// zero_stage 3: there every rank must call it, since the shards are gathered to load the whole
-  /// model into and split again after.
+  /// zero_stage >= 1 with a sharded checkpoint and at zero_stage 3: there every rank must call
+  /// it (the shards are read or gathered collectively).
   void load_checkpoint(const std::string& path);
+  /// @brief Write the checkpoint `src` (a directory of either format, or a state file) as one
+  /// consolidated state file `out` (atomically), which resume_from_checkpoint and
+  /// load_checkpoint() take at any stage and world size. One process: build this Trainer with
+  /// mode single and the config of the job that wrote `src` (its model and optimizer).
+  void export_checkpoint(const std::string& src, const std::string& out);
   /// @brief "final: test_accuracy=0.9123 test_loss=0.2500 steps=... time=...".
   std::string summary_line() const;
 
@@ -125,6 +132,8 @@ class Trainer {
   TrainingState live_state();
   // The archive of a checkpoint: live_state() written.
   void write_state(torch::serialize::OutputArchive& root);
+  // The metrics a checkpoint's manifest records (the last evaluation's and train_loss).
+  std::map<std::string, double> checkpoint_metrics() const;
   // In-memory snapshots (src/train/recovery/trainer_snapshot.cpp). restore_snapshot() is
   // collective: false when no rank holds one, the disk checkpoint is newer, or it cannot be read.
   void setup_snapshots();
@@ -135,9 +144,19 @@ class Trainer {
   std::optional<std::string> read_snapshot(int64_t step, int source, bool all_hold);
   void finish_snapshots(bool completed);
   uint64_t snapshot_fingerprint() const;
-  // Apply an opened checkpoint archive (`file` names it in errors).
+  // Apply an opened checkpoint archive (`file` names it in errors). Collective at zero_stage >= 1
+  // when the checkpoint is sharded.
   void apply_checkpoint(torch::serialize::InputArchive& root, const CheckpointInfo& info,
                         const std::string& file);
+  // apply_checkpoint()'s state.pt part; `sharded`: the parameter names the shards hold (null: a
+  // consolidated checkpoint, optimizer state included).
+  void apply_state(torch::serialize::InputArchive& root, const CheckpointInfo& info, const std::string& file,
+                   const std::vector<std::string>* sharded);
+  // Sharded checkpoints (trainer_sharded_checkpoint.cpp): save (collective), and the shards'
+  // part of a load (collective at zero_stage >= 1).
+  std::string save_sharded_checkpoint();
+  void write_shards(const std::string& dir);
+  void load_shards(const CheckpointInfo& info);
   // Collective: an all-reduce of per-rank failure flags. If any rank failed, every rank throws: a
   // failing rank its own exception, the others a gz::Error quoting the lowest failing rank's.
   void agree(std::exception_ptr error, const std::string& what);

@@ -29,6 +29,26 @@ namespace {
 namespace fs = std::filesystem;
 using StatePtr = std::unique_ptr<torch::optim::OptimizerParamState>;
 
+void check_expected(const Manifest& m, const ShardedCheckpointMeta& expect) {
+  if (!expect.job.empty() && m.job != expect.job)
+    GZ_THROW(Error, "sharded checkpoint ", m.dir, " belongs to job '", m.job, "', not to '", expect.job, "'");
+  if (expect.step >= 0 && m.step != expect.step)
+    GZ_THROW(Error, "sharded checkpoint ", m.dir, " is of step ", m.step, ", expected ", expect.step);
+}
+
+// Shard file `s` exists with the manifest's size; returns its path.
+std::string check_shard_size(const Manifest& m, int s) {
+  const std::string file = (fs::path(m.dir) / shard_file_name(s, m.world)).string();
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  if (ec) GZ_THROW(Error, "sharded checkpoint ", m.dir, ": shard file ", file, " is missing: ", ec.message());
+  if (static_cast<int64_t>(size) != m.bytes[static_cast<size_t>(s)])
+    GZ_THROW(Error, "sharded checkpoint ", m.dir, ": shard file ", file, " has ", size,
+             " bytes, the manifest says ", m.bytes[static_cast<size_t>(s)],
+             " (truncated, altered or from another save)");
+  return file;
+}
+
 std::string file_checksum(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
   std::vector<char> buf(size_t(1) << 20);
@@ -48,14 +68,7 @@ class ShardReader {
   torch::serialize::InputArchive& archive(int s) {
     auto& slot = files_[static_cast<size_t>(s)];
     if (slot) return *slot;
-    const std::string file = (fs::path(m_.dir) / shard_file_name(s, m_.world)).string();
-    std::error_code ec;
-    const auto size = fs::file_size(file, ec);
-    if (ec)
-      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file, " is missing: ", ec.message());
-    if (static_cast<int64_t>(size) != m_.bytes[s])
-      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file, " has ", size,
-               " bytes, the manifest says ", m_.bytes[s], " (truncated, altered or from another save)");
+    const std::string file = check_shard_size(m_, s);
     if (file_checksum(file) != m_.checksums[s])
       GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file,
                " is corrupt or from another save (its checksum differs from the manifest's)");
@@ -241,10 +254,7 @@ std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> stage_options(const
 void load_shards(ShardSet& set, const std::string& dir, const ShardedCheckpointMeta& expect,
                  const std::function<void()>& before_install) {
   const Manifest m = parse_manifest(dir);
-  if (!expect.job.empty() && m.job != expect.job)
-    GZ_THROW(Error, "sharded checkpoint ", dir, " belongs to job '", m.job, "', not to '", expect.job, "'");
-  if (expect.step >= 0 && m.step != expect.step)
-    GZ_THROW(Error, "sharded checkpoint ", dir, " is of step ", m.step, ", expected ", expect.step);
+  check_expected(m, expect);
   const auto where = index_params(m);
   ShardReader rd(m);
   std::vector<Staged> staged;
@@ -299,9 +309,26 @@ void load_shards_collective(ShardSet& set, comm::Communicator* group, const std:
 
 }  // namespace zero
 
+namespace {
+
+ShardedCheckpointInfo info_of(const zero::Manifest& m) {
+  ShardedCheckpointInfo info{m.world, m.step, m.job, {}};
+  for (const auto& g : m.groups)
+    for (const auto& p : g.params) info.params.push_back(p.name);
+  return info;
+}
+
+}  // namespace
+
 ShardedCheckpointInfo read_sharded_manifest(const std::string& dir) {
+  return info_of(zero::parse_manifest(dir));
+}
+
+ShardedCheckpointInfo verify_sharded_checkpoint(const std::string& dir, const ShardedCheckpointMeta& expect) {
   const auto m = zero::parse_manifest(dir);
-  return {m.world, m.step, m.job};
+  zero::check_expected(m, expect);
+  for (int s = 0; s < m.world; ++s) zero::check_shard_size(m, s);
+  return info_of(m);
 }
 
 void load_sharded_whole(torch::nn::Module& model, torch::optim::Optimizer& opt, const std::string& dir,

@@ -116,8 +116,10 @@ void write_training_state(const TrainingState& state, torch::serialize::OutputAr
   torch::serialize::OutputArchive model_archive, opt_archive, scaler_archive;
   save_module_state(state.model, model_archive);
   root.write("model", model_archive);
-  state.optimizer->save(opt_archive);
-  root.write("optimizer", opt_archive);
+  if (state.optimizer) {  // none in a sharded checkpoint's state.pt: the shards hold it
+    state.optimizer->save(opt_archive);
+    root.write("optimizer", opt_archive);
+  }
   state.scaler.save(scaler_archive);
   root.write("scaler", scaler_archive);
   root.write("rng_cpu", state.rng);

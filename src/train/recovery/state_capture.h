@@ -22,7 +22,7 @@ namespace gz::train {
 /// written at once) or a StateCapture's copies (a snapshot, written on another thread).
 struct TrainingState {
   std::vector<NamedTensor> model;  ///< parameters, then buffers
-  const torch::optim::Optimizer* optimizer = nullptr;
+  const torch::optim::Optimizer* optimizer = nullptr;  ///< null: not written (sharded checkpoints)
   GradScaler scaler;
   torch::Tensor rng;              ///< the default CPU generator's state
   std::vector<int64_t> counters;  ///< the Trainer's counters (apply_checkpoint reads them)
