@@ -28,6 +28,9 @@ namespace {
 
 constexpr const char* kPrefix = "checkpoint-";
 constexpr const char* kFormat = "gz-checkpoint-1";
+// A sharded checkpoint's state.pt lacks the trained parameters: a build that predates sharding
+// must refuse it by its format, not fail later on a missing parameter.
+constexpr const char* kFormatSharded = "gz-checkpoint-sharded-1";
 // The old copy of a step during a fallback replace (no RENAME_EXCHANGE): see CheckpointManager.
 constexpr const char* kReplacedSuffix = ".replaced";
 
@@ -103,7 +106,7 @@ std::string CheckpointManager::commit(const PendingCheckpoint& pending,
     }
     fsync_path(state);
     const auto bytes = static_cast<int64_t>(fs::file_size(state));
-    nlohmann::json manifest = {{"format", kFormat},
+    nlohmann::json manifest = {{"format", sharded ? kFormatSharded : kFormat},
                                {"step", pending.step},
                                {"epoch", epoch},
                                {"state_bytes", bytes},
@@ -169,14 +172,14 @@ CheckpointInfo CheckpointManager::read_manifest(const std::string& dir) {
   const std::string text = read_file(path);
   try {
     const auto n = nlohmann::json::parse(text);
-    if (!n.is_object() || !n.contains("format") || n["format"] != kFormat)
+    if (!n.is_object() || !n.contains("format") || (n["format"] != kFormat && n["format"] != kFormatSharded))
       GZ_THROW(Error, "not a Guozhuang checkpoint manifest: ", path);
     CheckpointInfo info;
     info.dir = dir;
     info.step = n.at("step").get<int64_t>();
     info.epoch = n.at("epoch").get<int64_t>();
     info.state_bytes = n.at("state_bytes").get<int64_t>();
-    info.sharded = n.value("sharded", false);  // absent in checkpoints written before sharding
+    info.sharded = n["format"] == kFormatSharded;
     if (n.contains("metrics") && n["metrics"].is_object())
       for (auto& [k, v] : n["metrics"].items())
         if (v.is_number()) info.metrics[k] = v.get<double>();  // null = not finite when saved

@@ -184,7 +184,8 @@ void Trainer::setup() {
     std::string file = fs::is_directory(c.finetune) ? info.state_file() : c.finetune;
     if (info.sharded) {
       // The weights the shards hold, whole (their optimizer state goes into a scratch optimizer).
-      archive.read("model", model_archive);
+      if (!archive.try_read("model", model_archive))
+        GZ_THROW(Error, "finetune: checkpoint ", file, " has no model state");
       load_module_state(*model_, model_archive, file, read_sharded_manifest(info.shards_dir()).params);
       auto scratch = make_optimizer(c, model_->parameters());
       load_sharded_whole(*model_, *scratch, info.shards_dir(), {});

@@ -97,9 +97,8 @@ void Trainer::write_state(torch::serialize::OutputArchive& root) { write_trainin
 std::string Trainer::save_checkpoint() {
   gz::ScopedPhase phase(gz::Phase::checkpoint);
   std::string dir;
-  if (impl_->sharded_checkpoints) {
-    dir = save_sharded_checkpoint();
-  } else {
+  if (impl_->sharded_checkpoints) dir = save_sharded_checkpoint();  // may fall back (auto): below
+  if (!impl_->sharded_checkpoints) {
     std::exception_ptr error;
     impl_->strategy->before_save();  // collective: ZeRO gathers the whole state on rank 0
     if (is_main()) {
@@ -271,6 +270,21 @@ void Trainer::maybe_resume() {
       info = CheckpointManager::open(path, archive);
     } catch (...) {
       error = std::current_exception();
+    }
+    agree(error, "loading checkpoint " + path);
+  }
+  // The format decides whether loading is collective: rank 0's copy of the manifest decides, and
+  // a rank whose copy says otherwise (a stale per-node folder) fails every rank, none hangs.
+  if (group_ && world_ > 1) {
+    const bool on_zero = broadcast_value(info->sharded ? 1 : 0) != 0;
+    if (on_zero != info->sharded) {
+      try {
+        GZ_THROW(Error, "rank ", rank_, ": checkpoint ", path, " is ",
+                 info->sharded ? "sharded" : "consolidated",
+                 " here but not on rank 0; every node must see the same checkpoint folder");
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
     agree(error, "loading checkpoint " + path);
   }

@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "gz/core/error.h"
+#include "gz/core/log.h"
 #include "gz/torch/fully_shard.h"
 #include "gz/torch/sharded_checkpoint.h"
 #include "gz/torch/zero_redundancy_optimizer.h"
@@ -45,17 +47,37 @@ std::string Trainer::save_sharded_checkpoint() {
       error = std::current_exception();
     }
   }
-  agree(error, what);
   try {
+    agree(error, what);
     const std::string shards = broadcast_string(pending ? pending->shards_dir() : std::string(), 0);
+    bool seen = true;
     try {
-      if (!fs::is_directory(shards))
+      const auto& visible = manager.test_hooks().shards_visible;
+      seen = visible ? visible(shards) : fs::is_directory(shards);
+      if (seen && manager.test_hooks().before_shards) manager.test_hooks().before_shards(shards);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::vector<double> unseen{seen ? 0.0 : 1.0};
+    allreduce_sum(unseen);
+    if (unseen[0] > 0 && config_.checkpoint_format == "auto") {
+      // A work_dir per node (fine for rank 0's single file) cannot hold a sharded checkpoint:
+      // auto keeps the run checkpointing the way it did before sharding existed.
+      if (pending) manager.abort(*pending);
+      impl_->sharded_checkpoints = false;
+      if (is_main())
+        GZ_LOG(warn, "checkpoint_format auto: ", unseen[0], " rank(s) cannot see ", shards,
+               " (no folder every rank sees); writing consolidated checkpoints for the rest of this run");
+      return {};
+    }
+    if (!seen && !error) {
+      try {
         GZ_THROW(
             Error, "rank ", rank_, ": the shard folder ", shards, " (made by rank 0) is not visible here; ",
             "sharded checkpoints need a work_dir that every rank sees (or checkpoint_format: consolidated)");
-      if (manager.test_hooks().before_shards) manager.test_hooks().before_shards(shards);
-    } catch (...) {
-      error = std::current_exception();
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
     agree(error, what);
     try {
@@ -78,8 +100,11 @@ std::string Trainer::save_sharded_checkpoint() {
                            [&](const NamedTensor& t) { return !t.buffer && in_shards.count(t.name); }),
             s.model.end());
         write_training_state(s, root);
-        dir = manager.commit(*pending, root, state_.epoch, checkpoint_metrics(), true);
+        // commit() cleans up after itself; once it replaces the directory, the new checkpoint
+        // may be the only complete copy of this step: nothing here may remove it.
+        const PendingCheckpoint p = *pending;
         pending.reset();
+        dir = manager.commit(p, root, state_.epoch, checkpoint_metrics(), true);
       } catch (...) {
         error = std::current_exception();
       }

@@ -353,6 +353,41 @@ TEST(TrainerSharded, OneRankShardWriteFailureFailsEveryRankAndLeavesNoCheckpoint
   EXPECT_NO_THROW(CheckpointManager::open(listed[0].dir, archive));
 }
 
+// A work_dir per node: with checkpoint_format auto a save that finds a rank unable to see the
+// shard folder writes a consolidated checkpoint (and every later one), the run goes on; with
+// sharded every rank fails naming the rank.
+TEST(TrainerSharded, AutoFallsBackToConsolidatedWhenARankCannotSeeTheFolder) {
+  TmpDir d("unseen");
+  auto hide_from_rank1 = [](Trainer& t) {
+    if (t.rank() != 1) return;
+    CheckpointTestHooks hooks;
+    hooks.shards_visible = [](const std::string&) { return false; };
+    t.checkpoints().set_test_hooks(hooks);
+  };
+  auto c = config(d.path / "auto", 2);
+  auto res = run(2, c, -1, hide_from_rank1);
+  expect_ok(res);
+  CheckpointManager manager((d.path / "auto" / "checkpoints").string(), 3, "", true);
+  auto listed = manager.list();
+  ASSERT_FALSE(listed.empty());
+  for (auto& info : listed) {
+    EXPECT_FALSE(info.sharded) << info.dir;
+    EXPECT_FALSE(fs::exists(fs::path(info.dir) / "shards")) << info.dir;
+    torch::serialize::InputArchive root, opt;
+    CheckpointManager::open(info.dir, root);
+    EXPECT_TRUE(root.try_read("optimizer", opt)) << info.dir << ": not consolidated";
+  }
+  for (auto& e : fs::directory_iterator(d.path / "auto" / "checkpoints"))
+    EXPECT_FALSE(contains(e.path().filename().string(), ".tmp-")) << "left behind: " << e.path();
+  auto s = config(d.path / "sharded", 2);
+  s.checkpoint_format = "sharded";
+  auto failed = run(2, s, -1, hide_from_rank1);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(failed.gz_errors[r]) << "rank " << r << ": " << failed.errors[r];
+    EXPECT_TRUE(contains(failed.errors[r], "not visible here")) << failed.errors[r];
+  }
+}
+
 // Export: a 4-rank stage-2 sharded checkpoint as one consolidated file, in one process; it holds
 // the whole optimizer state and resumes exactly as the sharded checkpoint does.
 TEST(TrainerSharded, ExportConsolidatesAShardedCheckpoint) {

@@ -51,6 +51,9 @@ struct CheckpointTestHooks {
   /// @brief Called on every rank with the shard folder of a sharded save before the shards are
   /// written (a test makes one rank's write fail there).
   std::function<void(const std::string& shards_dir)> before_shards;
+  /// @brief Replaces the Trainer's check that this rank sees the shard folder (a test makes one
+  /// rank act as if the work_dir were its node's own).
+  std::function<bool(const std::string& shards_dir)> shards_visible;
 };
 
 /// @brief Saves, lists, rotates and loads checkpoints under one directory.

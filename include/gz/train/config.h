@@ -128,7 +128,8 @@ struct TrainConfig {
   bool fsdp_prefetch = true;
   /// @brief auto | consolidated | sharded. sharded: every rank writes its part of the parameters
   /// and optimizer state (checkpoint-<step>/shards/), nothing is gathered; consolidated: rank 0
-  /// writes the whole state into state.pt. auto = sharded when zero_stage >= 1. Both load at any
+  /// writes the whole state into state.pt. auto = sharded when zero_stage >= 1 (consolidated, with a
+  /// warning, once a save finds a rank that cannot see the folder). Both load at any
   /// stage and world size; sharded needs zero_stage >= 1 and a folder every rank sees.
   std::string checkpoint_format = "auto";
   StragglerConfig straggler;  ///< the straggler report (gz/train/straggler.h)
