@@ -26,11 +26,11 @@ if [ "${GZ_LIBTORCH2:-1}" = 1 ]; then
   # The last stage's Debian 13 root (debootstrap and its packages: ~6 min on a fresh machine,
   # mostly download and unpacking) is made now, beside the release build; the stage waits for it
   # (check-libtorch2.sh holds the root's lock). A failure here only costs time: the stage redoes
-  # what is missing. In a session of its own, so that an early exit can stop all of it.
+  # what is missing. Never killed, even when an earlier stage fails: a debootstrap or dpkg stopped
+  # half-way would leave a kept root that later runs cannot repair.
   prep_log=$(mktemp /tmp/gz-libtorch2-prepare.XXXXXX.log)
-  GZ_LIBTORCH2_PREPARE=1 setsid .ci/run-libtorch2 >"$prep_log" 2>&1 &
+  GZ_LIBTORCH2_PREPARE=1 .ci/run-libtorch2 >"$prep_log" 2>&1 &
   prep_pid=$!
-  trap 'kill -- -"$prep_pid" 2>/dev/null || true' EXIT
 fi
 echo "== build (release)"
 # Tests ON explicitly: build/ may have been configured by demo.sh, which leaves them out.
@@ -154,7 +154,7 @@ if [ "${GZ_LIBTORCH2:-1}" = 1 ]; then
     echo "(making the root in the background failed; this stage redoes what is missing. Its log's end:)"
     tail -n 15 "$prep_log"
   fi
-  trap - EXIT
+  rm -f "$prep_log"
   .ci/run-libtorch2
   stage_time "LibTorch 2.x (Debian 13 root)"
 else

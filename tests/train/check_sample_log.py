@@ -42,6 +42,8 @@ def load(work_dir):
                 if not parts:
                     continue
                 if parts[0] == "done":
+                    if len(parts) != 2 or not parts[1].isdigit():
+                        sys.exit(f"FAIL: {path}: malformed line {line.strip()!r}")
                     s["done"].add(int(parts[1]))
                     continue
                 epoch, step, n = int(parts[0]), int(parts[1]), int(parts[2])
@@ -62,6 +64,10 @@ def surviving(sessions):
     for step, session in sorted(last.items()):
         s = sessions[session]
         ranks = s["steps"][step]
+        # Records are written when a step begins: the session that counts must have finished it
+        # (a survivor's "done" stands in for a rank killed before writing its own).
+        if step not in s["done"]:
+            sys.exit(f"FAIL: step {step} was begun by session {session} (the last to run it) but never completed")
         if sorted(ranks) != list(range(s["world"])):
             sys.exit(f"FAIL: step {step} (session {session}, world {s['world']}): records of ranks {sorted(ranks)}")
         epochs = {e for e, _ in ranks.values()}
