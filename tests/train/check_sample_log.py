@@ -34,7 +34,7 @@ def load(work_dir):
             h = dict(zip(header[1::2], header[2::2]))
             session, rank, world = int(h["session"]), int(h["rank"]), int(h["world"])
             s = sessions.setdefault(session, {"world": world, "global_batch": int(h["global_batch"]), "steps": {},
-                                             "done": set()})
+                                             "done": set(), "start_step": int(h["start_step"])})
             if s["world"] != world:
                 sys.exit(f"FAIL: {path}: world {world}, other ranks of session {session} say {s['world']}")
             for line in f:
@@ -65,8 +65,10 @@ def surviving(sessions):
         s = sessions[session]
         ranks = s["steps"][step]
         # Records are written when a step begins: the session that counts must have finished it
-        # (a survivor's "done" stands in for a rank killed before writing its own).
-        if step not in s["done"]:
+        # (a survivor's "done" stands in for a rank killed before writing its own), or a later
+        # session must have resumed past it (killed after saving the step, before writing "done").
+        resumed_past = any(o > session and sessions[o]["start_step"] >= step for o in sessions)
+        if step not in s["done"] and not resumed_past:
             sys.exit(f"FAIL: step {step} was begun by session {session} (the last to run it) but never completed")
         if sorted(ranks) != list(range(s["world"])):
             sys.exit(f"FAIL: step {step} (session {session}, world {s['world']}): records of ranks {sorted(ranks)}")
