@@ -14,7 +14,7 @@
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"  # a session of its own at AUTOGROUP_NICE
 BENCH_DECIMALS=2
-. "$(dirname "$0")/lib/stats.sh"  # median, span, ratios
+. "$(dirname "$0")/lib/stats.sh"  # median, ratios
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${GZ_BUILD_DIR:-$root/build}}
 build=$(cd "$build" && pwd)
@@ -83,12 +83,10 @@ for rep in $(seq 1 "$REPEATS"); do
 done
 echo "uptime at end: $(uptime)" >&2
 
-# per_round A B: A's run i / B's run i for every round, then their median.
+# per_round A B: A's run i / B's run i for every round (ratios, bench/lib/stats.sh), then their median.
 per_round() {
   local v
-  v=$(awk -v a="${res[$1]:-}" -v b="${res[$2]:-}" 'BEGIN {
-    n = split(a, x, " "); split(b, y, " ");
-    for (i = 1; i <= n; ++i) printf "%s%s", (i > 1 ? " " : ""), (x[i] == "nan" || y[i] == "nan" || y[i] == 0) ? "nan" : sprintf("%.3f", x[i] / y[i]) }')
+  v=$(ratios "${res[$1]:-}" "${res[$2]:-}")
   echo "median $(median "$v") [ $v ]"
 }
 echo
