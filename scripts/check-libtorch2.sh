@@ -22,8 +22,6 @@
 #        compiles the LibTorch translation units 2-2.5x faster than the host's -O2 -g (their
 #        precompiled header and objects are smaller too); the tests only need correct code.
 #        GZ_LIBTORCH2_CCACHE (DIR-ccache): the compiler cache's directory on the host.
-#        GZ_LIBTORCH2_PREPARE=1: only make the root and install its packages (no build, no tests);
-#        scripts/test.sh does that in the background while its first stages run.
 # Needs root (debootstrap, chroot, mounts) and access to a Debian mirror; about 2.5 GiB in DIR.
 #
 # USE_LIBUV=0 is set inside the root: Debian's torch 2.6 is built without libuv, while its
@@ -83,15 +81,13 @@ find "$dir/src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
   while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp -a --parents -t "$dir/src/")
 chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 USE_LIBUV=0 \
   GZ_TEST_JOBS="${GZ_TEST_JOBS:-2}" GZ_TARGETS="$targets" GZ_CTEST_ARGS="$ctest_args" GZ_JOBS="${GZ_JOBS:-}" \
-  GZ_T0="$t0" GZ_PROFILE="$profile" GZ_OPT="$opt" GZ_PREPARE="${GZ_LIBTORCH2_PREPARE:-0}" \
-  CCACHE_DIR=/var/cache/gz-ccache CCACHE_MAXSIZE=5G bash -c '
+  GZ_T0="$t0" GZ_PROFILE="$profile" GZ_OPT="$opt" CCACHE_DIR=/var/cache/gz-ccache CCACHE_MAXSIZE=5G bash -c '
   set -euo pipefail
   phase() { echo "== [$(($(date +%s) - GZ_T0)) s] $*"; }
   cd /src
   . scripts/ctest_stage.sh
   phase "packages (scripts/bootstrap.sh $GZ_PROFILE)"
   scripts/bootstrap.sh "$GZ_PROFILE"
-  [ "$GZ_PREPARE" != 1 ] || { phase "prepared (GZ_LIBTORCH2_PREPARE=1: no build)"; exit 0; }
   v=/usr/include/torch/csrc/api/include/torch/version.h
   phase "LibTorch $(awk "/define TORCH_VERSION_(MAJOR|MINOR|PATCH) /{printf \"%s%s\", s, \$3; s=\".\"}" $v), $(g++ --version | head -n1), $(python3 --version)"
   phase "build${GZ_TARGETS:+ ($GZ_TARGETS)}"
@@ -105,8 +101,4 @@ chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 
     build/Testing/Temporary/LastTest.log
   phase "done"
 '
-if [ "${GZ_LIBTORCH2_PREPARE:-0}" = 1 ]; then
-  echo "check-libtorch2: the Debian 13 root at $dir is ready"
-else
-  echo "check-libtorch2: LibTorch 2.x build and tests passed"
-fi
+echo "check-libtorch2: LibTorch 2.x build and tests passed"

@@ -22,16 +22,6 @@ fi
 stage_start=$(date +%s)
 stage_time() { echo "== $1 took $(($(date +%s) - stage_start)) s"; stage_start=$(date +%s); }
 scripts/bootstrap.sh test
-if [ "${GZ_LIBTORCH2:-1}" = 1 ]; then
-  # The last stage's Debian 13 root (debootstrap and its packages: ~6 min on a fresh machine,
-  # mostly download and unpacking) is made now, beside the release build; the stage waits for it
-  # (check-libtorch2.sh holds the root's lock). A failure here only costs time: the stage redoes
-  # what is missing. Never killed, even when an earlier stage fails: a debootstrap or dpkg stopped
-  # half-way would leave a kept root that later runs cannot repair.
-  prep_log=$(mktemp /tmp/gz-libtorch2-prepare.XXXXXX.log)
-  GZ_LIBTORCH2_PREPARE=1 .ci/run-libtorch2 >"$prep_log" 2>&1 &
-  prep_pid=$!
-fi
 echo "== build (release)"
 # Tests ON explicitly: build/ may have been configured by demo.sh, which leaves them out.
 scripts/build.sh -DGZ_BUILD_TESTS=ON
@@ -148,13 +138,6 @@ if [ "${GZ_LIBTORCH2:-1}" = 1 ]; then
   # on a fresh machine and kept at GZ_LIBTORCH2_ROOT for the next run). The LibTorch-free layers do
   # not depend on the LibTorch version; they ran above. Costs and counts: docs/results/verification.md.
   echo "== LibTorch 2.x: Debian 13's LibTorch/PyTorch 2.6 in a root at ${GZ_LIBTORCH2_ROOT:-/var/tmp/gz-trixie}"
-  if wait "$prep_pid"; then
-    grep '^== LibTorch 2.x' "$prep_log" || true
-  else
-    echo "(making the root in the background failed; this stage redoes what is missing. Its log's end:)"
-    tail -n 15 "$prep_log"
-  fi
-  rm -f "$prep_log"
   .ci/run-libtorch2
   stage_time "LibTorch 2.x (Debian 13 root)"
 else
