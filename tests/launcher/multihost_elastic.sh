@@ -29,11 +29,11 @@ for f in "$cluster" "$gzrun" "$worker" "$checker"; do [ -x "$f" ] || { echo "FAI
 
 hb=${HB:-3}
 log_level=warn
-[ "$scenario" = snapshot ] && log_level=info  # the restores' log lines
+[ "$scenario" = snapshot ] || [ "$scenario" = zero3 ] && log_level=info  # the restores' and resumes' lines
 bound_ms=$(((hb + 2) * 1000))
 port=29500
 case $scenario in
-  resize|snapshot)
+  resize|snapshot|zero3)
     [ -x "$gztrain" ] || { echo "SKIP: gz-train not built ($gztrain)"; exit 77; }
     [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
       { echo "SKIP: Fashion-MNIST not installed (dataset-fashion-mnist)"; exit 77; }
@@ -153,6 +153,8 @@ fi
 # resize (and snapshot): 3 -> 2 -> 3 with gz-train.
 program=("$gztrain" --config "$config" --work_dir "$dir/work" --num_epochs 3)
 [ "$scenario" = snapshot ] && program+=(--snapshot_every 1 --save_steps 0)
+# zero3: ZeRO stage 3 over an mlp's layers (units); its sharded checkpoints reshard 3 -> 2 -> 3.
+[ "$scenario" = zero3 ] && program+=(--zero_stage 3 --net_type mlp --hidden 256 --layers 3)
 rank0_steps() {  # rank 0's sample log of the newest session has more than $1 steps done
   local f
   f=$(ls -t "$dir"/work/samples/session-*-rank0.txt 2>/dev/null | head -n 1)
@@ -225,6 +227,14 @@ if [ "$scenario" = snapshot ]; then
     "empty /dev/shm got the snapshot over the network in round 2 ($restores) -> finished ($final); $audit"
   exit 0
 fi
-echo "PASS: resize: 3 nodes -> node 2 SIGKILLed: survivors' workers stopped in $stop_ms ms (bound $bound_ms ms)," \
+if [ "$scenario" = zero3 ]; then
+  newest=$(ls -d "$dir"/work/checkpoints/checkpoint-* | tail -n 1)
+  grep -q 'gz-checkpoint-sharded' "$newest/manifest.json" 2>/dev/null ||
+    fail "the newest checkpoint is not sharded: $(ls "$newest" 2>&1)"
+  for w in '2 rank(s), checkpoint written by 3' '3 rank(s), checkpoint written by 2'; do
+    grep -q -h "resuming on $w" "$dir"/host*.log || fail "no resume on $w: $(grep -h 'resum' "$dir"/host*.log)"
+  done
+fi
+echo "PASS: $scenario: 3 nodes -> node 2 SIGKILLed: survivors' workers stopped in $stop_ms ms (bound $bound_ms ms)," \
   "2 nodes in round 1 -> node 2 back: admitted, 3 nodes in round 2 after $admit_ms ms -> finished ($final);" \
   "$audit"

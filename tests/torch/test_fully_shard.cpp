@@ -36,6 +36,7 @@ struct BlockImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     if (fail_forward) throw std::runtime_error("injected forward failure");
     auto h = torch::tanh(a->forward(x));
+    if (skip_b) return x + h;  // b gets no gradient in this pass
     // Between b's gradients and a's: the unit is half way through its backward.
     if (fail_backward && h.requires_grad())
       h.register_hook([](const torch::Tensor&) -> torch::Tensor {
@@ -45,6 +46,7 @@ struct BlockImpl : torch::nn::Module {
   }
   torch::nn::Linear a{nullptr}, b{nullptr};
   bool fail_forward = false, fail_backward = false;  // fault injection
+  bool skip_b = false;                               // find_unused_parameters tests
 };
 TORCH_MODULE(Block);
 
@@ -59,9 +61,12 @@ struct StackImpl : torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& input) {
     auto x = torch::tanh(in->forward(input));
-    for (const auto& m : *body) {
-      auto* blk = m->as<BlockImpl>();
-      x = run_unit(*blk, [&] { return blk->forward(x); });
+    for (size_t i = 0; i < body->size(); ++i) {
+      auto* blk = body->ptr(i)->as<BlockImpl>();
+      const bool f64 = blk->a->weight.scalar_type() == torch::kDouble;  // a unit of another dtype
+      auto y = run_unit(*blk, [&] { return blk->forward(f64 ? x.to(torch::kDouble) : x); });
+      if (f64) y = y.to(x.scalar_type());
+      if (i >= dropped.size() || !dropped[i]) x = y;  // a dropped block's output feeds nothing
     }
     return head->forward(x);
   }
@@ -72,6 +77,7 @@ struct StackImpl : torch::nn::Module {
   }
   torch::nn::Linear in{nullptr}, head{nullptr};
   torch::nn::ModuleList body{nullptr};
+  std::vector<bool> dropped;  // per block (find_unused_parameters tests)
 };
 TORCH_MODULE(Stack);
 
@@ -83,6 +89,7 @@ struct Config {
   bool clip_in_double = false;  // DDP clips with stage 3's rule (clip_in_double), not LibTorch's
   int64_t width = 24;
   int blocks = 3;
+  int f64_block = -1;  // this block's parameters in double (units of two dtypes)
 };
 
 struct TrainRun {
@@ -157,7 +164,10 @@ torch::Tensor expect_dtype(const Config& c, torch::Tensor out) {
 // rank threads would race on (and start DDP and stage 3 from different weights).
 std::vector<Stack> make_stacks(int n, const Config& c) {
   std::vector<Stack> out;
-  for (int i = 0; i < n; ++i) out.emplace_back(c.width, c.blocks);
+  for (int i = 0; i < n; ++i) {
+    out.emplace_back(c.width, c.blocks);
+    if (c.f64_block >= 0) out.back()->body->ptr(c.f64_block)->to(torch::kDouble);
+  }
   return out;
 }
 
@@ -300,6 +310,23 @@ TEST_P(FullyShardVsDdp, ClippingByGlobalNormEqualsDdp) {
 // losses; gradients reduced in bf16: 5.6e-3 to 1.1e-2 on the parameters).
 constexpr double kBf16LossTol = 5e-3, kBf16ParamTol = 5e-3;
 
+// Parameters of two dtypes (one dtype per unit: each unit's flat buffer, shard and reduce-scatter
+// are in its own dtype), as DDP's buckets per dtype.
+TEST_P(FullyShardVsDdp, UnitsOfTwoDtypesEqualDdp) {
+  Config c;
+  c.f64_block = 1;
+  expect_same_training(GetParam(), c);
+  // In float the double unit would train nearly the same: check that it stayed double.
+  auto models = make_stacks(1, c);
+  run_ranks(1, [&](int r, std::shared_ptr<Store> store) {
+    auto fsdp = fully_shard(models[0].ptr(), models[0]->units(), make_comm(r, 1, store));
+    int doubles = 0;
+    for (auto& s : fsdp->parameters()) doubles += s.scalar_type() == torch::kDouble;
+    EXPECT_EQ(doubles, 1) << "one shard (block 1's) in double";
+    for (auto& p : models[0]->body->ptr(1)->parameters()) EXPECT_EQ(p.scalar_type(), torch::kDouble);
+  });
+}
+
 TEST_P(FullyShardVsDdp, Bf16AutocastEqualsDdp) {
   Config c;
   c.bf16 = true;
@@ -362,6 +389,70 @@ TEST(FullyShard, WithoutPrefetchOrReshardTrainsTheSame) {
   fo.reshard_after_forward = false;
   const TrainRun got = run_fsdp(world, c, d, steps, fo);
   EXPECT_EQ(got.losses, ref.losses);
+}
+
+// find_unused_parameters: from step to step each rank's loss leaves out other parts of the model:
+// a layer inside a unit (block 1's b, on some ranks), a whole unit (block 2's output, on some
+// ranks) and, every fifth step, block 0 on every rank. The blocks are the same size, so a
+// reduce-scatter paired with another rank's wrong unit would go through unnoticed and show only
+// in the values. Stage 3 trains as DDP with the same option, at 2 and 3 ranks.
+void leave_out(Stack& m, int step, int r) {
+  for (size_t i = 0; i < m->body->size(); ++i) m->body->ptr(i)->as<BlockImpl>()->skip_b = false;
+  m->body->ptr(1)->as<BlockImpl>()->skip_b = (step + r) % 3 == 0;
+  m->dropped = {step % 5 == 4, false, (step + 2 * r) % 4 == 1};
+}
+
+TrainRun train_leaving_out(int world, const Data& d, int steps, bool fsdp_mode) {
+  TrainRun out;
+  std::vector<std::vector<torch::Tensor>> params(world);
+  auto models = make_stacks(world, Config{});
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    std::shared_ptr<FullyShardedDataParallel> fsdp;
+    std::unique_ptr<DistributedDataParallel> ddp;
+    if (fsdp_mode) {
+      FullyShardOptions fo;
+      fo.find_unused_parameters = true;
+      fsdp = fully_shard(m.ptr(), m->units(), g, fo);
+    } else {
+      DDPOptions o;
+      o.find_unused_parameters = true;
+      ddp = std::make_unique<DistributedDataParallel>(m.ptr(), g, o);
+    }
+    torch::optim::AdamW opt(fsdp ? fsdp->parameters() : m->parameters(), adamw());
+    TrainRun run;
+    int step = 0;
+    train(
+        opt, Config{}, d, steps, r, run,
+        [&](const torch::Tensor& x) {
+          leave_out(m, step++, r);
+          auto fn = [&] { return m->forward(x); };
+          return fsdp ? fsdp->forward(fn) : ddp->forward(fn);
+        },
+        [](double) {}, [] { return std::optional<std::shared_ptr<void>>(); });
+    params[r] = fsdp ? fsdp->gather_full_parameters() : m->parameters();
+    if (fsdp) EXPECT_EQ(fsdp->memory().whole_now, 0) << "rank " << r << ": units left whole";
+    if (r == 0) out = std::move(run);
+  });
+  for (auto& p : params[0]) out.params.push_back(p.detach().clone());
+  return out;
+}
+
+TEST(FullyShard, FindUnusedParametersTrainsAsDdp) {
+  for (const int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const int steps = 30;
+    auto d = make_data(steps, world * kB);
+    const TrainRun ref = train_leaving_out(world, d, steps, false);
+    const TrainRun got = train_leaving_out(world, d, steps, true);
+    ASSERT_EQ(got.losses.size(), ref.losses.size());
+    double worst = 0;
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      worst = std::max(worst, std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
+    EXPECT_LE(worst, 1e-5) << "losses differ from DDP's";
+    EXPECT_LE(max_rel(got.params, ref.params), 1e-4) << "parameters differ from DDP's";
+  }
 }
 
 // The unsharded optimizer state (what checkpoints hold) cut back into shards is the state the

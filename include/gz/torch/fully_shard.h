@@ -29,6 +29,14 @@ struct FullyShardOptions {
   bool reshard_after_forward = true;
   /// @brief Rank whose parameters and buffers every rank starts from (broadcast at construction).
   int root_rank = 0;
+  /// @brief Forwards whose loss does not reach every unit or parameter, differently on each rank
+  /// (DDP's option of the same name). Each forward() then walks the autograd graph from its output
+  /// and agrees with the other ranks (one small all-reduce) on which units some rank's loss
+  /// reaches: a unit reached on another rank but not here is tied to the output with a zero
+  /// gradient, so every rank gathers and reduce-scatters the same units in the same order, and
+  /// a unit waits only for the parameters the graph reaches. false: every rank's loss must reach
+  /// the same units (parameters unused on every rank count as zero gradients either way).
+  bool find_unused_parameters = false;
 };
 
 /// @brief Memory held by a FullyShardedDataParallel on this rank, in bytes.

@@ -106,8 +106,9 @@ void Impl::pre_backward(size_t i) {
     if (g.defined() && !is_bound_to(g, view)) view.add_(g);  // a .grad set by someone else
     g = view;
   }
-  u.pending = u.params.size();
+  u.pending = u.expected;
   u.in_backward = true;
+  if (u.pending == 0) grads_ready(i);  // find_unused_parameters: no parameter of it is reached
 }
 
 void Impl::on_grad_ready(size_t i, size_t j) {

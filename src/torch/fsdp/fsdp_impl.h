@@ -32,6 +32,8 @@ struct FsdpUnit {
   // Backward of one pass.
   bool in_backward = false;   // its pre-backward ran, its gradients are not reduced yet
   size_t pending = 0;         // parameters whose gradient has not arrived yet
+  size_t expected = 0;        // parameters that get a gradient in this pass (find_unused_parameters)
+  torch::Tensor output;       // its output in the forward now running (find_unused_parameters)
   torch::Tensor grad_full;    // flat gradient the parameters' .grad are views of (kept by no_sync)
   torch::Tensor reduced;      // reduce-scatter output, added to shard's grad at the end of backward
   comm::WorkPtr reduce;       // that reduce-scatter
@@ -81,6 +83,9 @@ struct FullyShardedDataParallel::Impl : std::enable_shared_from_this<FullySharde
   void begin_forward();
   void end_forward(bool grad);
   void track(int64_t bytes);
+
+  // fsdp_unused.cpp: find_unused_parameters.
+  torch::Tensor tie_unused(const torch::Tensor& out);
 
   // fsdp_backward.cpp
   void install_hooks();

@@ -101,6 +101,7 @@ torch::Tensor FullyShardedDataParallel::Impl::run_unit(size_t i, const std::func
   torch::Tensor out = fn();
   const bool grad = torch::GradMode::is_enabled() && out.defined() && out.requires_grad();
   if (grad) out = attach_pre_backward(i, out);
+  if (grad && options.find_unused_parameters) u.output = out;
   if (!u.always_whole && (!grad || options.reshard_after_forward)) release_full(u);
   return out;
 }
@@ -158,6 +159,7 @@ void abandon_pass(Impl& s) noexcept {
     u.reduced = torch::Tensor();
     u.in_backward = false;
     u.pending = 0;
+    u.output = torch::Tensor();
     for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
     if (u.grad_full.defined()) s.track(-fsdp_bytes_of(u.grad_full));
     u.grad_full = torch::Tensor();
@@ -228,6 +230,14 @@ torch::Tensor FullyShardedDataParallel::forward(const std::function<torch::Tenso
   const bool grad = torch::GradMode::is_enabled() && out.defined() && out.requires_grad();
   if (grad) out = im.attach_pre_backward(0, out);  // the root stays whole: its backward comes first
   im.end_forward(grad);
+  if (grad && im.options.find_unused_parameters) {
+    try {
+      out = im.tie_unused(out);
+    } catch (...) {
+      abandon_pass(im);
+      throw;
+    }
+  }
   return out;
 }
 
@@ -247,6 +257,10 @@ void FullyShardedDataParallel::Impl::begin_forward() {
   // must still be whole when it is read.
   const bool first = forwards == 0;
   cur_order.assign(1, 0);
+  for (auto& u : units) {
+    u.expected = u.params.size();  // find_unused_parameters lowers it at the end of forward
+    u.output = torch::Tensor();
+  }
   for (size_t i = 0; i < units.size(); ++i)
     if (i == 0 || first || units[i].always_whole) start_gather(i);
   prefetch(1);

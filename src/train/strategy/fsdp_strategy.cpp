@@ -26,7 +26,9 @@ class FsdpStrategy : public ParallelStrategy, public FsdpHooks {
     const auto* named = dynamic_cast<const ShardUnits*>(model_.get());
     auto units = named ? named->shard_units() : std::vector<std::shared_ptr<torch::nn::Module>>{};
     if (units.empty()) units = units_by_size(model_, kMinUnitBytes);
-    fsdp_ = fully_shard(model_, std::move(units), group_, o.fsdp);  // collective
+    auto fo = o.fsdp;
+    fo.find_unused_parameters = fo.find_unused_parameters || o.ddp.find_unused_parameters;
+    fsdp_ = fully_shard(model_, std::move(units), group_, fo);  // collective
     groups[0].params() = fsdp_->parameters();
   }
   ~FsdpStrategy() override {
