@@ -357,11 +357,15 @@ void check_comm_algorithms(const TrainConfig& c, const std::string& origin) {
   if (compress && average)
     GZ_THROW(InvalidArgument, "config keys 'compression.method' and 'averaging.method' (", origin,
              " + flags): choose one (compression '", c.compression.method, "', averaging '", c.averaging.method, "')");
-  // ZeRO reduce-scatters the buckets with its own hook and steps only this rank's shard.
-  if (c.zero_stage > 0 && (compress || average))
+  // ZeRO reduce-scatters the buckets with its own hook and steps only this rank's shard; stage 3
+  // casts its reduce-scatters to fp16/bf16 (FullyShardOptions::reduce_dtype) from the first step.
+  const bool cast =
+      (c.compression.method == "fp16" || c.compression.method == "bf16") && c.compression.start_step == 0;
+  if (c.zero_stage > 0 && (average || (compress && !(c.zero_stage == 3 && cast))))
     GZ_THROW(InvalidArgument, "config key 'zero_stage' (", origin, " + flags): ", c.zero_stage,
              " does not combine with compression or averaging (got compression '", c.compression.method,
-             "', averaging '", c.averaging.method, "'); use zero_stage: 0");
+             "' from step ", c.compression.start_step, ", averaging '", c.averaging.method,
+             "'); use zero_stage: 0, or zero_stage 3 with compression fp16 or bf16 from step 0");
   // Stage 3 frees the parameters' storage between steps; pruning masks them in place after a step.
   if (c.zero_stage == 3 && c.prune_sparsity > 0)
     GZ_THROW(InvalidArgument, "config key 'prune_sparsity' (", origin, " + flags): ", c.prune_sparsity,

@@ -138,6 +138,8 @@ void Trainer::build_strategy() {
   so.zero_stage = static_cast<int>(c.zero_stage);
   so.zero.stats = impl_->comm.stats();  // ZeRO's reduce-scatters and all-gathers are the gradient traffic
   so.fsdp.prefetch = c.fsdp_prefetch;
+  if (c.zero_stage == 3 && c.compression.method != "none")  // fp16 or bf16 (checked with the config)
+    so.fsdp.reduce_dtype = c.compression.method == "fp16" ? torch::kHalf : torch::kBFloat16;
   so.horovod = impl_->comm.horovod_options(c);
   so.accumulation = impl_->plan.accumulation;
   so.dp_devices.assign(static_cast<size_t>(c.dp_replicas), impl_->device);

@@ -10,6 +10,7 @@
 
 #include "gz/core/error.h"
 #include "gz/torch/autocast.h"
+#include "gz/torch/comm_hooks.h"
 #include "gz/torch/ddp.h"
 #include "gz/torch/fully_shard.h"
 #include "gz/torch/zero_redundancy_optimizer.h"
@@ -90,6 +91,7 @@ struct Config {
   int64_t width = 24;
   int blocks = 3;
   int f64_block = -1;  // this block's parameters in double (units of two dtypes)
+  bool bf16_reduce = false;  // DDP: bf16_compress_hook; stage 3: reduce_dtype bf16
 };
 
 struct TrainRun {
@@ -177,7 +179,9 @@ TrainRun run_ddp(int world, const Config& c, const Data& d, int steps) {
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store);
     auto& m = models[r];
-    DistributedDataParallel ddp(m.ptr(), g);
+    DDPOptions o;
+    if (c.bf16_reduce) o.comm_hook = bf16_compress_hook();
+    DistributedDataParallel ddp(m.ptr(), g, o);
     torch::optim::AdamW opt(m->parameters(), adamw());
     TrainRun run;
     train(
@@ -210,7 +214,9 @@ TrainRun run_fsdp(int world, const Config& c, const Data& d, int steps, FullySha
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store);
     auto& m = models[r];
-    auto fsdp = fully_shard(m.ptr(), m->units(), g, fo);
+    FullyShardOptions o = fo;
+    if (c.bf16_reduce) o.reduce_dtype = torch::kBFloat16;
+    auto fsdp = fully_shard(m.ptr(), m->units(), g, o);
     torch::optim::AdamW opt(fsdp->parameters(), adamw());
     TrainRun run;
     train(
@@ -325,6 +331,14 @@ TEST_P(FullyShardVsDdp, UnitsOfTwoDtypesEqualDdp) {
     EXPECT_EQ(doubles, 1) << "one shard (block 1's) in double";
     for (auto& p : models[0]->body->ptr(1)->parameters()) EXPECT_EQ(p.scalar_type(), torch::kDouble);
   });
+}
+
+// Gradients reduce-scattered in bf16 (half the bytes) as DDP's bf16 compression hook all-reduces
+// them: the same division before the cast, the same sums.
+TEST_P(FullyShardVsDdp, Bf16ReduceEqualsDdpsBf16CompressionHook) {
+  Config c;
+  c.bf16_reduce = true;
+  expect_same_training(GetParam(), c);
 }
 
 TEST_P(FullyShardVsDdp, Bf16AutocastEqualsDdp) {

@@ -147,6 +147,23 @@ TEST(Config, ZeroStageNeedsDdp) {
   expect_error([] { parse_config("mode: ddp\nzero_stage: 3\nprune_sparsity: 0.5\n", {}, "a.yaml"); },
                {"'prune_sparsity'", "zero_stage 3"});
   EXPECT_EQ(parse_config("mode: ddp\nzero_stage: 2\nprune_sparsity: 0.5\n", {}, "a.yaml").zero_stage, 2);
+  // Stage 3 applies compression fp16/bf16 (its reduce dtype) from step 0; nothing else, nor stages 1-2.
+  EXPECT_EQ(parse_config("mode: ddp\nzero_stage: 3\ncompression:\n  method: bf16\n", {}, "a.yaml").zero_stage,
+            3);
+  expect_error(
+      [] { parse_config("mode: ddp\nzero_stage: 3\ncompression:\n  method: powersgd\n", {}, "a.yaml"); },
+      {"'zero_stage'", "powersgd", "fp16 or bf16"});
+  expect_error(
+      [] {
+        parse_config("mode: ddp\nzero_stage: 2\n", {"--compression.method", "fp16"});
+      },
+      {"'zero_stage'", "fp16"});
+  expect_error(
+      [] {
+        parse_config("mode: ddp\nzero_stage: 3\n",
+                     {"--compression.method", "bf16", "--compression.start_step", "5"});
+      },
+      {"'zero_stage'", "from step 5"});
   expect_error([] { parse_config("zero_stage: 1\n", {}, "a.yaml"); }, {"'zero_stage'", "mode: ddp", "single"});
   expect_error([] { parse_config("mode: horovod\n", {"--zero_stage", "2"}); }, {"'zero_stage'", "horovod"});
 }

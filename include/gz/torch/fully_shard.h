@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct FullyShardOptions {
   /// a unit waits only for the parameters the graph reaches. false: every rank's loss must reach
   /// the same units (parameters unused on every rank count as zero gradients either way).
   bool find_unused_parameters = false;
+  /// @brief Dtype the gradients are reduce-scattered in (e.g. torch::kBFloat16: half the bytes
+  /// of fp32), as DDP's fp16/bf16 compression hooks: each rank's flat gradient is divided by the
+  /// world size and cast, the sum is cast back into the shard's gradient. Unset: the unit's dtype.
+  std::optional<torch::ScalarType> reduce_dtype;
 };
 
 /// @brief Memory held by a FullyShardedDataParallel on this rank, in bytes.

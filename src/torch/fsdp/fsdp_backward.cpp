@@ -126,8 +126,16 @@ void Impl::grads_ready(size_t i) {
   if (!u.always_whole) release_full(u);  // every node that reads the unit has run
   if (!sync) return;                     // no_sync(): grad_full keeps the sum, .grad stays a view of it
   for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
-  u.reduced = torch::empty({u.layout.shard}, u.grad_full.options());
-  u.reduce = reduce_scatter_async(u.grad_full, u.reduced, comm::ReduceOp::avg, group);
+  const auto wire = options.reduce_dtype.value_or(u.grad_full.scalar_type());
+  if (wire == u.grad_full.scalar_type()) {
+    u.reduced = torch::empty({u.layout.shard}, u.grad_full.options());
+    u.reduce = reduce_scatter_async(u.grad_full, u.reduced, comm::ReduceOp::avg, group);
+  } else {
+    // Divided before the cast, so that the sum of world values stays in the narrow type's range.
+    auto narrow = u.grad_full.div(world).to(wire);
+    u.reduced = torch::empty({u.layout.shard}, narrow.options());
+    u.reduce = reduce_scatter_async(narrow, u.reduced, comm::ReduceOp::sum, group);
+  }
   track(-fsdp_bytes_of(u.grad_full));  // the op holds it until it returns, within this backward
   u.grad_full = torch::Tensor();
 }
@@ -145,10 +153,11 @@ void Impl::end_backward() {
     try {
       u.reduce->wait();
       auto& g = u.shard.mutable_grad();
+      const auto sum = u.reduced.to(u.shard.scalar_type());  // reduce_dtype: back to the shard's
       if (g.defined())
-        g.add_(u.reduced);  // accumulation over several backward passes
+        g.add_(sum);  // accumulation over several backward passes
       else
-        g = u.reduced;
+        g = sum;
     } catch (...) {
       if (!first) first = std::current_exception();
       comm::finish_or_abort(*group, *u.reduce,

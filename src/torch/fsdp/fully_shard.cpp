@@ -118,6 +118,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Mo
   im.options = options;
   GZ_CHECK_ARG(options.root_rank >= 0 && options.root_rank < im.world, "fully_shard: root_rank ",
                options.root_rank, " outside the group of ", im.world);
+  if (options.reduce_dtype) {
+    GZ_CHECK_ARG(c10::isFloatingType(*options.reduce_dtype),
+                 "fully_shard: reduce_dtype must be a floating type, got ", *options.reduce_dtype);
+    to_dtype(*options.reduce_dtype, "fully_shard reduce_dtype");
+  }
   im.module = std::move(module);
   im.assign_units(units);
   for (auto& u : im.units) {
