@@ -220,13 +220,14 @@ TEST(AsyncCheckpoint, FilesAndTrainingEqualSynchronousSaves) {
   EXPECT_FALSE(has_temp_dirs(got.root()));
 }
 
-// A failed background write throws, on the next save, an error naming its checkpoint. Mutation
-// check: CheckpointWriter::wait() not rethrowing the failure lets train() finish.
-TEST(AsyncCheckpoint, AFailedWriteIsReportedAtTheNextSave) {
-  TmpDir tmp;
+// The failure tests' parts (one ctest: each ctest is a process that loads LibTorch, ~1 s).
+namespace failures {
+
+// A failed background write throws, on the next save, an error naming its checkpoint.
+void reported_at_the_next_save(const fs::path& dir) {
   int64_t step = -1;
   try {
-    train(config(tmp.path, true), failing_write("checkpoint-00000002"), &step);
+    train(config(dir, true), failing_write("checkpoint-00000002"), &step);
     FAIL() << "the failed write was not reported";
   } catch (const gz::Error& e) {
     EXPECT_NE(std::string(e.what()).find("checkpoint-00000002 in the background failed: disk full (test)"),
@@ -236,50 +237,22 @@ TEST(AsyncCheckpoint, AFailedWriteIsReportedAtTheNextSave) {
   EXPECT_EQ(step, 4) << "not reported by the next save";
 }
 
-// The last checkpoint's write fails after the last step: train() throws. Mutation check:
-// finish_checkpoint_writes() dropping the writer's error lets train() return.
-TEST(AsyncCheckpoint, AFailedLastWriteIsReportedWhenTrainingEnds) {
-  TmpDir tmp;
-  TrainConfig c = config(tmp.path, true);
+// The last checkpoint's write fails after the last step: train() throws.
+void reported_when_training_ends(const fs::path& dir) {
+  TrainConfig c = config(dir, true);
   c.save_steps = 0;  // one save, at the end (the epoch is not over after 6 steps)
-  EXPECT_THROW(
-      {
-        try {
-          train(c, failing_write("checkpoint-00000006"));
-        } catch (const gz::Error& e) {
-          EXPECT_NE(std::string(e.what()).find("checkpoint-00000006"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      gz::Error);
+  try {
+    train(c, failing_write("checkpoint-00000006"));
+    FAIL() << "the failed last write was not reported";
+  } catch (const gz::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint-00000006"), std::string::npos) << e.what();
+  }
 }
 
-// train() returns once the last checkpoint is on disk, although its write takes longer than the
-// final evaluation. Mutation check: leaving out finish_checkpoint_writes() in train() fails it
-// (the checkpoint appears only when the Trainer is destroyed).
-TEST(AsyncCheckpoint, TheLastWriteIsOnDiskWhenTrainReturns) {
-  TmpDir tmp;
-  TrainConfig c = config(tmp.path, true);
-  c.save_steps = 0;
-  torch::manual_seed(99);
-  Trainer t(c);
-  t.set_model(std::make_shared<NetImpl>());
-  t.add_callback(std::make_shared<Hooks>(slow_writes(300)));
-  t.train();
-  const std::string dir = t.checkpoints().path_of(6);
-  EXPECT_TRUE(fs::exists(fs::path(dir) / "manifest.json")) << dir << " not written when train() returned";
-  ASSERT_TRUE(t.checkpoints().latest().has_value());
-  EXPECT_EQ(t.checkpoints().latest()->step, 6);
-  EXPECT_FALSE(has_temp_dirs(t.checkpoints().root()));
-}
-
-// Two ranks (ddp, threads over shm): rank 0's failed background write makes both ranks throw at
-// the next save, rank 1 quoting rank 0's error, and neither waits for a collective the other
-// skips. Mutation check: the same as for the one-process test (wait() not rethrowing): both
-// ranks finish training.
-TEST(AsyncCheckpoint, AFailedWriteStopsEveryRank) {
-  TmpDir tmp;
-  TrainConfig c = config(tmp.path, true);
+// Two ranks (ddp, threads over shm): rank 0's failed write makes both ranks throw at the next
+// save, rank 1 quoting rank 0's error; neither waits for a collective the other skips.
+void every_rank_stops(const fs::path& dir) {
+  TrainConfig c = config(dir, true);
   c.mode = "ddp";
   c.batch_size = 4;            // the same global batch of 8
   std::vector<ModelPtr> nets;  // built here: the global generator is shared by the threads
@@ -304,6 +277,44 @@ TEST(AsyncCheckpoint, AFailedWriteStopsEveryRank) {
     EXPECT_NE(errors[static_cast<size_t>(r)].find("checkpoint-00000002 in the background failed"),
               std::string::npos)
         << "rank " << r << ": '" << errors[static_cast<size_t>(r)] << "'";
+}
+
+}  // namespace failures
+
+// A failed background write is reported: at the next save, or when training ends for the last
+// one, on every rank. Mutation checks: CheckpointWriter::wait() not rethrowing the failure fails
+// all three parts; finish_checkpoint_writes() dropping the writer's error fails the second.
+TEST(AsyncCheckpoint, AFailedWriteIsReportedAtTheNextSaveOrTheEnd) {
+  TmpDir tmp;
+  {
+    SCOPED_TRACE("at the next save");
+    failures::reported_at_the_next_save(tmp.path / "next");
+  }
+  {
+    SCOPED_TRACE("when training ends");
+    failures::reported_when_training_ends(tmp.path / "end");
+  }
+  SCOPED_TRACE("2 ranks");
+  failures::every_rank_stops(tmp.path / "ranks");
+}
+
+// train() returns once the last checkpoint is on disk, although its write takes longer than the
+// final evaluation. Mutation check: leaving out finish_checkpoint_writes() in train() fails it
+// (the checkpoint appears only when the Trainer is destroyed).
+TEST(AsyncCheckpoint, TheLastWriteIsOnDiskWhenTrainReturns) {
+  TmpDir tmp;
+  TrainConfig c = config(tmp.path, true);
+  c.save_steps = 0;
+  torch::manual_seed(99);
+  Trainer t(c);
+  t.set_model(std::make_shared<NetImpl>());
+  t.add_callback(std::make_shared<Hooks>(slow_writes(200)));
+  t.train();
+  const std::string dir = t.checkpoints().path_of(6);
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "manifest.json")) << dir << " not written when train() returned";
+  ASSERT_TRUE(t.checkpoints().latest().has_value());
+  EXPECT_EQ(t.checkpoints().latest()->step, 6);
+  EXPECT_FALSE(has_temp_dirs(t.checkpoints().root()));
 }
 
 }  // namespace test_async_checkpoint
