@@ -100,11 +100,11 @@ fi
 if [[ " $PARTS " = *" ckpt "* ]]; then
   # ckpt_run MODEL MODE -> steps/s ("nan" on failure); the "checkpoints:" line in its .out
   ckpt_run() {
-    local model=$1 mode=$2 max=$CNN_STEPS save=$CNN_SAVE flags
-    [ "$model" = bert_small ] && { max=$BERT_STEPS; save=$BERT_CKPT_SAVE; }
+    local model=$1 mode=$2 max=$CNN_STEPS every=$CNN_SAVE flags
+    [ "$model" = bert_small ] && { max=$BERT_STEPS; every=$BERT_CKPT_SAVE; }
     case $mode in
-      sync) flags="--save_steps $save --async_checkpoint false" ;;
-      async) flags="--save_steps $save --async_checkpoint true" ;;
+      sync) flags="--save_steps $every --async_checkpoint false" ;;
+      async) flags="--save_steps $every --async_checkpoint true" ;;
       none) flags="--save_checkpoints false" ;;
     esac
     # shellcheck disable=SC2046,SC2086
