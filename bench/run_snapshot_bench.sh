@@ -13,11 +13,16 @@
 #           1), with CAPTURES2=1 also ON2 (GZ_SNAPSHOT_CAPTURES=2); order reversed every other
 #           round; throughput = steps/s between the history rows of step WARMUP and the last
 #           step; the training thread's ms per snapshot from gz-train's "snapshots:" line.
+# ckpt      disk checkpoints (async_checkpoint): per model, ROUNDS rounds of SYNC (written on the
+#           training thread), ASYNC (copied, written in the background) and NONE (no checkpoints:
+#           the step time), a checkpoint every CNN_SAVE / BERT_CKPT_SAVE steps, order reversed
+#           every other round; the training thread's ms per save from gz-train's "checkpoints:"
+#           line (rank 0; rank 1 waits for it), as a share of NONE's step.
 #
 #   flock /work/.bench.lock bench/run_snapshot_bench.sh [BUILD_DIR]
 #   env: PARTS ("recovery cost"), MODELS ("cnn bert_small"), ROUNDS (4), CNN_STEPS (300),
 #        BERT_STEPS (60), WARMUP (10), CNN_KILL (307, of 468 steps), BERT_KILL (70 of 100),
-#        BERT_SAVE (50), KEEP (a directory for every run's output), OLD_TRAIN, CAPTURES2
+#        BERT_SAVE (50), CNN_SAVE (25), BERT_CKPT_SAVE (10), KEEP (a directory for every run's output), OLD_TRAIN, CAPTURES2
 set -euo pipefail
 . "$(dirname "$0")/autogroup.sh"
 . "$(dirname "$0")/lib/stats.sh"  # median, span, ratios, history_steps_per_s, text_lines
@@ -32,6 +37,8 @@ WARMUP=${WARMUP:-10}
 CNN_KILL=${CNN_KILL:-307}
 BERT_KILL=${BERT_KILL:-70}
 BERT_SAVE=${BERT_SAVE:-50}
+CNN_SAVE=${CNN_SAVE:-25}
+BERT_CKPT_SAVE=${BERT_CKPT_SAVE:-10}
 gzrun=$build/tools/gzrun/gzrun
 train=$build/apps/gz-train/gz-train
 OLD_TRAIN=${OLD_TRAIN:-}
@@ -87,6 +94,52 @@ if [[ " $PARTS " = *" recovery "* ]]; then
       sed 's/ (.*) / /' | head -n 1)
     echo "| $model | $n | $kill | $ref | $disk | $(awk "BEGIN{printf \"%.1f\", $disk - $ref}") | $(redone "$work/$model-disk") |" \
       "$snap | $(awk "BEGIN{printf \"%.1f\", $snap - $ref}") | $(redone "$work/$model-snap") | ${restore:-none} |"
+  done
+fi
+
+if [[ " $PARTS " = *" ckpt "* ]]; then
+  # ckpt_run MODEL MODE -> steps/s ("nan" on failure); the "checkpoints:" line in its .out
+  ckpt_run() {
+    local model=$1 mode=$2 max=$CNN_STEPS every=$CNN_SAVE flags
+    [ "$model" = bert_small ] && { max=$BERT_STEPS; every=$BERT_CKPT_SAVE; }
+    case $mode in
+      sync) flags="--save_steps $every --async_checkpoint false" ;;
+      async) flags="--save_steps $every --async_checkpoint true" ;;
+      none) flags="--save_checkpoints false" ;;
+    esac
+    # shellcheck disable=SC2046,SC2086
+    [ "$(gzrun_train "$work/ckpt-$model-$mode-r$r" X=1 -- $(args_of "$model") --max_steps "$max" \
+      --eval_steps 100000 --save_total_limit 2 $flags)" = nan ] && { echo nan; return; }
+    history_steps_per_s "$work/ckpt-$model-$mode-r$r/history.jsonl" "$WARMUP"
+  }
+  declare -A csps cms
+  for ((r = 1; r <= ROUNDS; ++r)); do
+    for model in $MODELS; do
+      order="sync async none"
+      [ $((r % 2)) = 0 ] && order="none async sync"
+      for mode in $order; do
+        s=$(ckpt_run "$model" "$mode")
+        csps[$model/$mode]="${csps[$model/$mode]:-} $s"
+        line=$(grep -ho 'checkpoints: .*' "$work/ckpt-$model-$mode-r$r.out" | tail -n 1 || true)
+        [ "$mode" = none ] || cms[$model/$mode]="${cms[$model/$mode]:-} $(sed -n 's/.* saved, \([0-9.e+-]*\) ms each.*/\1/p' <<<"$line")"
+        printf 'ckpt round %d %-10s %-5s %9s steps/s  load %s  %s\n' "$r" "$model" "$mode" "$s" \
+          "$(cut -d' ' -f1 /proc/loadavg)" "$line"
+      done
+    done
+  done
+  echo
+  echo "| model | mode | step ms (median) | steps/s / NONE per round | median | training thread ms per save (per round) | median | that / NONE's step ms |"
+  echo "|---|---|---:|---|---:|---|---:|---:|"
+  for model in $MODELS; do
+    none_ms=$(awk -v s="$(median "${csps[$model/none]}")" 'BEGIN{printf "%.1f", 1000 / s}')
+    echo "| $model | none | $none_ms | | | | | |"
+    for mode in sync async; do
+      step=$(awk -v s="$(median "${csps[$model/$mode]}")" 'BEGIN{printf "%.1f", 1000 / s}')
+      rat=$(ratios "${csps[$model/$mode]}" "${csps[$model/none]}")
+      own=$(median "${cms[$model/$mode]:-}")
+      share=$(awk -v a="$own" -v b="$none_ms" 'BEGIN{if (a == "nan") print "-"; else printf "%.1f %%", 100 * a / b}')
+      echo "| $model | $mode | $step | $rat | $(median "$rat") | ${cms[$model/$mode]:-} | **$own** | **$share** |"
+    done
   done
 fi
 

@@ -78,7 +78,7 @@ PendingCheckpoint CheckpointManager::begin(int64_t step, bool sharded) {
   if (ec) throw SystemError("create directory " + root_, ec.value());
   PendingCheckpoint p;
   p.step = step;
-  p.dir = (fs::path(root_) / step_dir_name(step)).string();
+  p.dir = path_of(step);
   p.tmp_dir = temp_name_for(p.dir);
   fs::create_directories(sharded ? p.shards_dir() : p.tmp_dir, ec);
   if (ec) {
@@ -86,6 +86,10 @@ PendingCheckpoint CheckpointManager::begin(int64_t step, bool sharded) {
     throw SystemError("create directory " + (sharded ? p.shards_dir() : p.tmp_dir), ec.value());
   }
   return p;
+}
+
+std::string CheckpointManager::path_of(int64_t step) const {
+  return (fs::path(root_) / step_dir_name(step)).string();
 }
 
 void CheckpointManager::abort(const PendingCheckpoint& pending) const {

@@ -117,6 +117,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"save_steps", Kind::Int, &c.save_steps, at_least<int64_t>(&c.save_steps, 0)},
       {"save_total_limit", Kind::Int, &c.save_total_limit, at_least<int64_t>(&c.save_total_limit, 1)},
       {"save_checkpoints", Kind::Bool, &c.save_checkpoints, none},
+      {"async_checkpoint", Kind::Bool, &c.async_checkpoint, none},
       {"snapshot_every", Kind::Int, &c.snapshot_every, at_least<int64_t>(&c.snapshot_every, 0)},
       {"snapshot_dir", Kind::String, &c.snapshot_dir, none},
       {"metric_for_best_model", Kind::String, &c.metric_for_best_model,

@@ -515,6 +515,7 @@ std::map<std::string, double> Trainer::train() {
   }
   if (impl_->last_eval_step != state_.step) run_eval();
   for (auto& cb : callbacks_) cb->on_train_end(*this);
+  finish_checkpoint_writes();  // the last checkpoint is on disk when train() returns
   // An early stop ends the run too: its snapshots would only hold the node's memory.
   finish_snapshots(state_.step >= state_.total_steps || state_.should_stop);
   return state_.metrics;

@@ -96,26 +96,88 @@ void Trainer::write_state(torch::serialize::OutputArchive& root) { write_trainin
 
 std::string Trainer::save_checkpoint() {
   gz::ScopedPhase phase(gz::Phase::checkpoint);
+  Stopwatch clock;
   std::string dir;
-  if (impl_->sharded_checkpoints) dir = save_sharded_checkpoint();  // may fall back (auto): below
+  if (impl_->sharded_checkpoints) {
+    if (config_.async_checkpoint && is_main() && !impl_->checkpoint_fallback_logged)
+      GZ_LOG(info,
+             "rank 0: sharded checkpoints are written on the training thread (async_checkpoint "
+             "covers the consolidated format)");
+    impl_->checkpoint_fallback_logged = true;
+    dir = save_sharded_checkpoint();  // may fall back (auto): below
+  }
   if (!impl_->sharded_checkpoints) {
     std::exception_ptr error;
     impl_->strategy->before_save();  // collective: ZeRO gathers the whole state on rank 0
     if (is_main()) {
       try {
-        torch::serialize::OutputArchive root;
-        write_state(root);
-        dir = impl_->checkpoints->save(root, state_.step, state_.epoch, checkpoint_metrics());
+        dir = write_consolidated_checkpoint();
       } catch (...) {
         error = std::current_exception();
       }
     }
-    // Replaces a barrier: the other ranks wait here for rank 0's write, and learn if it failed
-    // instead of timing out in the next collective rank 0 never joins.
+    // Replaces a barrier: the other ranks wait here for rank 0's write (or copy), and learn if it
+    // (or the last background write) failed instead of timing out in a collective rank 0 skips.
     agree(error, detail::concat("saving the checkpoint of step ", state_.step));
   }
+  impl_->checkpoint_seconds += clock.seconds();
+  ++impl_->checkpoints_saved;
   for (auto& cb : callbacks_) cb->on_save(*this, dir);
   return dir;
+}
+
+std::string Trainer::why_not_async(const TrainingState& live) const {
+  if (!config_.async_checkpoint) return "async_checkpoint: false";
+  // ZeRO's consolidated state is gathered into the optimizer for this save only.
+  if (config_.zero_stage > 0) return detail::concat("zero_stage ", config_.zero_stage);
+  return StateCapture::unsupported(live);
+}
+
+std::string Trainer::write_consolidated_checkpoint() {
+  const TrainingState live = live_state();
+  auto& writer = impl_->checkpoint_writer;
+  if (writer) {  // one write at a time: this save waits for the last one (its failure throws)
+    Stopwatch waiting;
+    writer->wait();
+    impl_->checkpoint_wait_seconds += waiting.seconds();
+  }
+  const std::string why = why_not_async(live);
+  if (why.empty()) {
+    if (!writer) writer = std::make_unique<CheckpointWriter>(*impl_->checkpoints);
+    return writer->start(live, state_.step, state_.epoch, checkpoint_metrics());
+  }
+  if (config_.async_checkpoint && !impl_->checkpoint_fallback_logged)
+    GZ_LOG(info, "rank ", rank_, ": checkpoints of ", why, " are written on the training thread");
+  impl_->checkpoint_fallback_logged = true;
+  torch::serialize::OutputArchive root;
+  write_training_state(live, root);
+  return impl_->checkpoints->save(root, state_.step, state_.epoch, checkpoint_metrics());
+}
+
+void Trainer::finish_checkpoint_writes() {
+  std::exception_ptr error;
+  auto& writer = impl_->checkpoint_writer;
+  Stopwatch waiting;
+  if (writer) {
+    try {
+      writer->wait();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (is_main() && impl_->checkpoints_saved > 0) {
+    const double n = static_cast<double>(impl_->checkpoints_saved);
+    const std::string background =
+        writer ? detail::concat(writer->writes(), " written in the background (",
+                                1e3 * writer->write_seconds() /
+                                    static_cast<double>(std::max<int64_t>(1, writer->writes())),
+                                " ms per write; the end of training waited ", 1e3 * waiting.seconds(), " ms)")
+               : std::string("written on the training thread");
+    GZ_LOG(info, "checkpoints: ", impl_->checkpoints_saved, " saved, ", 1e3 * impl_->checkpoint_seconds / n,
+           " ms each blocking the training thread (", 1e3 * impl_->checkpoint_wait_seconds / n,
+           " ms of it waiting for the last write); ", background);
+  }
+  agree(error, "writing the last checkpoint");
 }
 
 std::map<std::string, double> Trainer::checkpoint_metrics() const {

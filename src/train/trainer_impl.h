@@ -14,6 +14,7 @@
 #include "gz/train/recovery/snapshot_store.h"
 #include "gz/train/scheduler.h"
 #include "gz/train/trainer.h"
+#include "recovery/checkpoint_writer.h"
 #include "recovery/state_capture.h"
 
 namespace gz::train {
@@ -27,6 +28,13 @@ struct Trainer::Impl {
   std::unique_ptr<ParallelStrategy> strategy;
   std::unique_ptr<LrScheduler> scheduler;
   std::unique_ptr<CheckpointManager> checkpoints;
+  // async_checkpoint: rank 0's background writer of disk checkpoints, made by the first save
+  // that uses it (refers to `checkpoints`: declared after it, destroyed before it).
+  std::unique_ptr<CheckpointWriter> checkpoint_writer;
+  bool checkpoint_fallback_logged = false;
+  double checkpoint_seconds = 0;       // save_checkpoint() on the training thread, all of it
+  double checkpoint_wait_seconds = 0;  // of it, waiting for the last background write
+  int64_t checkpoints_saved = 0;
   std::unique_ptr<GradScaler> scaler;
   torch::Device device{torch::kCPU};
   Stopwatch clock;

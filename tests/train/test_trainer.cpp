@@ -439,6 +439,7 @@ TEST(Trainer, RankZeroSaveFailureIsAClearErrorOnEveryRank) {
   TmpDir w("savefail");
   auto c = base_config(w.path);
   c.save_steps = 2;
+  c.async_checkpoint = false;  // the save on the training thread (AsyncCheckpoint.*: in the background)
   // checkpoints/ is a file: rank 0 cannot create the checkpoint folder.
   std::ofstream(w.path / "checkpoints") << "not a folder";
   auto res = run_ranks_catching("ddp", {c, c}, std::chrono::seconds(10));

@@ -54,6 +54,9 @@ struct CheckpointTestHooks {
   /// @brief Replaces the Trainer's check that this rank sees the shard folder (a test makes one
   /// rank act as if the work_dir were its node's own).
   std::function<bool(const std::string& shards_dir)> shards_visible;
+  /// @brief Called on the background writer's thread (async_checkpoint) with the directory of
+  /// the checkpoint it is about to write (a test slows it down, or throws to make it fail).
+  std::function<void(const std::string& dir)> in_background_write;
 };
 
 /// @brief Saves, lists, rotates and loads checkpoints under one directory.
@@ -80,6 +83,8 @@ class CheckpointManager {
   std::string commit(const PendingCheckpoint& pending, torch::serialize::OutputArchive& archive,
                      int64_t epoch, const std::map<std::string, double>& metrics, bool sharded);
   void abort(const PendingCheckpoint& pending) const;
+  /// @brief The directory the checkpoint of `step` has once written (checkpoint-<step>).
+  std::string path_of(int64_t step) const;
   /// @brief The test hooks (before_shards is called by the Trainer).
   const CheckpointTestHooks& test_hooks() const { return hooks_; }
   /// @brief Complete checkpoints, oldest first, one per step (temp dirs and dirs without a valid

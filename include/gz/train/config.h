@@ -88,6 +88,11 @@ struct TrainConfig {
   /// @brief false: write no checkpoints at all (benchmarks, memory tests: at zero_stage 3 a
   /// checkpoint consolidates the whole optimizer state on rank 0).
   bool save_checkpoints = true;
+  /// @brief Write consolidated disk checkpoints in the background: the training thread copies
+  /// the state into host buffers (kept from one save to the next: 1 x the state's bytes) and a
+  /// thread writes the copy; one write at a time (a save waits for the last one). false: written
+  /// on the training thread, which waits for the file system.
+  bool async_checkpoint = true;
   std::string metric_for_best_model = "test_accuracy";
   bool greater_is_better = true;
   int64_t early_stopping_patience = 0;  ///< evaluations without improvement before stopping (0 = off)

@@ -132,6 +132,14 @@ class Trainer {
   TrainingState live_state();
   // The archive of a checkpoint: live_state() written.
   void write_state(torch::serialize::OutputArchive& root);
+  // Rank 0's part of a consolidated save: the state copied and written in the background
+  // (async_checkpoint), else written here. Returns the checkpoint's directory.
+  std::string write_consolidated_checkpoint();
+  // Why this save cannot be written in the background (empty: it can).
+  std::string why_not_async(const TrainingState& live) const;
+  // Collective, at the end of train(): waits for rank 0's background write; every rank throws
+  // if it failed.
+  void finish_checkpoint_writes();
   // The metrics a checkpoint's manifest records (the last evaluation's and train_loss).
   std::map<std::string, double> checkpoint_metrics() const;
   // In-memory snapshots (src/train/recovery/trainer_snapshot.cpp). restore_snapshot() is
