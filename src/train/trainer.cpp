@@ -138,8 +138,12 @@ void Trainer::build_strategy() {
   so.zero_stage = static_cast<int>(c.zero_stage);
   so.zero.stats = impl_->comm.stats();  // ZeRO's reduce-scatters and all-gathers are the gradient traffic
   so.fsdp.prefetch = c.fsdp_prefetch;
-  if (c.zero_stage == 3 && c.compression.method != "none")  // fp16 or bf16 (checked with the config)
+  if (c.zero_stage == 3 && c.compression.method != "none") {  // parse_config refuses the rest
+    if (c.compression.method != "fp16" && c.compression.method != "bf16")
+      GZ_THROW(InvalidArgument, "zero_stage 3 takes compression fp16 or bf16, got '", c.compression.method,
+               "'");
     so.fsdp.reduce_dtype = c.compression.method == "fp16" ? torch::kHalf : torch::kBFloat16;
+  }
   so.horovod = impl_->comm.horovod_options(c);
   so.accumulation = impl_->plan.accumulation;
   so.dp_devices.assign(static_cast<size_t>(c.dp_replicas), impl_->device);
@@ -434,8 +438,20 @@ void Trainer::run_eval() {
   for (auto& cb : callbacks_) cb->on_evaluate(*this);
 }
 
+namespace {
+// Sets a flag for a scope, however it ends.
+struct FlagScope {
+  explicit FlagScope(bool& f) : flag(f) { flag = true; }
+  ~FlagScope() { flag = false; }
+  FlagScope(const FlagScope&) = delete;
+  FlagScope& operator=(const FlagScope&) = delete;
+  bool& flag;
+};
+}  // namespace
+
 std::map<std::string, double> Trainer::train() {
   setup();
+  const FlagScope in_train(impl_->in_train);  // a save outside train() is on disk when it returns
   impl_->clock.reset();
   const auto& c = config_;
   if (is_main()) {

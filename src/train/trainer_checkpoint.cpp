@@ -128,6 +128,7 @@ std::string Trainer::save_checkpoint() {
 
 std::string Trainer::why_not_async(const TrainingState& live) const {
   if (!config_.async_checkpoint) return "async_checkpoint: false";
+  if (!impl_->in_train) return "a save outside train()";
   // ZeRO's consolidated state is gathered into the optimizer for this save only.
   if (config_.zero_stage > 0) return detail::concat("zero_stage ", config_.zero_stage);
   return StateCapture::unsupported(live);
@@ -146,7 +147,7 @@ std::string Trainer::write_consolidated_checkpoint() {
     if (!writer) writer = std::make_unique<CheckpointWriter>(*impl_->checkpoints);
     return writer->start(live, state_.step, state_.epoch, checkpoint_metrics());
   }
-  if (config_.async_checkpoint && !impl_->checkpoint_fallback_logged)
+  if (config_.async_checkpoint && impl_->in_train && !impl_->checkpoint_fallback_logged)
     GZ_LOG(info, "rank ", rank_, ": checkpoints of ", why, " are written on the training thread");
   impl_->checkpoint_fallback_logged = true;
   torch::serialize::OutputArchive root;

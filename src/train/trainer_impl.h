@@ -32,6 +32,7 @@ struct Trainer::Impl {
   // that uses it (refers to `checkpoints`: declared after it, destroyed before it).
   std::unique_ptr<CheckpointWriter> checkpoint_writer;
   bool checkpoint_fallback_logged = false;
+  bool in_train = false;               // async_checkpoint writes in the background only inside train()
   double checkpoint_seconds = 0;       // save_checkpoint() on the training thread, all of it
   double checkpoint_wait_seconds = 0;  // of it, waiting for the last background write
   int64_t checkpoints_saved = 0;

@@ -35,6 +35,21 @@ ZeroRedundancyOptimizer* zero_optimizer(ParallelStrategy& s) {
 
 }  // namespace
 
+namespace {
+// Whether this rank sees the shard folder rank 0 made (tests fake a work_dir per node by a hook).
+bool sees_folder(CheckpointManager& manager, const std::string& shards, std::exception_ptr& error) {
+  try {
+    const auto& visible = manager.test_hooks().shards_visible;
+    const bool seen = visible ? visible(shards) : fs::is_directory(shards);
+    if (seen && manager.test_hooks().before_shards) manager.test_hooks().before_shards(shards);
+    return seen;
+  } catch (...) {
+    error = std::current_exception();
+    return true;
+  }
+}
+}  // namespace
+
 std::string Trainer::save_sharded_checkpoint() {
   auto& manager = *impl_->checkpoints;
   const std::string what = detail::concat("saving the checkpoint of step ", state_.step);
@@ -50,14 +65,7 @@ std::string Trainer::save_sharded_checkpoint() {
   try {
     agree(error, what);
     const std::string shards = broadcast_string(pending ? pending->shards_dir() : std::string(), 0);
-    bool seen = true;
-    try {
-      const auto& visible = manager.test_hooks().shards_visible;
-      seen = visible ? visible(shards) : fs::is_directory(shards);
-      if (seen && manager.test_hooks().before_shards) manager.test_hooks().before_shards(shards);
-    } catch (...) {
-      error = std::current_exception();
-    }
+    const bool seen = sees_folder(manager, shards, error);
     std::vector<double> unseen{seen ? 0.0 : 1.0};
     allreduce_sum(unseen);
     if (unseen[0] > 0 && config_.checkpoint_format == "auto") {

@@ -5,6 +5,7 @@
 // after the wrapper, units by size, misuse refused.
 #include <torch/optim/adamw.h>
 
+#include <limits>
 #include <optional>
 #include <unordered_set>
 
@@ -43,11 +44,13 @@ struct BlockImpl : torch::nn::Module {
       h.register_hook([](const torch::Tensor&) -> torch::Tensor {
         throw std::runtime_error("injected backward failure");
       });
-    return x + b->forward(h);
+    auto y = x + b->forward(h);
+    return poison ? y * std::numeric_limits<float>::quiet_NaN() : y;
   }
   torch::nn::Linear a{nullptr}, b{nullptr};
   bool fail_forward = false, fail_backward = false;  // fault injection
   bool skip_b = false;                               // find_unused_parameters tests
+  bool poison = false;  // its output NaN (and any gradient pushed through it): the rank drops it
 };
 TORCH_MODULE(Block);
 
@@ -61,7 +64,7 @@ struct StackImpl : torch::nn::Module {
     head = register_module("head", torch::nn::Linear(width, 4));
   }
   torch::Tensor forward(const torch::Tensor& input) {
-    auto x = torch::tanh(in->forward(input));
+    auto x = skip_in ? torch::zeros({input.size(0), in->weight.size(0)}) : torch::tanh(in->forward(input));
     for (size_t i = 0; i < body->size(); ++i) {
       auto* blk = body->ptr(i)->as<BlockImpl>();
       const bool f64 = blk->a->weight.scalar_type() == torch::kDouble;  // a unit of another dtype
@@ -79,6 +82,7 @@ struct StackImpl : torch::nn::Module {
   torch::nn::Linear in{nullptr}, head{nullptr};
   torch::nn::ModuleList body{nullptr};
   std::vector<bool> dropped;  // per block (find_unused_parameters tests)
+  bool skip_in = false;       // the root's first layer gets no gradient (the same)
 };
 TORCH_MODULE(Stack);
 
@@ -405,18 +409,25 @@ TEST(FullyShard, WithoutPrefetchOrReshardTrainsTheSame) {
   EXPECT_EQ(got.losses, ref.losses);
 }
 
-// find_unused_parameters: from step to step each rank's loss leaves out other parts of the model:
-// a layer inside a unit (block 1's b, on some ranks), a whole unit (block 2's output, on some
-// ranks) and, every fifth step, block 0 on every rank. The blocks are the same size, so a
-// reduce-scatter paired with another rank's wrong unit would go through unnoticed and show only
-// in the values. Stage 3 trains as DDP with the same option, at 2 and 3 ranks.
-void leave_out(Stack& m, int step, int r) {
-  for (size_t i = 0; i < m->body->size(); ++i) m->body->ptr(i)->as<BlockImpl>()->skip_b = false;
-  m->body->ptr(1)->as<BlockImpl>()->skip_b = (step + r) % 3 == 0;
-  m->dropped = {step % 5 == 4, false, (step + 2 * r) % 4 == 1};
+// find_unused_parameters: from micro-step to micro-step each rank's loss leaves out other parts of
+// the model: a layer inside a unit (block 1's b, on some ranks), a whole unit (block 2's output,
+// on some ranks), the root's first layer (on some ranks: the root's parameters are used before
+// and after the units) and, every fifth micro-step, block 0 on every rank (with accumulation
+// under no_sync also right after a micro-step that used it). The blocks are the same size, so a
+// reduce-scatter paired with another rank's wrong unit would go through unnoticed on a backend
+// that does not compare ops and show only in the values. Stage 3 trains as DDP with the same
+// option, at 2 and 3 ranks. Where a rank drops block 2, its output is NaN there, as a block that
+// overflowed on that rank's batch: DDP runs no backward through it, nor may stage 3.
+void leave_out(Stack& m, int i, int r) {
+  for (size_t b = 0; b < m->body->size(); ++b) m->body->ptr(b)->as<BlockImpl>()->skip_b = false;
+  m->body->ptr(1)->as<BlockImpl>()->skip_b = (i + r) % 3 == 0;
+  m->dropped = {i % 5 == 4, false, (i + 2 * r) % 4 == 1};
+  m->skip_in = (i + r) % 4 == 2;
+  // Where a rank drops block 2 it is NaN there: no gradient may pass through it (0 x NaN).
+  m->body->ptr(2)->as<BlockImpl>()->poison = m->dropped[2];
 }
 
-TrainRun train_leaving_out(int world, const Data& d, int steps, bool fsdp_mode) {
+TrainRun train_leaving_out(int world, const Data& d, int steps, bool fsdp_mode, int micro) {
   TrainRun out;
   std::vector<std::vector<torch::Tensor>> params(world);
   auto models = make_stacks(world, Config{});
@@ -436,15 +447,22 @@ TrainRun train_leaving_out(int world, const Data& d, int steps, bool fsdp_mode) 
     }
     torch::optim::AdamW opt(fsdp ? fsdp->parameters() : m->parameters(), adamw());
     TrainRun run;
-    int step = 0;
+    int i = 0;
+    Config c;
+    c.micro = micro;
+    c.no_sync = micro > 1;
     train(
-        opt, Config{}, d, steps, r, run,
+        opt, c, d, steps, r, run,
         [&](const torch::Tensor& x) {
-          leave_out(m, step++, r);
+          leave_out(m, i++, r);
           auto fn = [&] { return m->forward(x); };
           return fsdp ? fsdp->forward(fn) : ddp->forward(fn);
         },
-        [](double) {}, [] { return std::optional<std::shared_ptr<void>>(); });
+        [](double) {},
+        [&]() -> std::optional<std::shared_ptr<void>> {
+          if (fsdp) return std::make_shared<FullyShardedDataParallel::NoSyncGuard>(*fsdp);
+          return std::make_shared<DistributedDataParallel::NoSyncGuard>(ddp->reducer());
+        });
     params[r] = fsdp ? fsdp->gather_full_parameters() : m->parameters();
     if (fsdp) EXPECT_EQ(fsdp->memory().whole_now, 0) << "rank " << r << ": units left whole";
     if (r == 0) out = std::move(run);
@@ -454,12 +472,12 @@ TrainRun train_leaving_out(int world, const Data& d, int steps, bool fsdp_mode) 
 }
 
 TEST(FullyShard, FindUnusedParametersTrainsAsDdp) {
-  for (const int world : {2, 3}) {
-    SCOPED_TRACE("world " + std::to_string(world));
+  for (const auto& [world, micro] : {std::pair{2, 1}, {3, 1}, {2, 2}}) {
+    SCOPED_TRACE("world " + std::to_string(world) + ", micro-steps " + std::to_string(micro));
     const int steps = 30;
-    auto d = make_data(steps, world * kB);
-    const TrainRun ref = train_leaving_out(world, d, steps, false);
-    const TrainRun got = train_leaving_out(world, d, steps, true);
+    auto d = make_data(steps * micro, world * kB);
+    const TrainRun ref = train_leaving_out(world, d, steps, false, micro);
+    const TrainRun got = train_leaving_out(world, d, steps, true, micro);
     ASSERT_EQ(got.losses.size(), ref.losses.size());
     double worst = 0;
     for (size_t i = 0; i < ref.losses.size(); ++i)
@@ -621,6 +639,20 @@ TEST(FullyShard, MisuseIsReported) {
     Stack mixed(8, 1);
     mixed->body->ptr(0)->as<BlockImpl>()->b->to(torch::kDouble);
     EXPECT_THROW(fully_shard(mixed.ptr(), mixed->units(), g), InvalidArgument);  // two dtypes in a unit
+    // find_unused_parameters: which of two calls a rank's loss reaches would move the unit's
+    // backward collectives to another place on each rank.
+    Stack twice(8, 1);
+    FullyShardOptions fo;
+    fo.find_unused_parameters = true;
+    auto fsdp = fully_shard(twice.ptr(), twice->units(), g, fo);
+    auto* blk = twice->body->ptr(0)->as<BlockImpl>();
+    const auto x = torch::randn({2, 8});
+    EXPECT_THROW(fsdp->forward([&] {
+      auto h = run_unit(*blk, [&] { return blk->forward(x); });
+      return run_unit(*blk, [&] { return blk->forward(h); });
+    }),
+                 InvalidArgument);
+    EXPECT_EQ(fsdp->memory().whole_now, 0) << "the refused forward left units whole";
   });
 }
 

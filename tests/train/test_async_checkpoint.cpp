@@ -317,4 +317,21 @@ TEST(AsyncCheckpoint, TheLastWriteIsOnDiskWhenTrainReturns) {
   EXPECT_FALSE(has_temp_dirs(t.checkpoints().root()));
 }
 
+// A caller's save_checkpoint() outside train() is on disk when it returns: nothing after it would
+// wait for a background write or report its failure. Mutation check: writing in the background
+// outside train() too (the in_train test in why_not_async() left out) fails it.
+TEST(AsyncCheckpoint, ASaveOutsideTrainIsOnDiskWhenItReturns) {
+  TmpDir tmp;
+  TrainConfig c = config(tmp.path, true);
+  c.save_checkpoints = false;
+  torch::manual_seed(99);
+  Trainer t(c);
+  t.set_model(std::make_shared<NetImpl>());
+  t.add_callback(std::make_shared<Hooks>(slow_writes(200)));
+  t.train();
+  const std::string dir = t.save_checkpoint();
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "manifest.json"))
+      << dir << " not written when save_checkpoint() returned";
+}
+
 }  // namespace test_async_checkpoint

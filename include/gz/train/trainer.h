@@ -72,7 +72,10 @@ class Trainer {
   /// A failed save throws on every rank: the original error on rank 0, a gz::Error quoting it on
   /// the others (no rank is left waiting for a collective that never comes). Sharded
   /// (checkpoint_format): every rank writes its shard into the directory's shards/ folder (which
-  /// every rank must see), the main process the rest and the manifest.
+  /// every rank must see), the main process the rest and the manifest. Inside train() with
+  /// async_checkpoint the main process only copies the state and a background thread writes it:
+  /// the directory (also the one on_save callbacks get) is complete when the next save or
+  /// train() returns, and a failed write throws there, on every rank.
   std::string save_checkpoint();
   /// @brief Restore a checkpoint (dir or state.pt) into model, optimizer, scaler, RNG and state
   /// (train() resumes collectively, see resume_from_checkpoint). This rank only, except at

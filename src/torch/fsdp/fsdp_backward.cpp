@@ -41,7 +41,8 @@ struct PreBackward : torch::autograd::Function<PreBackward> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto holder = ctx->saved_data["unit"].toCapsule();
     auto* ref = static_cast<UnitRef*>(holder.get());
-    if (auto s = ref->impl.lock()) s->pre_backward(ref->unit);
+    if (auto s = ref->impl.lock())
+      if (!s->pre_backward(ref->unit)) return {torch::Tensor(), torch::Tensor()};
     return {grads[0], torch::Tensor()};
   }
 };
@@ -82,7 +83,7 @@ torch::Tensor Impl::attach_pre_backward(size_t u, const torch::Tensor& out) {
   return PreBackward::apply(out, c10::make_intrusive<UnitRef>(weak_from_this(), u));
 }
 
-void Impl::pre_backward(size_t i) {
+bool Impl::pre_backward(size_t i) {
   if (!callback_queued) {
     std::weak_ptr<Impl> weak = weak_from_this();
     torch::autograd::Engine::get_default_engine().queue_callback([weak] {
@@ -91,7 +92,7 @@ void Impl::pre_backward(size_t i) {
     callback_queued = true;
   }
   auto& u = units[i];
-  if (u.in_backward || u.params.empty()) return;  // a unit run twice in the forward: once is enough
+  if (u.in_backward || u.params.empty()) return true;  // a unit run twice in the forward: once is enough
   ensure_whole(i);
   if (pos_in_order[i] > 0) prefetch(pos_in_order[i] - 1);  // backward runs the forward order back
   torch::NoGradGuard no_grad;
@@ -108,11 +109,13 @@ void Impl::pre_backward(size_t i) {
   }
   u.pending = u.expected;
   u.in_backward = true;
-  if (u.pending == 0) grads_ready(i);  // find_unused_parameters: no parameter of it is reached
+  if (u.pending == 0) grads_ready(i);  // find_unused_parameters: tied, or none of it is reached
+  return !u.tied;
 }
 
 void Impl::on_grad_ready(size_t i, size_t j) {
   auto& u = units[i];
+  if (u.tied) return;  // its zeros are reduced; an undefined gradient passed through its nodes
   if (!u.in_backward)
     GZ_THROW(Error, "FullyShardedDataParallel: rank ", rank, ": parameter '", u.param_names[j],
              "' got a gradient outside its unit's backward: was it used outside forward() or, for a unit, ",
@@ -123,7 +126,9 @@ void Impl::on_grad_ready(size_t i, size_t j) {
 void Impl::grads_ready(size_t i) {
   auto& u = units[i];
   u.in_backward = false;
-  if (!u.always_whole) release_full(u);  // every node that reads the unit has run
+  // Every node that reads the unit has run; with find_unused_parameters a node may read a
+  // parameter without a gradient edge (detach()), so a unit not all reached waits for the end.
+  if (!u.always_whole && (u.tied || u.expected >= u.params.size())) release_full(u);
   if (!sync) return;                     // no_sync(): grad_full keeps the sum, .grad stays a view of it
   for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
   const auto wire = options.reduce_dtype.value_or(u.grad_full.scalar_type());
@@ -132,7 +137,7 @@ void Impl::grads_ready(size_t i) {
     u.reduce = reduce_scatter_async(u.grad_full, u.reduced, comm::ReduceOp::avg, group);
   } else {
     // Divided before the cast, so that the sum of world values stays in the narrow type's range.
-    auto narrow = u.grad_full.div(world).to(wire);
+    auto narrow = u.grad_full.div_(world).to(wire);  // grad_full is dropped below
     u.reduced = torch::empty({u.layout.shard}, narrow.options());
     u.reduce = reduce_scatter_async(narrow, u.reduced, comm::ReduceOp::sum, group);
   }
@@ -142,10 +147,12 @@ void Impl::grads_ready(size_t i) {
 
 void Impl::end_backward() {
   callback_queued = false;
-  // Units whose backward began but that some parameter never reached (unused in this pass):
-  // the missing gradients count as zero, as DDP's find_unused_parameters.
+  // In unit order, the same on every rank: units whose backward began but that some parameter
+  // never reached (unused in this pass; with find_unused_parameters also the root and units
+  // holding others), and units holding no_sync() gradients that this pass did not reach. The
+  // missing gradients count as zero, as DDP's find_unused_parameters.
   for (size_t i = 0; i < units.size(); ++i)
-    if (units[i].in_backward) grads_ready(i);
+    if (units[i].in_backward || (sync && units[i].grad_full.defined())) grads_ready(i);
   std::exception_ptr first;
   torch::NoGradGuard no_grad;
   for (auto& u : units) {
@@ -166,11 +173,11 @@ void Impl::end_backward() {
     u.reduce.reset();
     u.reduced = torch::Tensor();
   }
-  // A prefetch that backward did not use must not outlive it.
+  // A prefetch that backward did not use must not outlive it, nor a unit grads_ready() kept.
   for (size_t i = 0; i < units.size(); ++i)
-    if (units[i].state == FsdpUnit::State::gathering) {
+    if (units[i].state != FsdpUnit::State::sharded && !units[i].always_whole && !units[i].params.empty()) {
       ensure_whole(i);
-      if (!units[i].always_whole) release_full(units[i]);
+      release_full(units[i]);
     }
   if (first) std::rethrow_exception(first);
 }

@@ -32,8 +32,11 @@ struct FsdpUnit {
   // Backward of one pass.
   bool in_backward = false;   // its pre-backward ran, its gradients are not reduced yet
   size_t pending = 0;         // parameters whose gradient has not arrived yet
-  size_t expected = 0;        // parameters that get a gradient in this pass (find_unused_parameters)
-  torch::Tensor output;       // its output in the forward now running (find_unused_parameters)
+  // find_unused_parameters:
+  size_t expected = 0;        // gradients to wait for in this pass (SIZE_MAX: until the end of backward)
+  torch::Tensor output;       // its output in the forward now running
+  bool tied = false;          // not reached here, reached on another rank: zeros, no backward through it
+  bool encloses = false;      // holds another unit (its parameters are used before and after it)
   torch::Tensor grad_full;    // flat gradient the parameters' .grad are views of (kept by no_sync)
   torch::Tensor reduced;      // reduce-scatter output, added to shard's grad at the end of backward
   comm::WorkPtr reduce;       // that reduce-scatter
@@ -91,7 +94,7 @@ struct FullyShardedDataParallel::Impl : std::enable_shared_from_this<FullySharde
   void install_hooks();
   void remove_hooks() noexcept;
   torch::Tensor attach_pre_backward(size_t u, const torch::Tensor& out);
-  void pre_backward(size_t u);
+  bool pre_backward(size_t u);  // false: no gradient flows on into the unit (tied)
   void on_grad_ready(size_t u, size_t param);
   void grads_ready(size_t u);
   void end_backward();

@@ -101,7 +101,14 @@ torch::Tensor FullyShardedDataParallel::Impl::run_unit(size_t i, const std::func
   torch::Tensor out = fn();
   const bool grad = torch::GradMode::is_enabled() && out.defined() && out.requires_grad();
   if (grad) out = attach_pre_backward(i, out);
-  if (grad && options.find_unused_parameters) u.output = out;
+  if (grad && options.find_unused_parameters) {
+    if (u.output.defined())  // which call's backward runs where would differ between ranks
+      GZ_THROW(InvalidArgument, "FullyShardedDataParallel: unit '", u.name,
+               "' ran twice in one forward; with ",
+               "find_unused_parameters a unit runs at most once per forward (make the other use a unit of "
+               "its own)");
+    u.output = out;
+  }
   if (!u.always_whole && (!grad || options.reshard_after_forward)) release_full(u);
   return out;
 }
@@ -125,6 +132,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Mo
   }
   im.module = std::move(module);
   im.assign_units(units);
+  for (auto& u : im.units)  // the root holds every unit; a unit may hold others
+    for (const auto& m : u.module ? u.module->modules(false) : im.module->modules(false))
+      u.encloses = u.encloses || im.unit_of_module.count(m.get()) > 0;
   for (auto& u : im.units) {
     if (!live(u)) continue;
     check_device(u.params[0], *im.group, "fully_shard");
@@ -165,6 +175,7 @@ void abandon_pass(Impl& s) noexcept {
     u.in_backward = false;
     u.pending = 0;
     u.output = torch::Tensor();
+    u.tied = false;
     for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
     if (u.grad_full.defined()) s.track(-fsdp_bytes_of(u.grad_full));
     u.grad_full = torch::Tensor();
@@ -263,8 +274,9 @@ void FullyShardedDataParallel::Impl::begin_forward() {
   const bool first = forwards == 0;
   cur_order.assign(1, 0);
   for (auto& u : units) {
-    u.expected = u.params.size();  // find_unused_parameters lowers it at the end of forward
+    u.expected = u.params.size();  // find_unused_parameters sets it at the end of forward
     u.output = torch::Tensor();
+    u.tied = false;
   }
   for (size_t i = 0; i < units.size(); ++i)
     if (i == 0 || first || units[i].always_whole) start_gather(i);

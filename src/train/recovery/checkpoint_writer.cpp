@@ -14,6 +14,8 @@ CheckpointWriter::~CheckpointWriter() {
     wait();
   } catch (const std::exception& e) {
     GZ_LOG(warn, e.what());
+  } catch (...) {
+    GZ_LOG(warn, "writing checkpoint ", dir_, " in the background failed");
   }
 }
 
@@ -26,6 +28,8 @@ void CheckpointWriter::wait() {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
     GZ_THROW(Error, "writing checkpoint ", dir_, " in the background failed: ", e.what());
+  } catch (...) {
+    GZ_THROW(Error, "writing checkpoint ", dir_, " in the background failed (an unknown exception)");
   }
 }
 
