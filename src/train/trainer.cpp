@@ -98,7 +98,12 @@ Trainer::Trainer(TrainConfig config, comm::CommPtr group) : config_(std::move(co
     GZ_THROW(InvalidArgument, "mixed_precision fp16 needs CUDA (GradScaler path); use bf16 on CPU");
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // Our hold on the model goes first: at zero_stage 3 the strategy then gathers the parameters back
+  // into the model only when someone else (the caller) still holds it (gz::fully_shard's rule).
+  model_.reset();
+  impl_.reset();
+}
 
 void Trainer::set_model(ModelPtr model) { model_ = std::move(model); }
 void Trainer::set_datasets(DatasetPtr train, DatasetPtr test) {
@@ -357,16 +362,23 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
   state_.loss = loss[0] / static_cast<double>(global_batch);
 }
 
+void Trainer::gather_model() {
+  if (!impl_->strategy) return;
+  impl_->strategy->synchronize();
+  if (auto* z3 = fsdp_hooks(*impl_->strategy)) z3->gather_model();  // whole until the next forward
+}
+
 std::map<std::string, double> Trainer::evaluate() {
   gz::ScopedPhase phase(gz::Phase::eval);
   std::map<std::string, double> out;
   // Local SGD / async averaging: every rank evaluates (and then saves) the averaged model. Also
   // without a test set: train() ends with an evaluation, which leaves every rank the same model.
   impl_->comm.sync_replicas();
-  if (impl_->strategy) {
-    impl_->strategy->synchronize();  // the last step's parameter all-gathers (ZeRO)
-    if (auto* z3 = fsdp_hooks(*impl_->strategy)) z3->gather_model();  // whole until the next forward
-  }
+  if (impl_->strategy) impl_->strategy->synchronize();  // the last step's parameter all-gathers (ZeRO)
+  // zero_stage 3 evaluates through the sharded forward, as it trains: a unit is whole only while
+  // it runs (no_grad: freed as it returns), never the whole model.
+  ParallelStrategy* sharded =
+      impl_->strategy && fsdp_hooks(*impl_->strategy) ? impl_->strategy.get() : nullptr;
   if (!test_data_ || !model_) return out;
   torch::NoGradGuard no_grad;
   // Rank 0's buffers (batch-norm statistics) everywhere, as DDP uses them in the next forward.
@@ -381,16 +393,25 @@ std::map<std::string, double> Trainer::evaluate() {
     if (cur.size() == static_cast<size_t>(config_.eval_batch_size)) batches.push_back(std::move(cur)), cur.clear();
   }
   if (!cur.empty()) batches.push_back(std::move(cur));
+  // The sharded forward is collective (its all-gathers): a rank with fewer samples than rank 0
+  // runs as many forwards, the extra ones on sample 0, and does not count them.
+  const size_t counted = batches.size();
+  if (sharded) {
+    const size_t most = (n + static_cast<size_t>(world_) - 1) / static_cast<size_t>(world_);  // rank 0's
+    const auto bs = static_cast<size_t>(config_.eval_batch_size);
+    batches.resize((most + bs - 1) / bs, std::vector<size_t>{0});
+  }
   DataLoader loader(test_data_, std::move(batches), static_cast<int>(config_.num_workers));
   std::vector<double> sums{0, 0, 0};  // loss sum, correct, count
   const bool bf16 = config_.mixed_precision == "bf16", fp16 = config_.mixed_precision == "fp16";
-  while (auto batch = loader.next()) {
+  for (size_t k = 0; auto batch = loader.next(); ++k) {
     auto input = batch->input.to(impl_->device), label = batch->label.to(impl_->device);
     torch::Tensor logits;
     {
       AutocastGuard autocast(impl_->device.type(), fp16 ? torch::kHalf : torch::kBFloat16, bf16 || fp16);
-      logits = model_->forward(input);
+      logits = sharded ? sharded->forward(input) : model_->forward(input);
     }
+    if (k >= counted) continue;
     logits = logits.to(torch::kFloat32);
     sums[0] += torch::nn::functional::cross_entropy(
                    logits, label, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))

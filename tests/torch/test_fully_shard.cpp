@@ -68,7 +68,8 @@ struct StackImpl : torch::nn::Module {
     for (size_t i = 0; i < body->size(); ++i) {
       auto* blk = body->ptr(i)->as<BlockImpl>();
       const bool f64 = blk->a->weight.scalar_type() == torch::kDouble;  // a unit of another dtype
-      auto y = run_unit(*blk, [&] { return blk->forward(f64 ? x.to(torch::kDouble) : x); });
+      auto run = [&] { return blk->forward(f64 ? x.to(torch::kDouble) : x); };
+      auto y = static_cast<int>(i) == direct ? run() : run_unit(*blk, run);
       if (f64) y = y.to(x.scalar_type());
       if (i >= dropped.size() || !dropped[i]) x = y;  // a dropped block's output feeds nothing
     }
@@ -83,6 +84,7 @@ struct StackImpl : torch::nn::Module {
   torch::nn::ModuleList body{nullptr};
   std::vector<bool> dropped;  // per block (find_unused_parameters tests)
   bool skip_in = false;       // the root's first layer gets no gradient (the same)
+  int direct = -1;            // a block forward() runs without gz::run_unit()
 };
 TORCH_MODULE(Stack);
 
@@ -94,8 +96,9 @@ struct Config {
   bool clip_in_double = false;  // DDP clips with stage 3's rule (clip_in_double), not LibTorch's
   int64_t width = 24;
   int blocks = 3;
-  int f64_block = -1;  // this block's parameters in double (units of two dtypes)
+  int f64_block = -1;        // this block's parameters in double (units of two dtypes)
   bool bf16_reduce = false;  // DDP: bf16_compress_hook; stage 3: reduce_dtype bf16
+  int direct_block = -1;     // Stack::direct
 };
 
 struct TrainRun {
@@ -173,6 +176,7 @@ std::vector<Stack> make_stacks(int n, const Config& c) {
   for (int i = 0; i < n; ++i) {
     out.emplace_back(c.width, c.blocks);
     if (c.f64_block >= 0) out.back()->body->ptr(c.f64_block)->to(torch::kDouble);
+    out.back()->direct = c.direct_block;
   }
   return out;
 }
@@ -397,6 +401,77 @@ TEST(FullyShard, FourRanksHoldAQuarterOfDdpsMemory) {
   EXPECT_LE(fsdp.mem.whole_peak, model_bytes) << "more than one model's worth whole at once";
 }
 
+// units_only_in_run_unit: the first step gathers each unit as it runs, as later steps do, and
+// trains the same; by default the first forward gathers every unit at once (the whole model).
+TEST(FullyShard, PromisedUnitsGatherOneAtATimeInTheFirstStep) {
+  const int world = 2, steps = 2;
+  Config c;
+  c.width = 64;
+  c.blocks = 8;
+  auto d = make_data(steps, world * kB);
+  std::vector<double> losses[2];
+  for (const bool promised : {false, true}) {
+    SCOPED_TRACE(promised ? "units_only_in_run_unit" : "default");
+    auto models = make_stacks(world, c);
+    std::vector<int64_t> peak(world), model_bytes(world);
+    run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+      auto g = make_comm(r, world, store);
+      auto& m = models[r];
+      FullyShardOptions fo;
+      fo.units_only_in_run_unit = promised;
+      auto fsdp = fully_shard(m.ptr(), m->units(), g, fo);
+      torch::optim::AdamW opt(fsdp->parameters(), adamw());
+      TrainRun run;
+      train(
+          opt, c, d, steps, r, run,
+          [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); }, [](double) {},
+          [] { return std::optional<std::shared_ptr<void>>(); });
+      peak[r] = fsdp->memory().whole_peak;  // since construction: the first step's included
+      for (const auto& u : fsdp->units()) model_bytes[r] += u.padded * static_cast<int64_t>(sizeof(float));
+      if (r == 0) losses[promised] = run.losses;
+    });
+    for (int r = 0; r < world; ++r) {
+      if (promised)
+        EXPECT_LE(peak[r], model_bytes[r] / 2) << "rank " << r << ": the first forward gathered every unit";
+      else
+        EXPECT_GE(peak[r], model_bytes[r]) << "rank " << r << ": the default gathers every unit first";
+    }
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+}
+
+// By default the first forward gathers every unit, so a unit the model runs without
+// gz::run_unit() is read whole, and stays whole. (Training it is refused: its gradients arrive
+// outside a unit's backward.)
+TEST(FullyShard, UnitNotRunThroughRunUnitIsReadWholeByDefault) {
+  const int world = 2, steps = 2;
+  Config c;
+  c.direct_block = 1;
+  auto d = make_data(steps, world * kB);
+  auto ref = make_stacks(1, c)[0];  // the same weights, unsharded
+  std::vector<std::vector<torch::Tensor>> want(world);
+  {
+    torch::NoGradGuard no_grad;
+    for (int r = 0; r < world; ++r)
+      for (int s = 0; s < steps; ++s) want[r].push_back(ref->forward(shard(d.x[s], r, kB)));
+  }
+  auto models = make_stacks(world, c);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    auto fsdp = fully_shard(m.ptr(), m->units(), g);
+    torch::NoGradGuard no_grad;
+    for (int s = 0; s < steps; ++s) {
+      auto out = fsdp->forward([&] { return m->forward(shard(d.x[s], r, kB)); });
+      EXPECT_TRUE(torch::allclose(out, want[r][s], 1e-6, 1e-7)) << "rank " << r << " forward " << s;
+    }
+    int64_t direct_bytes = 0;
+    for (const auto& u : fsdp->units())
+      if (u.name == "body.1") direct_bytes = u.padded * static_cast<int64_t>(sizeof(float));
+    EXPECT_EQ(fsdp->memory().whole_now, direct_bytes) << "rank " << r << ": body.1 should stay whole, alone";
+  });
+}
+
 TEST(FullyShard, WithoutPrefetchOrReshardTrainsTheSame) {
   const int world = 2, steps = 20;
   Config c;
@@ -618,6 +693,34 @@ TEST(FullyShard, DestroyedWrapperLeavesTheModuleWhole) {
       }
     });
   }
+}
+
+// A wrapper that holds the module's last reference on every rank frees the units instead of
+// gathering the whole model back (a process that ends would hold it one last time).
+TEST(FullyShard, LastHolderFreesWithoutGathering) {
+  const int world = 2;
+  Config c;
+  auto d = make_data(1, world * kB);
+  auto models = make_stacks(world, c);
+  std::vector<size_t> bytes_after(world, 1);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto units = models[r]->units();
+    const torch::Tensor weight = models[r]->body->ptr(0)->as<BlockImpl>()->a->weight;  // a unit's view
+    StackImpl* model = models[r].get();
+    std::shared_ptr<torch::nn::Module> module = models[r].ptr();
+    models[r] = Stack(nullptr);  // the wrapper's reference becomes the last one
+    auto fsdp = fully_shard(std::move(module), std::move(units), g);
+    torch::optim::AdamW opt(fsdp->parameters(), adamw());
+    TrainRun run;
+    train(
+        opt, c, d, 1, r, run,
+        [&](const torch::Tensor& x) { return fsdp->forward([&] { return model->forward(x); }); },
+        [](double) {}, [] { return std::optional<std::shared_ptr<void>>(); });
+    fsdp.reset();
+    bytes_after[r] = weight.storage().nbytes();
+  });
+  EXPECT_EQ(bytes_after, std::vector<size_t>(world, 0)) << "the wrapper gathered a module no one holds";
 }
 
 TEST(FullyShard, UnitsBySizeTakeTheBlocks) {

@@ -146,6 +146,7 @@ Outcome run(int world, TrainConfig c, int64_t crash_at = -1,
       t.add_callback(rec);
       if (crash_at > 0) t.set_crash_at_step(crash_at);
       t.train();
+      t.gather_model();  // zero_stage 3: train() leaves the parameters sharded
       if (rank == 0) {
         for (auto& p : t.model()->parameters()) out.state.push_back(p.detach().clone());
         for (auto& b : t.model()->buffers()) out.state.push_back(b.detach().clone());

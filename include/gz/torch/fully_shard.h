@@ -42,6 +42,13 @@ struct FullyShardOptions {
   /// of fp32), as DDP's fp16/bf16 compression hooks: each rank's flat gradient is divided by the
   /// world size and cast, the sum is cast back into the shard's gradient. Unset: the unit's dtype.
   std::optional<torch::ScalarType> reduce_dtype;
+  /// @brief The model promises that it reads a unit's parameters only inside that unit's
+  /// gz::run_unit() (as gz::train::ShardUnits models do). The first forward then gathers each unit
+  /// when it runs, as later forwards do, instead of gathering every unit first (to find those the
+  /// model does not run through run_unit(), which stay whole): its peak is a unit or two instead
+  /// of the whole model. A unit no forward runs stays sharded. Broken promise: a unit read outside
+  /// run_unit() reads a storage that holds no memory (undefined; typically a crash).
+  bool units_only_in_run_unit = false;
 };
 
 /// @brief Memory held by a FullyShardedDataParallel on this rank, in bytes.
@@ -84,20 +91,24 @@ struct FullyShardMemory {
 /// the same order; the module's parameters must not be read outside forward() (they hold no memory
 /// between steps: use gather_full_parameters()); buffers are broadcast once, at construction.
 /// A unit that the model never runs through gz::run_unit() during the first forward stays whole
-/// for good (logged once; correct, but saves no memory).
+/// for good (logged once; it saves no memory, and forward only: its gradients arrive outside a
+/// unit's backward and are refused), unless
+/// FullyShardOptions::units_only_in_run_unit promises there is none.
 ///
 /// A forward or backward that throws (on every rank alike) leaves nothing behind: forward() and
 /// unshard() first wait for its ops, free what it gathered and drop its partial gradients
 /// (gradients earlier passes reduced into the shards stay). Destroying the object gives the module
 /// its whole parameters back: collective, as every rank destroys its own; while an exception
-/// unwinds it does not wait for peers and leaves them NaN instead.
+/// unwinds it does not wait for peers and leaves them NaN instead. When the object holds the
+/// module's last reference on every rank (nothing can read it), the units are only freed.
 class FullyShardedDataParallel {
  public:
   /// @brief As gz::fully_shard(). Collective.
   FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> module,
                            std::vector<std::shared_ptr<torch::nn::Module>> units, comm::CommPtr group,
                            FullyShardOptions options);
-  /// @brief Collective: the module keeps its whole parameters (see the class).
+  /// @brief Collective: the module keeps its whole parameters, unless nothing else holds it (see
+  /// the class).
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;

@@ -66,7 +66,13 @@ class Trainer {
   /// If any rank cannot, every rank throws (gz::Error naming the ranks and the step).
   std::map<std::string, double> train();
   /// @brief Exact accuracy/loss over the whole test set (sharded across ranks, sums all-reduced).
+  /// zero_stage 3: through the sharded forward, one unit whole at a time (never the whole model).
   std::map<std::string, double> evaluate();
+  /// @brief Collective: make model()'s parameters whole for reading outside train(). Needed at
+  /// zero_stage 3 only, where they hold no memory between steps (this gathers the whole model on
+  /// every rank until the next training step); elsewhere it waits for ZeRO's parameter
+  /// all-gathers. Nothing before train().
+  void gather_model();
   /// @brief Collective: the main process writes a checkpoint of the current state while the others
   /// wait; every rank learns whether it worked. Returns the directory (empty on other ranks).
   /// A failed save throws on every rank: the original error on rank 0, a gz::Error quoting it on

@@ -193,6 +193,24 @@ void gather_all(Impl& s) {
   for (size_t i = 0; i < s.units.size(); ++i) s.ensure_whole(i);
 }
 
+// Whether anyone but the wrapper holds the module on some rank: then it may be read after the
+// wrapper, on every rank alike. Collective, as the gather it decides (which would otherwise hold
+// the whole model on every rank for nothing, as a process ends: more than a training step does).
+bool module_outlives_wrapper(Impl& s) {
+  double held = s.module.use_count() > 1 ? 1 : 0;
+  s.group->allreduce(&held, 1, DType::f64, comm::ReduceOp::max);
+  return held > 0;
+}
+
+// Frees every unit's whole memory: nothing will read the module again.
+void free_all(Impl& s) noexcept {
+  s.wait_all_work();
+  for (auto& u : s.units) {
+    u.gather.reset();
+    if (live(u)) s.release_full(u);
+  }
+}
+
 // The module outlives its wrapper: its parameters get the whole values (every rank destroys its
 // wrapper, so the all-gathers meet). Not while an exception unwinds: the peers may be gone, and
 // waiting would only end at the op's deadline; the parameters are NaN then, never silently stale.
@@ -200,7 +218,10 @@ void give_back_parameters(Impl& s) noexcept {
   const bool unwinding = std::uncaught_exceptions() > 0;
   if (!unwinding) {
     try {
-      gather_all(s);
+      if (module_outlives_wrapper(s))
+        gather_all(s);
+      else
+        free_all(s);
       return;
     } catch (const std::exception& e) {
       GZ_LOG(error, "FullyShardedDataParallel: rank ", s.rank,
@@ -210,6 +231,7 @@ void give_back_parameters(Impl& s) noexcept {
              ": gathering the parameters at teardown failed");
     }
   }
+  if (s.module.use_count() == 1) return free_all(s);  // no one to mislead: nothing to fill
   GZ_LOG(warn, "FullyShardedDataParallel: rank ", s.rank, ": destroyed ",
          unwinding ? "while an exception unwinds" : "after a failed gather",
          ": the module's sharded parameters are left NaN");
@@ -270,8 +292,11 @@ void FullyShardedDataParallel::Impl::begin_forward() {
   if (pass_left_open(*this)) abandon_pass(*this);  // the last forward or backward threw
   mark_stale();
   // The first forward gathers every unit: one that the model does not run through run_unit()
-  // must still be whole when it is read.
-  const bool first = forwards == 0;
+  // must still be whole when it is read. Unless the model promised there is none: then every unit
+  // counts as run through run_unit() (none is kept whole) and gathers when it runs.
+  const bool first = forwards == 0 && !options.units_only_in_run_unit;
+  if (forwards == 0 && options.units_only_in_run_unit)
+    for (auto& u : units) u.entered = true;
   cur_order.assign(1, 0);
   for (auto& u : units) {
     u.expected = u.params.size();  // find_unused_parameters sets it at the end of forward

@@ -25,14 +25,19 @@ class FsdpStrategy : public ParallelStrategy, public FsdpHooks {
                "(it is pointed at the parameter shards)");
     const auto* named = dynamic_cast<const ShardUnits*>(model_.get());
     auto units = named ? named->shard_units() : std::vector<std::shared_ptr<torch::nn::Module>>{};
-    if (units.empty()) units = units_by_size(model_, kMinUnitBytes);
-    auto fo = o.fsdp;
+    FullyShardOptions fo = o.fsdp;
     fo.find_unused_parameters = fo.find_unused_parameters || o.ddp.find_unused_parameters;
+    // Named units run through run_unit() (ShardUnits' contract): the first forward need not gather
+    // them all. Units picked by size promise nothing.
+    fo.units_only_in_run_unit = !units.empty();
+    if (units.empty()) units = units_by_size(model_, kMinUnitBytes);
     fsdp_ = fully_shard(model_, std::move(units), group_, fo);  // collective
     groups[0].params() = fsdp_->parameters();
   }
   ~FsdpStrategy() override {
     no_sync_.reset();
+    // fully_shard gathers the parameters back into the model only if someone still holds it.
+    model_.reset();
     fsdp_.reset();
   }
 
