@@ -441,8 +441,7 @@ TEST(FullyShard, PromisedUnitsGatherOneAtATimeInTheFirstStep) {
 }
 
 // By default the first forward gathers every unit, so a unit the model runs without
-// gz::run_unit() is read whole, and stays whole. (Training it is refused: its gradients arrive
-// outside a unit's backward.)
+// gz::run_unit() is read whole, and stays whole (and trains: UnitNotRunThroughRunUnitTrainsAsDdp).
 TEST(FullyShard, UnitNotRunThroughRunUnitIsReadWholeByDefault) {
   const int world = 2, steps = 2;
   Config c;
@@ -470,6 +469,14 @@ TEST(FullyShard, UnitNotRunThroughRunUnitIsReadWholeByDefault) {
       if (u.name == "body.1") direct_bytes = u.padded * static_cast<int64_t>(sizeof(float));
     EXPECT_EQ(fsdp->memory().whole_now, direct_bytes) << "rank " << r << ": body.1 should stay whole, alone";
   });
+}
+
+// A unit kept whole (run without gz::run_unit()) still trains: its backward starts with the
+// root's, its gradients are reduce-scattered into its shard like any unit's.
+TEST(FullyShard, UnitNotRunThroughRunUnitTrainsAsDdp) {
+  Config c;
+  c.direct_block = 1;
+  expect_same_training(2, c);
 }
 
 TEST(FullyShard, WithoutPrefetchOrReshardTrainsTheSame) {

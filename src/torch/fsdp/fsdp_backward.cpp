@@ -90,6 +90,10 @@ bool Impl::pre_backward(size_t i) {
       if (auto s = weak.lock()) s->end_backward();
     });
     callback_queued = true;
+    // Units the model never runs through run_unit() have no node of their own (they stay whole):
+    // their backward starts with the first unit's, the root's.
+    for (size_t k = 1; k < units.size(); ++k)
+      if (units[k].always_whole) pre_backward(k);
   }
   auto& u = units[i];
   if (u.in_backward || u.params.empty()) return true;  // a unit run twice in the forward: once is enough

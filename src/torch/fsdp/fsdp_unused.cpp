@@ -87,16 +87,17 @@ torch::Tensor FullyShardedDataParallel::Impl::tie_unused(const torch::Tensor& ou
     tied = TieUnused::apply(tied, u.output);
     u.tied = true;
   }
-  // A unit's reduce-scatter waits for the parameters its backward reaches. Not the root's, nor
-  // that of a unit holding others: their parameters are used before and after other units, so
-  // when their last gradient arrives would depend on what this rank reached; they go at the end.
+  // A unit's reduce-scatter waits for the parameters its backward reaches. Not the root's, that
+  // of a unit holding others, nor one run outside run_unit(): their parameters may be used before
+  // and after other units, so when their last gradient arrives would depend on what this rank
+  // reached; they go at the end.
   size_t k = 0;  // accumulators[] holds every unit's parameters in order (install_hooks)
   for (auto& u : units) {
     u.expected = 0;
     for (size_t j = 0; j < u.params.size(); ++j, ++k)
       if (seen.count(accumulators[k].get())) ++u.expected;
     if (u.tied) u.expected = 0;
-    if (&u == &units[0] || u.encloses) u.expected = std::numeric_limits<size_t>::max();
+    if (&u == &units[0] || u.encloses || u.always_whole) u.expected = std::numeric_limits<size_t>::max();
     u.output = torch::Tensor();
   }
   return tied;
