@@ -393,13 +393,14 @@ std::map<std::string, double> Trainer::evaluate() {
     if (cur.size() == static_cast<size_t>(config_.eval_batch_size)) batches.push_back(std::move(cur)), cur.clear();
   }
   if (!cur.empty()) batches.push_back(std::move(cur));
-  // The sharded forward is collective (its all-gathers): a rank with fewer samples than rank 0
-  // runs as many forwards, the extra ones on sample 0, and does not count them.
+  // The sharded forward is collective (its all-gathers): every rank runs as many forwards as the
+  // rank with the most batches (agreed, not derived: a node's copy of the test set may differ),
+  // the extra ones on sample 0, and does not count them.
   const size_t counted = batches.size();
   if (sharded) {
-    const size_t most = (n + static_cast<size_t>(world_) - 1) / static_cast<size_t>(world_);  // rank 0's
-    const auto bs = static_cast<size_t>(config_.eval_batch_size);
-    batches.resize((most + bs - 1) / bs, std::vector<size_t>{0});
+    auto most = torch::tensor({static_cast<int64_t>(counted)}, torch::kInt64);
+    gz::allreduce(most, comm::ReduceOp::max, group_);
+    batches.resize(static_cast<size_t>(most.item<int64_t>()), std::vector<size_t>{0});
   }
   DataLoader loader(test_data_, std::move(batches), static_cast<int>(config_.num_workers));
   std::vector<double> sums{0, 0, 0};  // loss sum, correct, count

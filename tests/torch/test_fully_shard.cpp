@@ -7,6 +7,7 @@
 
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <unordered_set>
 
 #include "gz/core/error.h"
@@ -509,10 +510,12 @@ void leave_out(Stack& m, int i, int r) {
   m->body->ptr(2)->as<BlockImpl>()->poison = m->dropped[2];
 }
 
-TrainRun train_leaving_out(int world, const Data& d, int steps, bool fsdp_mode, int micro) {
+TrainRun train_leaving_out(int world, const Data& d, int steps, bool fsdp_mode, int micro, int direct) {
   TrainRun out;
   std::vector<std::vector<torch::Tensor>> params(world);
-  auto models = make_stacks(world, Config{});
+  Config mc;
+  mc.direct_block = direct;
+  auto models = make_stacks(world, mc);
   run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
     auto g = make_comm(r, world, store);
     auto& m = models[r];
@@ -546,7 +549,7 @@ TrainRun train_leaving_out(int world, const Data& d, int steps, bool fsdp_mode, 
           return std::make_shared<DistributedDataParallel::NoSyncGuard>(ddp->reducer());
         });
     params[r] = fsdp ? fsdp->gather_full_parameters() : m->parameters();
-    if (fsdp) EXPECT_EQ(fsdp->memory().whole_now, 0) << "rank " << r << ": units left whole";
+    if (fsdp && direct < 0) EXPECT_EQ(fsdp->memory().whole_now, 0) << "rank " << r << ": units left whole";
     if (r == 0) out = std::move(run);
   });
   for (auto& p : params[0]) out.params.push_back(p.detach().clone());
@@ -554,12 +557,15 @@ TrainRun train_leaving_out(int world, const Data& d, int steps, bool fsdp_mode, 
 }
 
 TEST(FullyShard, FindUnusedParametersTrainsAsDdp) {
-  for (const auto& [world, micro] : {std::pair{2, 1}, {3, 1}, {2, 2}}) {
-    SCOPED_TRACE("world " + std::to_string(world) + ", micro-steps " + std::to_string(micro));
+  // {world, micro-steps, block run outside run_unit() (kept whole; -1: none; refused with
+  // find_unused_parameters: MisuseIsReported)}
+  for (const auto& [world, micro, direct] : {std::tuple{2, 1, -1}, {3, 1, -1}, {2, 2, -1}}) {
+    SCOPED_TRACE("world " + std::to_string(world) + ", micro-steps " + std::to_string(micro) + ", direct " +
+                 std::to_string(direct));
     const int steps = 30;
     auto d = make_data(steps * micro, world * kB);
-    const TrainRun ref = train_leaving_out(world, d, steps, false, micro);
-    const TrainRun got = train_leaving_out(world, d, steps, true, micro);
+    const TrainRun ref = train_leaving_out(world, d, steps, false, micro, direct);
+    const TrainRun got = train_leaving_out(world, d, steps, true, micro, direct);
     ASSERT_EQ(got.losses.size(), ref.losses.size());
     double worst = 0;
     for (size_t i = 0; i < ref.losses.size(); ++i)
@@ -763,6 +769,12 @@ TEST(FullyShard, MisuseIsReported) {
     }),
                  InvalidArgument);
     EXPECT_EQ(fsdp->memory().whole_now, 0) << "the refused forward left units whole";
+    // ... and a unit run outside gz::run_unit() (kept whole: its backward has no node of its own).
+    Config dc;
+    dc.direct_block = 0;
+    auto direct = make_stacks(1, dc)[0];
+    auto fd = fully_shard(direct.ptr(), direct->units(), g, fo);
+    EXPECT_THROW(fd->forward([&] { return direct->forward(torch::randn({2, 8})); }), InvalidArgument);
   });
 }
 

@@ -272,7 +272,8 @@ TEST(Trainer, DataParallelMatchesSingleProcess) {
 namespace {
 
 // Two ranks as threads over the shm backend; returns rank 0's final parameters.
-std::vector<torch::Tensor> run_two_ranks(const std::string& mode, TrainConfig c, int64_t crash_at) {
+std::vector<torch::Tensor> run_two_ranks(const std::string& mode, TrainConfig c, int64_t crash_at,
+                                         std::map<std::string, double>* metrics = nullptr) {
   std::vector<torch::Tensor> out;
   // Built here: the threads share the global RNG. No dropout for the same reason.
   std::vector<ModelPtr> nets{make_net(0.0), make_net(0.0)};
@@ -285,10 +286,11 @@ std::vector<torch::Tensor> run_two_ranks(const std::string& mode, TrainConfig c,
     Trainer t(cfg, group);
     t.set_model(nets[rank]);
     if (crash_at > 0) t.set_crash_at_step(crash_at);
-    t.train();
+    auto m = t.train();
     t.gather_model();  // zero_stage 3: train() leaves the parameters sharded
     EXPECT_EQ(t.world_size(), 2);
     if (rank == 0) out = params_of(t.model());
+    if (rank == 0 && metrics) *metrics = m;
   });
   return out;
 }
@@ -525,10 +527,15 @@ TEST(Trainer, ZeroStage3MatchesDdpAndResumes) {
     x->save_steps = 3;
     x->max_grad_norm = 0.5;
   }
-  auto ddp = run_two_ranks("ddp", ca, -1);
+  std::map<std::string, double> ddp_metrics, z3_metrics;
+  auto ddp = run_two_ranks("ddp", ca, -1, &ddp_metrics);
   cb.zero_stage = 3;
   cb.eval_batch_size = 16;  // 65 and 64 test samples: rank 0 evaluates one batch more (collective)
-  auto z3 = run_two_ranks("ddp", cb, -1);
+  auto z3 = run_two_ranks("ddp", cb, -1, &z3_metrics);
+  // The padding batch (rank 1's extra forward) counts nowhere: the final evaluation equals DDP's.
+  EXPECT_EQ(z3_metrics.at("test_samples"), ddp_metrics.at("test_samples"));
+  EXPECT_NEAR(z3_metrics.at("test_loss"), ddp_metrics.at("test_loss"), 1e-5);
+  EXPECT_EQ(z3_metrics.at("test_accuracy"), ddp_metrics.at("test_accuracy"));
   ASSERT_EQ(ddp.size(), z3.size());
   for (size_t i = 0; i < ddp.size(); ++i) EXPECT_TRUE(torch::allclose(ddp[i], z3[i], 1e-5, 1e-6)) << i;
   cc.zero_stage = 3;

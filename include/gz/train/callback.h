@@ -16,7 +16,9 @@ namespace gz::train {
 class Trainer;
 class TensorBoardWriter;
 
-/// @brief Hooks around the training loop. Defaults do nothing.
+/// @brief Hooks around the training loop. Defaults do nothing. At zero_stage 3 the model's
+/// parameters hold no memory between forwards: a hook reading Trainer::model() calls
+/// Trainer::gather_model() first (collective: on every rank).
 class Callback {
  public:
   virtual ~Callback() = default;

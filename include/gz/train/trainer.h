@@ -70,8 +70,9 @@ class Trainer {
   std::map<std::string, double> evaluate();
   /// @brief Collective: make model()'s parameters whole for reading outside train(). Needed at
   /// zero_stage 3 only, where they hold no memory between steps (this gathers the whole model on
-  /// every rank until the next training step); elsewhere it waits for ZeRO's parameter
-  /// all-gathers. Nothing before train().
+  /// every rank until the next forward: a training step or evaluate(), which free it again; a
+  /// callback reading model() at stage 3 must call it first, on every rank); elsewhere it waits
+  /// for ZeRO's parameter all-gathers. Nothing before train().
   void gather_model();
   /// @brief Collective: the main process writes a checkpoint of the current state while the others
   /// wait; every rank learns whether it worked. Returns the directory (empty on other ranks).

@@ -59,6 +59,12 @@ void reach_nodes(const torch::Tensor& t, std::unordered_set<const Node*>& seen) 
 // One byte per unit and rank: reached by this rank's output; and one more: not run (with
 // gradients) here. Every rank learns both from one all-reduce (max).
 torch::Tensor FullyShardedDataParallel::Impl::tie_unused(const torch::Tensor& out) {
+  // Known from the first forward, the same on every rank. Such a unit, dropped on some ranks,
+  // trained differently from DDP in the one test tried (not root-caused): refused.
+  for (const auto& u : units)
+    if (u.always_whole)
+      GZ_THROW(InvalidArgument, "FullyShardedDataParallel: unit '", u.name, "' does not run through ",
+               "gz::run_unit(); with find_unused_parameters every unit must");
   std::unordered_set<const Node*> seen;
   reach_nodes(out, seen);
   const auto n = units.size();
@@ -87,17 +93,16 @@ torch::Tensor FullyShardedDataParallel::Impl::tie_unused(const torch::Tensor& ou
     tied = TieUnused::apply(tied, u.output);
     u.tied = true;
   }
-  // A unit's reduce-scatter waits for the parameters its backward reaches. Not the root's, that
-  // of a unit holding others, nor one run outside run_unit(): their parameters may be used before
-  // and after other units, so when their last gradient arrives would depend on what this rank
-  // reached; they go at the end.
+  // A unit's reduce-scatter waits for the parameters its backward reaches. Not the root's, nor
+  // that of a unit holding others: their parameters are used before and after other units, so
+  // when their last gradient arrives would depend on what this rank reached; they go at the end.
   size_t k = 0;  // accumulators[] holds every unit's parameters in order (install_hooks)
   for (auto& u : units) {
     u.expected = 0;
     for (size_t j = 0; j < u.params.size(); ++j, ++k)
       if (seen.count(accumulators[k].get())) ++u.expected;
     if (u.tied) u.expected = 0;
-    if (&u == &units[0] || u.encloses || u.always_whole) u.expected = std::numeric_limits<size_t>::max();
+    if (&u == &units[0] || u.encloses) u.expected = std::numeric_limits<size_t>::max();
     u.output = torch::Tensor();
   }
   return tied;
