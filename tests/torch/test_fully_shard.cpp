@@ -150,6 +150,16 @@ void train(
   }
 }
 
+// train() through the wrapper's forward: no clipping, no no_sync() (plain steps).
+void train_sharded(
+    torch::optim::Optimizer& opt, const Config& c, const Data& d, int steps, int r, TrainRun& run,
+    FullyShardedDataParallel& fsdp, StackImpl& m, const std::function<void()>& after_step = [] {}) {
+  train(
+      opt, c, d, steps, r, run,
+      [&](const torch::Tensor& x) { return fsdp.forward([&] { return m.forward(x); }); }, [](double) {},
+      [] { return std::optional<std::shared_ptr<void>>(); }, after_step);
+}
+
 // FullyShardedDataParallel::clip_grad_norm_'s arithmetic over whole gradients: squares summed in
 // double, one coefficient. LibTorch's clip_grad_norm_ takes the norm in float, which rounds the
 // coefficient differently in its last bits.
@@ -423,10 +433,7 @@ TEST(FullyShard, PromisedUnitsGatherOneAtATimeInTheFirstStep) {
       auto fsdp = fully_shard(m.ptr(), m->units(), g, fo);
       torch::optim::AdamW opt(fsdp->parameters(), adamw());
       TrainRun run;
-      train(
-          opt, c, d, steps, r, run,
-          [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); }, [](double) {},
-          [] { return std::optional<std::shared_ptr<void>>(); });
+      train_sharded(opt, c, d, steps, r, run, *fsdp, *m);
       peak[r] = fsdp->memory().whole_peak;  // since construction: the first step's included
       for (const auto& u : fsdp->units()) model_bytes[r] += u.padded * static_cast<int64_t>(sizeof(float));
       if (r == 0) losses[promised] = run.losses;
@@ -588,10 +595,7 @@ TEST(FullyShard, OptimizerStateUnshardsAndShardsBack) {
     auto fsdp = fully_shard(m.ptr(), m->units(), g);
     torch::optim::AdamW opt(fsdp->parameters(), adamw());
     TrainRun run;
-    train(
-        opt, c, d, 4, r, run,
-        [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); }, [](double) {},
-        [] { return std::optional<std::shared_ptr<void>>(); });
+    train_sharded(opt, c, d, 4, r, run, *fsdp, *m);
     std::vector<torch::Tensor> moments;  // exp_avg of each shard, in parameters() order
     for (auto& s : fsdp->parameters())
       moments.push_back(
@@ -647,10 +651,7 @@ TEST_P(FullyShardFailedPass, NextStepTrainsAsIfItNeverHappened) {
       middle->fail_backward = middle->fail_forward = false;
       if (!in_backward) EXPECT_EQ(fsdp->memory().whole_now, 0) << "a failed forward left units whole";
     };
-    train(
-        opt, c, d, steps, r, run,
-        [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); }, [](double) {},
-        [] { return std::optional<std::shared_ptr<void>>(); }, fail_once);
+    train_sharded(opt, c, d, steps, r, run, *fsdp, *m, fail_once);
     EXPECT_EQ(fsdp->memory().whole_now, 0) << "whole parameters or gradients left after the step";
     auto params = fsdp->gather_full_parameters();
     if (r != 0) return;
@@ -682,10 +683,7 @@ TEST(FullyShard, DestroyedWrapperLeavesTheModuleWhole) {
       auto fsdp = fully_shard(m.ptr(), m->units(), g);
       torch::optim::AdamW opt(fsdp->parameters(), adamw());
       TrainRun run;
-      train(
-          opt, c, d, steps, r, run,
-          [&](const torch::Tensor& x) { return fsdp->forward([&] { return m->forward(x); }); }, [](double) {},
-          [] { return std::optional<std::shared_ptr<void>>(); });
+      train_sharded(opt, c, d, steps, r, run, *fsdp, *m);
       const auto want = fsdp->gather_full_parameters();
       if (unshard_first) fsdp->unshard();
       fsdp.reset();
@@ -726,10 +724,7 @@ TEST(FullyShard, LastHolderFreesWithoutGathering) {
     auto fsdp = fully_shard(std::move(module), std::move(units), g);
     torch::optim::AdamW opt(fsdp->parameters(), adamw());
     TrainRun run;
-    train(
-        opt, c, d, 1, r, run,
-        [&](const torch::Tensor& x) { return fsdp->forward([&] { return model->forward(x); }); },
-        [](double) {}, [] { return std::optional<std::shared_ptr<void>>(); });
+    train_sharded(opt, c, d, 1, r, run, *fsdp, *model);
     fsdp.reset();
     bytes_after[r] = weight.storage().nbytes();
   });

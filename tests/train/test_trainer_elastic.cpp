@@ -16,23 +16,14 @@
 #include "gz/train/callback.h"
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
+#include "support/tiny_net.h"
 
 namespace fs = std::filesystem;
 using namespace gz::train;
 
 namespace {
 
-struct NetImpl : ModelImpl {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(16, 24));
-    fc2 = register_module("fc2", torch::nn::Linear(24, 4));
-  }
-  torch::Tensor forward(torch::Tensor x) override {
-    return fc2->forward(torch::relu(fc1->forward(x.reshape({x.size(0), -1}))));
-  }
-  std::shared_ptr<ModelImpl> clone_model() const override { return nullptr; }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
+using NetImpl = gz::test::TinyNetImpl;
 
 // What every rank trained on, step by step, per launch of train() (a session).
 struct Record {
