@@ -91,10 +91,10 @@ start_node() {
   ) 2>/dev/null &  # no "Killed" notices from this shell: the test kills gzruns on purpose
 }
 wait_for() {  # SECONDS DESCRIPTION COMMAND...: poll every 50 ms
-  local limit=$(($1 * 20)) what=$2
+  local secs=$1 limit=$(($1 * 20)) what=$2
   shift 2
   for ((t = 0; t < limit; ++t)); do "$@" && return 0; sleep 0.05; done
-  fail "timed out ($limit polls) waiting for: $what"
+  fail "timed out ($secs s) waiting for: $what"
 }
 in_log() { grep -q "$2" "$dir/host$1.log" 2>/dev/null; }
 gone() { for p in "$@"; do kill -0 "$p" 2>/dev/null && return 1; done; return 0; }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "gz/core/error.h"
@@ -26,6 +27,7 @@ Supervisor::~Supervisor() {
   // Every exit path, exceptions included: nothing of ours keeps running.
   kill_all_groups(SIGKILL, true);
   if (upload_.joinable()) upload_.join();
+  if (verdict_.joinable()) verdict_.join();
   if (devnull_ >= 0) ::close(devnull_);
 }
 
@@ -35,6 +37,13 @@ bool Supervisor::poll_interrupt() {
 }
 
 int Supervisor::run() {
+  const int rc = run_rounds();
+  // A verdict still being judged in the background is printed before gzrun exits.
+  if (verdict_.joinable()) verdict_.join();
+  return rc;
+}
+
+int Supervisor::run_rounds() {
   const SupervisorConfig::Cancelled cancelled = [this] { return poll_interrupt(); };
   JobMonitor* mon = c_.monitor;
   for (int expected = 0;;) {
@@ -479,20 +488,35 @@ void Supervisor::print_verdict(const JobFailure& failure) {
     say("the verdict of this failure is printed by node 0's gzrun");
     return;
   }
+  // Node 0 judges in the background: the other nodes join the next round at once, and a node 0
+  // that waited --verdict-wait for their reports first would miss its join window (a round later,
+  // a second restart of every worker).
+  if (verdict_.joinable()) verdict_.join();
+  std::vector<int> alive{round_.node_rank};
   try {
-    std::vector<int> silent, alive{round_.node_rank};
-    const int r = round_.round;
     auto store = c_.store_client();
     // Every node still there has acknowledged the failure by now (the store host waited for
     // that in end_round()): wait for their reports only, not for dead or cut-off nodes'.
     for (int n = 0; n < round_.nnodes; ++n)
-      if (n != round_.node_rank && store->check({JobMonitor::round_key(r, "acked/" + std::to_string(n))}))
+      if (n != round_.node_rank &&
+          store->check({JobMonitor::round_key(round_.round, "acked/" + std::to_string(n))}))
         alive.push_back(n);
-    std::string input = gather_reports(
-        *store, [r](int n) { return report_key(r, n); }, round_.nnodes,
-        Deadline::after(Duration(static_cast<long long>(o_.verdict_wait_s * 1000))), &silent, alive);
-    input += job_line(round_.run_id, round_.nnodes, o_.nproc_per_node, &failure, silent);
-    say_lines(judge_reports(input, stuck_ms, dir, what));
+    // TEST ONLY: GZ_TEST_VERDICT_DELAY_MS holds the verdict up (tests/launcher/multihost_etcd.sh).
+    const long long delay_ms = std::max(0LL, c_.base_env.get_int("GZ_TEST_VERDICT_DELAY_MS", 0));
+    verdict_ = std::thread([this, store = std::shared_ptr<Store>(std::move(store)), alive, round = round_,
+                            failure, dir, what, stuck_ms, delay_ms] {
+      try {
+        if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+        std::vector<int> silent;
+        std::string input = gather_reports(
+            *store, [r = round.round](int n) { return report_key(r, n); }, round.nnodes,
+            Deadline::after(Duration(static_cast<long long>(o_.verdict_wait_s * 1000))), &silent, alive);
+        input += job_line(round.run_id, round.nnodes, o_.nproc_per_node, &failure, silent);
+        say_lines(judge_reports(input, stuck_ms, dir, what));
+      } catch (const std::exception& e) {
+        say(std::string("no verdict: cannot gather the nodes' reports: ") + e.what());
+      }
+    });
   } catch (const std::exception& e) {
     say(std::string("no verdict: cannot gather the nodes' reports: ") + e.what());
   }

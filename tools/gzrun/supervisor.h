@@ -131,6 +131,9 @@ class Supervisor {
   bool collected_ = false;
   std::string report_;
   std::thread upload_;
+  std::thread verdict_;  ///< node 0 gathering the reports and printing the verdict
+  /// @brief The rounds of run(), until gzrun is to exit (its exit code).
+  int run_rounds();
 };
 
 }  // namespace gz::launcher
