@@ -10,11 +10,13 @@
 #           redone from the sample audit (tests/train/check_sample_log.py).
 # cost      per model, ROUNDS rounds of ON (snapshot_every 1), OFF, OFF2 (OFF again: the control),
 #           with OLD_TRAIN also OLD (that gz-train, e.g. one built before a change, snapshot_every
-#           1), with CAPTURES2=1 also ON2 (GZ_SNAPSHOT_CAPTURES=2); order reversed every other
+#           1), with CAPTURES2=1 also ON2 (GZ_SNAPSHOT_CAPTURES=2), and ON0 (GZ_DEFER_STATE_COPY=0:
+#           the copy on the training thread); order reversed every other
 #           round; throughput = steps/s between the history rows of step WARMUP and the last
 #           step; the training thread's ms per snapshot from gz-train's "snapshots:" line.
 # ckpt      disk checkpoints (async_checkpoint): per model, ROUNDS rounds of SYNC (written on the
-#           training thread), ASYNC (copied, written in the background) and NONE (no checkpoints:
+#           training thread), ASYNC (copied alongside the next step, written in the background),
+#           ASYNC0 (GZ_DEFER_STATE_COPY=0: copied on the training thread) and NONE (no checkpoints:
 #           the step time), a checkpoint every CNN_SAVE / BERT_CKPT_SAVE steps, order reversed
 #           every other round; the training thread's ms per save from gz-train's "checkpoints:"
 #           line (rank 0; rank 1 waits for it), as a share of NONE's step.
@@ -100,23 +102,24 @@ fi
 if [[ " $PARTS " = *" ckpt "* ]]; then
   # ckpt_run MODEL MODE -> steps/s ("nan" on failure); the "checkpoints:" line in its .out
   ckpt_run() {
-    local model=$1 mode=$2 max=$CNN_STEPS every=$CNN_SAVE flags
+    local model=$1 mode=$2 max=$CNN_STEPS every=$CNN_SAVE flags env=X=1
     [ "$model" = bert_small ] && { max=$BERT_STEPS; every=$BERT_CKPT_SAVE; }
     case $mode in
       sync) flags="--save_steps $every --async_checkpoint false" ;;
       async) flags="--save_steps $every --async_checkpoint true" ;;
+      async0) flags="--save_steps $every --async_checkpoint true"; env=GZ_DEFER_STATE_COPY=0 ;;
       none) flags="--save_checkpoints false" ;;
     esac
     # shellcheck disable=SC2046,SC2086
-    [ "$(gzrun_train "$work/ckpt-$model-$mode-r$r" X=1 -- $(args_of "$model") --max_steps "$max" \
+    [ "$(gzrun_train "$work/ckpt-$model-$mode-r$r" "$env" -- $(args_of "$model") --max_steps "$max" \
       --eval_steps 100000 --save_total_limit 2 $flags)" = nan ] && { echo nan; return; }
     history_steps_per_s "$work/ckpt-$model-$mode-r$r/history.jsonl" "$WARMUP"
   }
   declare -A csps cms
   for ((r = 1; r <= ROUNDS; ++r)); do
     for model in $MODELS; do
-      order="sync async none"
-      [ $((r % 2)) = 0 ] && order="none async sync"
+      order="sync async async0 none"
+      [ $((r % 2)) = 0 ] && order="none async0 async sync"
       for mode in $order; do
         s=$(ckpt_run "$model" "$mode")
         csps[$model/$mode]="${csps[$model/$mode]:-} $s"
@@ -133,7 +136,7 @@ if [[ " $PARTS " = *" ckpt "* ]]; then
   for model in $MODELS; do
     none_ms=$(awk -v s="$(median "${csps[$model/none]}")" 'BEGIN{printf "%.1f", 1000 / s}')
     echo "| $model | none | $none_ms | | | | | |"
-    for mode in sync async; do
+    for mode in sync async async0; do
       step=$(awk -v s="$(median "${csps[$model/$mode]}")" 'BEGIN{printf "%.1f", 1000 / s}')
       rat=$(ratios "${csps[$model/$mode]}" "${csps[$model/none]}")
       own=$(median "${cms[$model/$mode]:-}")
@@ -144,14 +147,15 @@ if [[ " $PARTS " = *" ckpt "* ]]; then
 fi
 
 [[ " $PARTS " = *" cost "* ]] || exit 0
-modes="on off off2${OLD_TRAIN:+ old}${CAPTURES2:+ on2}"
+modes="on off off2${OLD_TRAIN:+ old}${CAPTURES2:+ on2} on0"
 # run MODEL MODE -> steps/s ("nan" on failure)
 run() {
   local model=$1 mode=$2 dir every=0 bin=$train env=(X=1)
   dir=$work/$model-$mode-r$r
-  case $mode in on | on2 | old) every=1 ;; esac
+  case $mode in on | on0 | on2 | old) every=1 ;; esac
   [ "$mode" = old ] && bin=$OLD_TRAIN
   [ "$mode" = on2 ] && env+=(GZ_SNAPSHOT_CAPTURES=2)
+  [ "$mode" = on0 ] && env+=(GZ_DEFER_STATE_COPY=0)
   local max=$CNN_STEPS
   [ "$model" = bert_small ] && max=$BERT_STEPS
   # shellcheck disable=SC2046

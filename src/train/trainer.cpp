@@ -215,6 +215,7 @@ void Trainer::setup() {
                                                            c.save_total_limit, c.metric_for_best_model,
                                                            c.greater_is_better);
 
+  impl_->defer_state_copy = Env::from_process().get_bool("GZ_DEFER_STATE_COPY", true);
   callbacks_.clear();
   callbacks_.push_back(std::make_shared<LrSchedulerCallback>());
   if (default_callbacks_) {
@@ -310,6 +311,13 @@ void Trainer::plan_steps(int64_t reference) {
   if (impl_->strategy) impl_->strategy->set_accumulation(p.accumulation);
 }
 
+void Trainer::for_each_callback(const std::function<void(Callback&)>& hook) {
+  for (auto& cb : callbacks_) {
+    if (cb->changes_training_state()) finish_state_copies();
+    hook(*cb);
+  }
+}
+
 void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch) {
   const auto& c = config_;
   auto& strategy = *impl_->strategy;
@@ -343,6 +351,9 @@ void Trainer::train_step(DataLoader& loader, int64_t accum, int64_t global_batch
     strategy.end_micro_step();
   }
   gz::set_phase(gz::Phase::optimizer);  // Horovod mode's synchronize() marks itself comm
+  // A checkpoint's or snapshot's copy of the parameters and optimizer state ran alongside this
+  // step's forward and backward (which only read them); the update must not start before it ends.
+  finish_state_copies();
   strategy.before_update();
   auto& scaler = *impl_->scaler;
   if (c.max_grad_norm > 0) {
@@ -457,11 +468,20 @@ void Trainer::run_eval() {
       ++state_.evals_without_improvement;
     }
   }
-  for (auto& cb : callbacks_) cb->on_evaluate(*this);
+  for_each_callback([&](Callback& cb) { cb.on_evaluate(*this); });
 }
 
 namespace {
 // Sets a flag for a scope, however it ends.
+// Runs `fn` however the scope is left (an exception included).
+struct AtExit {
+  explicit AtExit(std::function<void()> f) : fn(std::move(f)) {}
+  ~AtExit() { fn(); }
+  AtExit(const AtExit&) = delete;
+  AtExit& operator=(const AtExit&) = delete;
+  std::function<void()> fn;
+};
+
 struct FlagScope {
   explicit FlagScope(bool& f) : flag(f) { flag = true; }
   ~FlagScope() { flag = false; }
@@ -471,10 +491,7 @@ struct FlagScope {
 };
 }  // namespace
 
-std::map<std::string, double> Trainer::train() {
-  setup();
-  const FlagScope in_train(impl_->in_train);  // a save outside train() is on disk when it returns
-  impl_->clock.reset();
+void Trainer::begin_training() {
   const auto& c = config_;
   if (is_main()) {
     std::error_code ec;
@@ -491,9 +508,18 @@ std::map<std::string, double> Trainer::train() {
     session_id_ = broadcast_value(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
   }
   if (state_.step > 0) impl_->strategy->after_load();  // Horovod mode: rank 0's optimizer state
-  for (auto& cb : callbacks_) cb->on_train_begin(*this);
-
+  for_each_callback([&](Callback& cb) { cb.on_train_begin(*this); });
   impl_->first_step = state_.step;
+}
+
+std::map<std::string, double> Trainer::train() {
+  setup();
+  const FlagScope in_train(impl_->in_train);  // a save outside train() is on disk when it returns
+  // However train() ends, no copy reads the live state after it: the caller may change it.
+  const AtExit copies_finished([this] { finish_state_copies(); });
+  impl_->clock.reset();
+  begin_training();
+  const auto& c = config_;
 
   const size_t n = train_data_->size();
   while (state_.step < state_.total_steps && !state_.should_stop) {
@@ -507,8 +533,7 @@ std::map<std::string, double> Trainer::train() {
       state_.epoch_samples = 0;
       continue;
     }
-    if (state_.epoch_samples == 0)
-      for (auto& cb : callbacks_) cb->on_epoch_begin(*this);
+    if (state_.epoch_samples == 0) for_each_callback([&](Callback& cb) { cb.on_epoch_begin(*this); });
     const size_t steps =
         std::min<size_t>(plan.steps(), static_cast<size_t>(state_.total_steps - state_.step));
     std::vector<std::vector<size_t>> batches = epoch_batches(plan, epoch, steps);
@@ -528,13 +553,13 @@ std::map<std::string, double> Trainer::train() {
       }
       state_.schedule_step =
           c.elastic_batch == "keep_global" ? state_.step : state_.samples_seen / p.reference_global_batch;
-      for (auto& cb : callbacks_) cb->on_step_begin(*this);
+      for_each_callback([&](Callback& cb) { cb.on_step_begin(*this); });
       train_step(loader, p.accumulation, p.global_batch);
       ++state_.step;
       state_.epoch_samples += p.global_batch;
       state_.samples_seen += p.global_batch;
       if (c.eval_steps > 0 && state_.step % c.eval_steps == 0) run_eval();
-      for (auto& cb : callbacks_) cb->on_step_end(*this);
+      for_each_callback([&](Callback& cb) { cb.on_step_end(*this); });
       // Not at an epoch's last step: restoring it would skip that epoch's end (evaluation,
       // on_epoch_end, its checkpoint), which runs after this point.
       if (impl_->snapshot_writer && state_.step % c.snapshot_every == 0 &&
@@ -545,14 +570,15 @@ std::map<std::string, double> Trainer::train() {
     }
     if (static_cast<size_t>(state_.epoch_samples) == plan.end()) {
       if (c.eval_steps == 0 && impl_->last_eval_step != state_.step) run_eval();
-      for (auto& cb : callbacks_) cb->on_epoch_end(*this);
+      for_each_callback([&](Callback& cb) { cb.on_epoch_end(*this); });
       // A checkpoint written above records the epoch as consumed; resuming there moves on.
       ++state_.epoch;
       state_.epoch_samples = 0;
     }
   }
   if (impl_->last_eval_step != state_.step) run_eval();
-  for (auto& cb : callbacks_) cb->on_train_end(*this);
+  for_each_callback([&](Callback& cb) { cb.on_train_end(*this); });
+  finish_state_copies();       // counted in the checkpoints' and snapshots' time logged below
   finish_checkpoint_writes();  // the last checkpoint is on disk when train() returns
   // An early stop ends the run too: its snapshots would only hold the node's memory.
   finish_snapshots(state_.step >= state_.total_steps || state_.should_stop);

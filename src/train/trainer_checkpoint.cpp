@@ -96,6 +96,7 @@ void Trainer::write_state(torch::serialize::OutputArchive& root) { write_trainin
 
 std::string Trainer::save_checkpoint() {
   gz::ScopedPhase phase(gz::Phase::checkpoint);
+  finish_state_copies();  // ZeRO's before_save() gathers into the optimizer a copy may read
   Stopwatch clock;
   std::string dir;
   if (impl_->sharded_checkpoints) {
@@ -122,7 +123,7 @@ std::string Trainer::save_checkpoint() {
   }
   impl_->checkpoint_seconds += clock.seconds();
   ++impl_->checkpoints_saved;
-  for (auto& cb : callbacks_) cb->on_save(*this, dir);
+  for_each_callback([&](Callback& cb) { cb.on_save(*this, dir); });
   return dir;
 }
 
@@ -145,7 +146,10 @@ std::string Trainer::write_consolidated_checkpoint() {
   const std::string why = why_not_async(live);
   if (why.empty()) {
     if (!writer) writer = std::make_unique<CheckpointWriter>(*impl_->checkpoints);
-    return writer->start(live, state_.step, state_.epoch, checkpoint_metrics());
+    std::string dir =
+        writer->start(live, state_.step, state_.epoch, checkpoint_metrics(), impl_->defer_state_copy);
+    impl_->checkpoint_copying = impl_->defer_state_copy;  // waited for before the next update
+    return dir;
   }
   if (config_.async_checkpoint && impl_->in_train && !impl_->checkpoint_fallback_logged)
     GZ_LOG(info, "rank ", rank_, ": checkpoints of ", why, " are written on the training thread");
@@ -153,6 +157,21 @@ std::string Trainer::write_consolidated_checkpoint() {
   torch::serialize::OutputArchive root;
   write_training_state(live, root);
   return impl_->checkpoints->save(root, state_.step, state_.epoch, checkpoint_metrics());
+}
+
+void Trainer::finish_state_copies() {
+  if (impl_->checkpoint_copying) {
+    Stopwatch waiting;
+    impl_->checkpoint_writer->wait_copied();  // a failed copy fails the write: reported there
+    impl_->checkpoint_seconds += waiting.seconds();
+    impl_->checkpoint_copying = false;
+  }
+  if (impl_->snapshot_copying) {
+    Stopwatch waiting;
+    impl_->snapshot_copying->wait_copied();
+    impl_->snapshot_seconds += waiting.seconds();
+    impl_->snapshot_copying = nullptr;
+  }
 }
 
 void Trainer::finish_checkpoint_writes() {

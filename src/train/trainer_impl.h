@@ -57,6 +57,13 @@ struct Trainer::Impl {
   double snapshot_seconds = 0;       // spent on the training thread (copying, waiting)
   double snapshot_wait_seconds = 0;  // of it, waiting for the writer (a capture, the queue)
   int64_t snapshots_taken = 0;
+  // GZ_DEFER_STATE_COPY (default 1): a background checkpoint's or snapshot's copy of the
+  // parameters and optimizer state runs alongside the next step; 0 copies on the training thread
+  // (for a model whose forward changes its own parameters, and for A/B benchmarks).
+  bool defer_state_copy = true;
+  // Copies of the live state still running in the background (finish_state_copies() waits).
+  bool checkpoint_copying = false;
+  StateCapture* snapshot_copying = nullptr;
 };
 
 }  // namespace gz::train

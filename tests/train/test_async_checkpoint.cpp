@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -62,21 +63,34 @@ TrainConfig config(const fs::path& work, bool async) {
   return c;
 }
 
-// Installs the checkpoint test hooks once train() has made the CheckpointManager.
+// Installs the checkpoint test hooks once train() has made the CheckpointManager. Changes no
+// training state: the Trainer does not wait for a background copy before its hooks, so only
+// the waits of the training loop itself are tested.
 struct Hooks : Callback {
   explicit Hooks(CheckpointTestHooks h) : hooks(std::move(h)) {}
   void on_train_begin(Trainer& t) override { t.checkpoints().set_test_hooks(hooks); }
+  bool changes_training_state() const override { return false; }
   CheckpointTestHooks hooks;
+};
+
+// After every step (after ModelCheckpoint's save: user callbacks come last), scales the
+// parameters, as a user's weight clipping or pruning would.
+struct ScaleParameters : Callback {
+  void on_step_end(Trainer& t) override {
+    torch::NoGradGuard no_grad;
+    for (auto& p : t.model()->parameters()) p.mul_(0.9);
+  }
 };
 
 // Trains `c` from the same initial net every time; returns the final parameters.
 std::vector<torch::Tensor> train(const TrainConfig& c, CheckpointTestHooks hooks = {},
-                                 int64_t* step_at_throw = nullptr) {
+                                 int64_t* step_at_throw = nullptr, CallbackPtr extra = nullptr) {
   torch::manual_seed(99);
   auto net = std::make_shared<NetImpl>();
   Trainer t(c);
   t.set_model(net);
   t.add_callback(std::make_shared<Hooks>(std::move(hooks)));
+  if (extra) t.add_callback(extra);
   try {
     t.train();
   } catch (...) {
@@ -179,6 +193,38 @@ CheckpointTestHooks slow_writes(int ms) {
   return h;
 }
 
+// Slows every copy of the live state down (its thread sleeps before copying), so the next
+// step's forward and backward end before it.
+CheckpointTestHooks slow_copies(int ms) {
+  CheckpointTestHooks h;
+  h.in_state_copy = [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  return h;
+}
+
+// Sync and async (with `hooks`) training of `c` give the same final parameters and the same
+// checkpoints at steps 2, 4 and 6.
+void expect_async_equals_sync(const TrainConfig& c, const fs::path& dir, CheckpointTestHooks hooks,
+                              const std::function<CallbackPtr()>& extra = {}) {
+  TrainConfig sync_config = c, async_config = c;
+  sync_config.work_dir = (dir / "sync").string();
+  sync_config.async_checkpoint = false;
+  async_config.work_dir = (dir / "async").string();
+  async_config.async_checkpoint = true;
+  const auto sync = train(sync_config, {}, nullptr, extra ? extra() : nullptr);
+  const auto async = train(async_config, std::move(hooks), nullptr, extra ? extra() : nullptr);
+  ASSERT_EQ(async.size(), sync.size());
+  for (size_t i = 0; i < sync.size(); ++i)
+    EXPECT_TRUE(torch::equal(async[i], sync[i])) << "final parameter " << i << " differs";
+  CheckpointManager want((dir / "sync" / "checkpoints").string(), 10, "", true);
+  CheckpointManager got((dir / "async" / "checkpoints").string(), 10, "", true);
+  ASSERT_EQ(got.list().size(), 3u);
+  for (int64_t step : {2, 4, 6}) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    expect_same_checkpoint(want.path_of(step), got.path_of(step));
+  }
+  EXPECT_FALSE(has_temp_dirs(got.root()));
+}
+
 // The background write of `name` fails.
 CheckpointTestHooks failing_write(const std::string& name) {
   CheckpointTestHooks h;
@@ -196,19 +242,25 @@ CheckpointTestHooks failing_write(const std::string& name) {
 // optimizer state (capture_optimizer() skipped) fails the optimizer's.
 TEST(AsyncCheckpoint, FilesAndTrainingEqualSynchronousSaves) {
   TmpDir tmp;
-  const auto sync = train(config(tmp.path / "sync", false));
-  const auto async = train(config(tmp.path / "async", true), slow_writes(40));
-  ASSERT_EQ(async.size(), sync.size());
-  for (size_t i = 0; i < sync.size(); ++i)
-    EXPECT_TRUE(torch::equal(async[i], sync[i])) << "final parameter " << i << " differs";
-  CheckpointManager want((tmp.path / "sync" / "checkpoints").string(), 10, "", true);
-  CheckpointManager got((tmp.path / "async" / "checkpoints").string(), 10, "", true);
-  ASSERT_EQ(got.list().size(), 3u);
-  for (int64_t step : {2, 4, 6}) {
-    SCOPED_TRACE("step " + std::to_string(step));
-    expect_same_checkpoint(want.path_of(step), got.path_of(step));
-  }
-  EXPECT_FALSE(has_temp_dirs(got.root()));
+  expect_async_equals_sync(config(tmp.path, true), tmp.path, slow_writes(40));
+}
+
+// The copy of the parameters and optimizer state runs alongside the next step's forward and
+// backward; held up past them, the optimizer step must wait for it, or the checkpoint would
+// hold the next step's values. Mutation check: no finish_state_copies() in train_step() fails
+// the comparison of every checkpoint (parameters and optimizer state).
+TEST(AsyncCheckpoint, TheNextUpdateWaitsForASlowCopy) {
+  TmpDir tmp;
+  expect_async_equals_sync(config(tmp.path, true), tmp.path, slow_copies(150));
+}
+
+// A user callback that changes the parameters right after the save runs only once the copy is
+// done. Mutation check: for_each_callback() not waiting before such a callback fails the
+// comparison of the parameters.
+TEST(AsyncCheckpoint, ACallbackChangingTheModelWaitsForTheCopy) {
+  TmpDir tmp;
+  expect_async_equals_sync(config(tmp.path, true), tmp.path, slow_copies(150),
+                           [] { return std::make_shared<ScaleParameters>(); });
 }
 
 // The failure tests' parts (one ctest: each ctest is a process that loads LibTorch, ~1 s).

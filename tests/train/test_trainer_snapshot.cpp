@@ -5,16 +5,19 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "../../src/torch/torch_compat.h"  // the optimizer's state of a parameter
 #include "gz/comm/shm.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/train/callback.h"
+#include "gz/train/checkpoint.h"
 #include "gz/train/recovery/snapshot_store.h"
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
@@ -83,6 +86,8 @@ struct Probe : Callback {
     std::lock_guard<std::mutex> lock(mu);
     at_begin[t.rank()] = capture(t);
   }
+  // Only reads: the Trainer does not wait for a snapshot's background copy before its hooks.
+  bool changes_training_state() const override { return false; }
   int64_t at;
   std::mutex mu;
   std::map<int, Captured> after_step, at_begin;
@@ -120,7 +125,7 @@ TrainConfig config(const fs::path& dir) {
 // One launch on 2 ranks; `dirs` gives each rank its snapshot folder (its "node"). Returns rank
 // 0's final parameters (empty after a crash).
 std::vector<torch::Tensor> launch(TrainConfig c, const std::vector<fs::path>& dirs, int64_t crash_at,
-                                  Probe& probe) {
+                                  Probe& probe, const std::function<CallbackPtr()>& extra = {}) {
   std::vector<torch::Tensor> out;
   std::vector<ModelPtr> nets;  // built here: the global generator is shared by the threads
   for (int r = 0; r < 2; ++r) {
@@ -136,12 +141,13 @@ std::vector<torch::Tensor> launch(TrainConfig c, const std::vector<fs::path>& di
     Trainer t(mine, group);
     t.set_model(nets[static_cast<size_t>(rank)]);
     t.add_callback(std::shared_ptr<Probe>(&probe, [](Probe*) {}));
+    if (extra) t.add_callback(extra());
     if (crash_at > 0) t.set_crash_at_step(crash_at);
     t.train();
     if (rank == 0)
       for (auto& p : t.model()->parameters()) out.push_back(p.detach().clone());
   };
-  if (crash_at > 0) {
+  if (crash_at > 0 || extra) {
     EXPECT_THROW(gz::test::run_ranks(2, body), gz::Aborted);
   } else {
     gz::test::run_ranks(2, body);
@@ -268,6 +274,43 @@ TEST(TrainerSnapshot, ASnapshotOfAnotherConfigIsRefusedForTheDiskCheckpoint) {
   LauncherEnv job("4200", 1);
   launch(c, {node, node}, -1, resumed);
   EXPECT_EQ(resumed.at_begin[0].step, 10) << "not resumed from the disk checkpoint of step 10";
+}
+
+// Slows every snapshot's copy down (CheckpointTestHooks::in_state_copy) and crashes every rank
+// at the end of step `at`, before that step's snapshot: the newest is step at - 1's, whose copy
+// ran alongside step `at`.
+struct SlowCopyThenCrash : Callback {
+  explicit SlowCopyThenCrash(int64_t at) : at(at) {}
+  void on_train_begin(Trainer& t) override {
+    CheckpointTestHooks h;
+    h.in_state_copy = [] { std::this_thread::sleep_for(std::chrono::milliseconds(150)); };
+    t.checkpoints().set_test_hooks(h);
+  }
+  void on_step_end(Trainer& t) override {
+    if (t.state().step == at) GZ_THROW(gz::Aborted, "rank ", t.rank(), ": crash at the end of step ", at);
+  }
+  bool changes_training_state() const override { return false; }
+  int64_t at;
+};
+
+// A snapshot's copy of the parameters and optimizer state runs alongside the next step's forward
+// and backward; held up past them, the next update waits for it, so the snapshot still holds its
+// own step. Mutation check: not recording the copy in submit_capture() (impl_->snapshot_copying
+// left null, so nothing waits for it) restores a state that differs from step 5's.
+TEST(TrainerSnapshot, ASlowCopyStillHoldsItsStep) {
+  TmpDir tmp;
+  const fs::path node = tmp.path / "node";
+  Probe crashed(5), resumed(5);
+  TrainConfig c = config(tmp.path);
+  {
+    LauncherEnv job("4400", 0);
+    launch(c, {node, node}, -1, crashed, [] { return std::make_shared<SlowCopyThenCrash>(6); });
+  }
+  ASSERT_EQ(snapshot_steps(node, "4400"), (std::vector<int64_t>{5, 4}));
+  LauncherEnv job("4400", 1);
+  launch(c, {node, node}, -1, resumed);
+  for (int r = 0; r < 2; ++r)
+    expect_same(crashed.after_step[r], resumed.at_begin[r], "rank " + std::to_string(r));
 }
 
 // A user who starts training again in the same work_dir (a new gzrun, not its restart) starts

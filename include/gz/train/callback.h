@@ -34,12 +34,20 @@ class Callback {
   virtual void on_evaluate(Trainer&) {}
   /// @brief After a checkpoint was written to `dir`.
   virtual void on_save(Trainer&, const std::string& dir) {}
+  /// @brief Whether this callback may change the model's parameters or the optimizer's state.
+  /// A background checkpoint or snapshot copies them while training goes on (until the next
+  /// optimizer step); before a hook of a callback that may change them the Trainer waits for
+  /// that copy. Override to return false in a callback that only reads them: it then runs while
+  /// the copy does.
+  virtual bool changes_training_state() const { return true; }
 };
 using CallbackPtr = std::shared_ptr<Callback>;
 
 /// @brief Sets the optimizer lr from the LrScheduler before every step.
 class LrSchedulerCallback : public Callback {
  public:
+  // Reads parameters and optimizer state at most (the lr it sets is copied at once).
+  bool changes_training_state() const override { return false; }
   void on_step_begin(Trainer& t) override;
 };
 
@@ -47,6 +55,7 @@ class LrSchedulerCallback : public Callback {
 /// best metric; rotation keeps save_total_limit (CheckpointManager).
 class ModelCheckpoint : public Callback {
  public:
+  bool changes_training_state() const override { return false; }
   void on_step_end(Trainer& t) override;
   void on_epoch_end(Trainer& t) override;
   void on_evaluate(Trainer& t) override;
@@ -59,6 +68,7 @@ class ModelCheckpoint : public Callback {
 /// @brief Stops training after `patience` evaluations without an improvement > threshold.
 class EarlyStopping : public Callback {
  public:
+  bool changes_training_state() const override { return false; }
   EarlyStopping(int64_t patience, double threshold) : patience_(patience), threshold_(threshold) {}
   void on_evaluate(Trainer& t) override;
 
@@ -71,6 +81,7 @@ class EarlyStopping : public Callback {
 /// TensorBoard event files in work_dir/tb (main process only).
 class HistoryLogger : public Callback {
  public:
+  bool changes_training_state() const override { return false; }
   explicit HistoryLogger(bool tensorboard);
   ~HistoryLogger() override;
   void on_train_begin(Trainer& t) override;
@@ -92,6 +103,7 @@ class HistoryLogger : public Callback {
 /// '\r' on a terminal; plain lines every log_every steps otherwise (or when `bar` is false).
 class ProgressBar : public Callback {
  public:
+  bool changes_training_state() const override { return false; }
   /// @brief `tty` < 0: detect from stdout.
   explicit ProgressBar(bool bar, int tty = -1);
   void on_train_begin(Trainer& t) override;
@@ -133,6 +145,7 @@ class PruningCallback : public Callback {
 /// it and check that each epoch read every sample of its order at most once and none twice.
 class SampleLog : public Callback {
  public:
+  bool changes_training_state() const override { return false; }
   void on_train_begin(Trainer& t) override;
   void on_step_begin(Trainer& t) override;
   void on_step_end(Trainer& t) override;

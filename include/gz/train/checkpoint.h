@@ -57,6 +57,10 @@ struct CheckpointTestHooks {
   /// @brief Called on the background writer's thread (async_checkpoint) with the directory of
   /// the checkpoint it is about to write (a test slows it down, or throws to make it fail).
   std::function<void(const std::string& dir)> in_background_write;
+  /// @brief Called on the thread that copies the live parameters and optimizer state for a
+  /// background checkpoint write or a snapshot, before it copies (a test slows it down: the next
+  /// optimizer step must wait for it).
+  std::function<void()> in_state_copy;
 };
 
 /// @brief Saves, lists, rotates and loads checkpoints under one directory.

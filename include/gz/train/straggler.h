@@ -172,6 +172,7 @@ class StragglerReport : public Callback {
  public:
   StragglerReport(StragglerOptions options, std::shared_ptr<HistoryLogger> history);
   ~StragglerReport() override;
+  bool changes_training_state() const override { return false; }
   void on_train_begin(Trainer& t) override;
   void on_step_end(Trainer& t) override;
   void on_train_end(Trainer& t) override;

@@ -6,6 +6,7 @@
 #include <torch/serialize/archive.h>
 
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -136,6 +137,8 @@ class Trainer {
   /// first launch's global batch (0 = this is it). Called by setup() and after a resume.
   void plan_steps(int64_t reference);
   void maybe_resume();
+  // train()'s start: work_dir and config.yaml, the resume, the session id, on_train_begin.
+  void begin_training();
   // Evaluate, record the metrics and the best one, tell the callbacks.
   void run_eval();
   // What a checkpoint or snapshot holds (model, optimizer, scaler, RNG, counters), by reference.
@@ -161,6 +164,13 @@ class Trainer {
   bool restore_snapshot();
   std::optional<std::string> read_snapshot(int64_t step, int source, bool all_hold);
   void finish_snapshots(bool completed);
+  // Wait for the background copies of the live state (StateCapture::capture_deferred) still
+  // running: before anything changes parameters or optimizer state. Adds the wait to the
+  // checkpoints' or snapshots' time on the training thread.
+  void finish_state_copies();
+  // Every callback's hook, in order; before a callback that may change the training state
+  // (Callback::changes_training_state), finish_state_copies().
+  void for_each_callback(const std::function<void(Callback&)>& hook);
   uint64_t snapshot_fingerprint() const;
   // Apply an opened checkpoint archive (`file` names it in errors). Collective at zero_stage >= 1
   // when the checkpoint is sharded.

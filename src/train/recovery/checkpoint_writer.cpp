@@ -34,9 +34,12 @@ void CheckpointWriter::wait() {
 }
 
 std::string CheckpointWriter::start(const TrainingState& live, int64_t step, int64_t epoch,
-                                    std::map<std::string, double> metrics) {
+                                    std::map<std::string, double> metrics, bool defer_copy) {
   if (thread_.joinable()) GZ_THROW(Error, "CheckpointWriter::start() while a write is in flight");
-  capture_.capture(live);
+  if (defer_copy)
+    capture_.capture_deferred(live, checkpoints_.test_hooks().in_state_copy);
+  else
+    capture_.capture(live);
   dir_ = checkpoints_.path_of(step);
   thread_ = std::thread([this, step, epoch, metrics = std::move(metrics)] { write(step, epoch, metrics); });
   return dir_;
@@ -46,6 +49,7 @@ void CheckpointWriter::write(int64_t step, int64_t epoch, const std::map<std::st
   Stopwatch clock;
   try {
     if (const auto& hook = checkpoints_.test_hooks().in_background_write) hook(dir_);
+    if (auto copy_failed = capture_.wait_copied()) std::rethrow_exception(copy_failed);
     torch::serialize::OutputArchive root;
     write_training_state(capture_.state(), root);
     checkpoints_.save(root, step, epoch, metrics);

@@ -34,11 +34,16 @@ class CheckpointWriter {
   /// @brief Wait until no write is in flight. Throws gz::Error naming the checkpoint when that
   /// write failed (once).
   void wait();
-  /// @brief Copy `live` into the capture (this thread) and start writing the copy as the
-  /// checkpoint of `step`. Call wait() first: the capture is the one the last write read.
-  /// Returns the directory the checkpoint will have once written.
+  /// @brief Copy `live` into the capture and start writing the copy as the checkpoint of `step`.
+  /// With `defer_copy` the parameters and optimizer state are copied in the background
+  /// (StateCapture::capture_deferred()): call wait_copied() before changing them. Call wait()
+  /// first: the capture is the one the last write read. Returns the directory the checkpoint
+  /// will have once written.
   std::string start(const TrainingState& live, int64_t step, int64_t epoch,
-                    std::map<std::string, double> metrics);
+                    std::map<std::string, double> metrics, bool defer_copy = true);
+  /// @brief Wait until the last start()'s copy of the live state is done (its failure fails the
+  /// write, reported by wait()).
+  void wait_copied() { capture_.wait_copied(); }
   /// @brief Seconds spent writing on the background threads, and how many writes (read them
   /// after wait()).
   double write_seconds() const { return seconds_; }

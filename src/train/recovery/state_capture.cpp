@@ -1,6 +1,7 @@
 // The checkpoint archive's one format, and the copy of the state into reused host buffers.
 #include "state_capture.h"
 
+#include <cstring>
 #include <typeinfo>
 
 #include "gz/core/error.h"
@@ -42,15 +43,34 @@ std::unique_ptr<optim::Optimizer> make_copy(OptimizerKind kind, const optim::Opt
   GZ_THROW(InvalidArgument, "no state copy for optimizer ", typeid(live).name());
 }
 
-// `dst` <- `src`'s values on the CPU; `dst`'s memory is reused when shape and dtype match.
-void copy_tensor(const torch::Tensor& src, torch::Tensor& dst) {
+using Bulk = std::vector<std::pair<torch::Tensor, torch::Tensor*>>;
+
+// `dst` <- `src`'s values on the CPU; `dst`'s memory is reused when shape and dtype match. With
+// `bulk`, only `dst` is made ready here; the values are copied later (run_bulk).
+void copy_tensor(const torch::Tensor& src, torch::Tensor& dst, Bulk* bulk = nullptr) {
   if (!src.defined()) {
     dst = torch::Tensor();
     return;
   }
-  if (!dst.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type())
+  if (!dst.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type() ||
+      dst.strides() != src.strides())
     dst = torch::empty_like(src, src.options().device(torch::kCPU).requires_grad(false));
-  dst.copy_(src);
+  if (bulk)
+    bulk->emplace_back(src, &dst);
+  else
+    dst.copy_(src);
+}
+
+// On the copy's own thread: a plain memcpy where the layouts match (no intra-op thread pool
+// started on this thread, which would compete with the training thread's).
+void run_bulk(const Bulk& bulk) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [src, dst] : bulk) {
+    if (src.is_contiguous() && dst->is_contiguous() && src.nbytes() == dst->nbytes())
+      std::memcpy(dst->data_ptr(), src.data_ptr(), src.nbytes());
+    else
+      dst->copy_(src);
+  }
 }
 
 template <typename State>
@@ -69,27 +89,27 @@ const State& live_as(const optim::OptimizerParamState& live) {
 
 // Adam and AdamW keep the same fields (LibTorch 1.13 and 2.x alike).
 template <typename State>
-void copy_adam_state(const optim::OptimizerParamState& from,
-                     std::unique_ptr<optim::OptimizerParamState>& to) {
+void copy_adam_state(const optim::OptimizerParamState& from, std::unique_ptr<optim::OptimizerParamState>& to,
+                     Bulk* bulk) {
   const auto& src = live_as<State>(from);
   auto& dst = state_as<State>(to);
   dst.step(src.step());
-  copy_tensor(src.exp_avg(), dst.exp_avg());
-  copy_tensor(src.exp_avg_sq(), dst.exp_avg_sq());
-  copy_tensor(src.max_exp_avg_sq(), dst.max_exp_avg_sq());
+  copy_tensor(src.exp_avg(), dst.exp_avg(), bulk);
+  copy_tensor(src.exp_avg_sq(), dst.exp_avg_sq(), bulk);
+  copy_tensor(src.max_exp_avg_sq(), dst.max_exp_avg_sq(), bulk);
 }
 
 void copy_param_state(OptimizerKind kind, const optim::OptimizerParamState& from,
-                      std::unique_ptr<optim::OptimizerParamState>& to) {
+                      std::unique_ptr<optim::OptimizerParamState>& to, Bulk* bulk) {
   switch (kind) {
     case OptimizerKind::sgd:
       copy_tensor(live_as<optim::SGDParamState>(from).momentum_buffer(),
-                  state_as<optim::SGDParamState>(to).momentum_buffer());
+                  state_as<optim::SGDParamState>(to).momentum_buffer(), bulk);
       return;
     case OptimizerKind::adam:
-      return copy_adam_state<optim::AdamParamState>(from, to);
+      return copy_adam_state<optim::AdamParamState>(from, to, bulk);
     case OptimizerKind::adamw:
-      return copy_adam_state<optim::AdamWParamState>(from, to);
+      return copy_adam_state<optim::AdamWParamState>(from, to, bulk);
     case OptimizerKind::unknown:
       break;
   }
@@ -135,16 +155,65 @@ std::string StateCapture::unsupported(const TrainingState& state) {
   return {};
 }
 
+StateCapture::~StateCapture() { join_copy(); }
+
+void StateCapture::join_copy() {
+  if (copier_.joinable()) copier_.join();
+}
+
 void StateCapture::capture(const TrainingState& live) {
+  join_copy();
+  {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    copy_error_ = nullptr;  // a deferred copy's failure belongs to its own capture
+  }
+  capture_into(live, nullptr);
+}
+
+void StateCapture::capture_deferred(const TrainingState& live, std::function<void()> before_copy) {
+  join_copy();  // the last copy is done (its archive was built from it): only joined here
+  auto bulk = std::make_shared<Bulk>();
+  capture_into(live, bulk.get());
+  {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    copying_ = true;
+    copy_error_ = nullptr;
+  }
+  copier_ = std::thread([this, bulk, before_copy = std::move(before_copy)] {
+    std::exception_ptr error;
+    try {
+      if (before_copy) before_copy();
+      run_bulk(*bulk);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    bulk->clear();  // the live tensors' references go before the news that the copy is done
+    {
+      std::lock_guard<std::mutex> lock(copy_mu_);
+      copying_ = false;
+      copy_error_ = error;
+    }
+    copy_cv_.notify_all();
+  });
+}
+
+std::exception_ptr StateCapture::wait_copied() {
+  std::unique_lock<std::mutex> lock(copy_mu_);
+  copy_cv_.wait(lock, [this] { return !copying_; });
+  return copy_error_;
+}
+
+void StateCapture::capture_into(const TrainingState& live, Bulk* bulk) {
   torch::NoGradGuard no_grad;
   state_.model.resize(live.model.size());
   for (size_t i = 0; i < live.model.size(); ++i) {
     auto& mine = state_.model[i];
     mine.name = live.model[i].name;
     mine.buffer = live.model[i].buffer;
-    copy_tensor(live.model[i].tensor, mine.tensor);
+    // A forward changes buffers (batch norm's running statistics): copied now.
+    copy_tensor(live.model[i].tensor, mine.tensor, mine.buffer ? nullptr : bulk);
   }
-  capture_optimizer(*live.optimizer);
+  capture_optimizer(*live.optimizer, bulk);
   state_.optimizer = optimizer_.get();
   state_.scaler = live.scaler;
   copy_tensor(live.rng, state_.rng);
@@ -152,7 +221,7 @@ void StateCapture::capture(const TrainingState& live) {
   state_.best_metric = live.best_metric;
 }
 
-void StateCapture::capture_optimizer(const torch::optim::Optimizer& live) {
+void StateCapture::capture_optimizer(const torch::optim::Optimizer& live, Bulk* bulk) {
   const OptimizerKind kind = kind_of(live);
   auto params = params_of(live);
   // A new optimizer or new parameters (a rebuilt model): a new copy, keyed by the new addresses.
@@ -172,7 +241,7 @@ void StateCapture::capture_optimizer(const torch::optim::Optimizer& live) {
     if (it == theirs.end())
       mine.erase(key);  // no state before its first step
     else
-      copy_param_state(kind, *it->second, mine[key]);
+      copy_param_state(kind, *it->second, mine[key], bulk);
   }
 }
 

@@ -7,10 +7,14 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "gz/torch/grad_scaler.h"
@@ -38,17 +42,40 @@ void write_training_state(const TrainingState& state, torch::serialize::OutputAr
 /// whose state tensors are the buffers, so its save() writes what the live one's would.
 class StateCapture {
  public:
+  StateCapture() = default;
+  StateCapture(const StateCapture&) = delete;
+  StateCapture& operator=(const StateCapture&) = delete;
+  /// @brief Waits for a deferred copy still running (it writes into this capture).
+  ~StateCapture();
   /// @brief Why `state` cannot be captured (an optimizer whose state this file does not know, a
   /// tensor off the CPU), or empty when it can.
   static std::string unsupported(const TrainingState& state);
   /// @brief Copy `live` into the buffers (the training thread; not while state() is read).
   void capture(const TrainingState& live);
-  /// @brief The copy: read by the writer's thread between two captures.
+  /// @brief capture(), but the parameters and the optimizer's state tensors (the bulk: what the
+  /// next forward and backward only read) are copied on a thread of this capture's; the rest
+  /// (buffers, which a forward may change, RNG, scaler, counters, optimizer options) is copied
+  /// here. Until wait_copied() returns, nothing may change the live parameters or optimizer state:
+  /// the Trainer waits before its next optimizer step (Trainer::finish_state_copies()).
+  /// `before_copy`, when set, runs on that thread first (a test slows the copy down with it).
+  void capture_deferred(const TrainingState& live, std::function<void()> before_copy = {});
+  /// @brief Wait until the last capture's copy is done (any thread, any number of times).
+  /// Returns the copy's failure, or null.
+  std::exception_ptr wait_copied();
+  /// @brief The copy: read by the writer's thread between two captures, after wait_copied().
   const TrainingState& state() const { return state_; }
 
  private:
-  void capture_optimizer(const torch::optim::Optimizer& live);
+  using Bulk = std::vector<std::pair<torch::Tensor, torch::Tensor*>>;  // source, destination
+  void capture_into(const TrainingState& live, Bulk* bulk);
+  void capture_optimizer(const torch::optim::Optimizer& live, Bulk* bulk);
+  void join_copy();
   TrainingState state_;
+  std::thread copier_;
+  std::mutex copy_mu_;
+  std::condition_variable copy_cv_;
+  bool copying_ = false;
+  std::exception_ptr copy_error_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   const std::type_info* live_type_ = nullptr;  // the class optimizer_ copies
   std::vector<torch::Tensor> live_params_;     // whose addresses optimizer_'s groups hold

@@ -140,12 +140,19 @@ void Trainer::submit_capture(const TrainingState& live, const SnapshotHeader& he
   StateCapture& capture = ring.acquire();  // waits while the writer still reads it
   impl_->snapshot_wait_seconds += waiting.seconds();
   try {
-    capture.capture(live);
+    // The bulk is copied alongside the next step's forward and backward (finish_state_copies()).
+    if (impl_->defer_state_copy) {
+      capture.capture_deferred(live, impl_->checkpoints->test_hooks().in_state_copy);
+      impl_->snapshot_copying = &capture;
+    } else {
+      capture.capture(live);
+    }
     waiting = Stopwatch();
     impl_->snapshot_writer->submit(header, [&ring, &capture](std::string& out) {
       // Released once the archive is built, also when building it failed.
       std::unique_ptr<StateCapture, std::function<void(StateCapture*)>> release(
           &capture, [&ring](StateCapture* c) { ring.release(*c); });
+      if (auto copy_failed = capture.wait_copied()) std::rethrow_exception(copy_failed);
       torch::serialize::OutputArchive root;
       write_training_state(capture.state(), root);
       append_archive(root, out);
