@@ -146,10 +146,10 @@ std::string Trainer::write_consolidated_checkpoint() {
   const std::string why = why_not_async(live);
   if (why.empty()) {
     if (!writer) writer = std::make_unique<CheckpointWriter>(*impl_->checkpoints);
-    std::string dir =
-        writer->start(live, state_.step, state_.epoch, checkpoint_metrics(), impl_->defer_state_copy);
-    impl_->checkpoint_copying = impl_->defer_state_copy;  // waited for before the next update
-    return dir;
+    // Waited for before the next update; set first: a start() that throws after the copy began
+    // leaves it running.
+    impl_->checkpoint_copying = impl_->defer_state_copy;
+    return writer->start(live, state_.step, state_.epoch, checkpoint_metrics(), impl_->defer_state_copy);
   }
   if (config_.async_checkpoint && impl_->in_train && !impl_->checkpoint_fallback_logged)
     GZ_LOG(info, "rank ", rank_, ": checkpoints of ", why, " are written on the training thread");
@@ -160,6 +160,10 @@ std::string Trainer::write_consolidated_checkpoint() {
 }
 
 void Trainer::finish_state_copies() {
+  if (!impl_->checkpoint_copying && !impl_->snapshot_copying) return;
+  // A checkpoint's cost on this rank, as take_snapshot() marks its own: the straggler report
+  // must not charge the wait to the phase it happens in (the optimizer's, say).
+  gz::ScopedPhase phase(gz::Phase::checkpoint);
   if (impl_->checkpoint_copying) {
     Stopwatch waiting;
     impl_->checkpoint_writer->wait_copied();  // a failed copy fails the write: reported there

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -251,7 +252,56 @@ TEST(AsyncCheckpoint, FilesAndTrainingEqualSynchronousSaves) {
 // the comparison of every checkpoint (parameters and optimizer state).
 TEST(AsyncCheckpoint, TheNextUpdateWaitsForASlowCopy) {
   TmpDir tmp;
-  expect_async_equals_sync(config(tmp.path, true), tmp.path, slow_copies(150));
+  // And the copy does run on another thread: a save that copied on the training thread would pass
+  // the comparison too.
+  const auto training_thread = std::this_thread::get_id();
+  std::atomic<int> copies{0}, on_training_thread{0};
+  CheckpointTestHooks hooks = slow_copies(150);
+  hooks.in_state_copy = [&, slow = hooks.in_state_copy] {
+    ++copies;
+    if (std::this_thread::get_id() == training_thread) ++on_training_thread;
+    slow();
+  };
+  expect_async_equals_sync(config(tmp.path, true), tmp.path, hooks);
+  EXPECT_EQ(copies.load(), 3) << "not every save's copy was deferred";
+  EXPECT_EQ(on_training_thread.load(), 0);
+}
+
+// With local SGD, train()'s last evaluation averages the replicas into the parameters, right
+// after the last step's save: it waits for that save's copy. Two ranks (ddp, threads over shm),
+// averaging every 4 steps, so the replicas differ at step 6. Mutation check: no
+// finish_state_copies() in evaluate() fails the comparison of step 6's checkpoint.
+TEST(AsyncCheckpoint, TheLastEvaluationsAveragingWaitsForTheCopy) {
+  TmpDir tmp;
+  auto run = [&](const std::string& name, bool async, CheckpointTestHooks hooks) {
+    TrainConfig c = config(tmp.path / name, async);
+    c.mode = "ddp";
+    c.batch_size = 4;  // the same global batch of 8
+    c.averaging.method = "local_sgd";
+    c.averaging.period = 4;
+    std::vector<ModelPtr> nets;  // built here: the global generator is shared by the threads
+    for (int r = 0; r < 2; ++r) {
+      torch::manual_seed(99);
+      nets.push_back(std::make_shared<NetImpl>());
+    }
+    gz::test::run_ranks(2, [&](int rank, std::shared_ptr<gz::Store> store) {
+      gz::comm::ShmOptions so;
+      so.timeout = std::chrono::seconds(30);
+      Trainer t(c, gz::comm::create_shm_communicator(rank, 2, store, so));
+      t.set_model(nets[static_cast<size_t>(rank)]);
+      t.add_callback(std::make_shared<Hooks>(hooks));
+      t.train();
+    });
+  };
+  run("sync", false, {});
+  run("async", true, slow_copies(150));
+  CheckpointManager want((tmp.path / "sync" / "checkpoints").string(), 10, "", true);
+  CheckpointManager got((tmp.path / "async" / "checkpoints").string(), 10, "", true);
+  ASSERT_EQ(got.list().size(), 3u);
+  for (int64_t step : {2, 4, 6}) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    expect_same_checkpoint(want.path_of(step), got.path_of(step));
+  }
 }
 
 // A user callback that changes the parameters right after the save runs only once the copy is

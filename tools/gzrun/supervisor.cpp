@@ -492,34 +492,30 @@ void Supervisor::print_verdict(const JobFailure& failure) {
   // that waited --verdict-wait for their reports first would miss its join window (a round later,
   // a second restart of every worker).
   if (verdict_.joinable()) verdict_.join();
-  std::vector<int> alive{round_.node_rank};
-  try {
-    auto store = c_.store_client();
-    // Every node still there has acknowledged the failure by now (the store host waited for
-    // that in end_round()): wait for their reports only, not for dead or cut-off nodes'.
-    for (int n = 0; n < round_.nnodes; ++n)
-      if (n != round_.node_rank &&
-          store->check({JobMonitor::round_key(round_.round, "acked/" + std::to_string(n))}))
-        alive.push_back(n);
-    // TEST ONLY: GZ_TEST_VERDICT_DELAY_MS holds the verdict up (tests/launcher/multihost_etcd.sh).
-    const long long delay_ms = std::max(0LL, c_.base_env.get_int("GZ_TEST_VERDICT_DELAY_MS", 0));
-    verdict_ = std::thread([this, store = std::shared_ptr<Store>(std::move(store)), alive, round = round_,
-                            failure, dir, what, stuck_ms, delay_ms] {
-      try {
-        if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-        std::vector<int> silent;
-        std::string input = gather_reports(
-            *store, [r = round.round](int n) { return report_key(r, n); }, round.nnodes,
-            Deadline::after(Duration(static_cast<long long>(o_.verdict_wait_s * 1000))), &silent, alive);
-        input += job_line(round.run_id, round.nnodes, o_.nproc_per_node, &failure, silent);
-        say_lines(judge_reports(input, stuck_ms, dir, what));
-      } catch (const std::exception& e) {
-        say(std::string("no verdict: cannot gather the nodes' reports: ") + e.what());
-      }
-    });
-  } catch (const std::exception& e) {
-    say(std::string("no verdict: cannot gather the nodes' reports: ") + e.what());
-  }
+  // TEST ONLY: GZ_TEST_VERDICT_DELAY_MS holds the verdict up (tests/launcher/multihost_etcd.sh).
+  const long long delay_ms = std::max(0LL, c_.base_env.get_int("GZ_TEST_VERDICT_DELAY_MS", 0));
+  // Every store op on the thread too: against an etcd cluster that just lost a member, each may
+  // take its attempt timeout.
+  verdict_ = std::thread([this, round = round_, failure, dir, what, stuck_ms, delay_ms] {
+    try {
+      if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      auto store = c_.store_client();
+      // Every node still there has acknowledged the failure by now (the store host waited for
+      // that in end_round()): wait for their reports only, not for dead or cut-off nodes'.
+      std::vector<int> alive{round.node_rank}, silent;
+      for (int n = 0; n < round.nnodes; ++n)
+        if (n != round.node_rank &&
+            store->check({JobMonitor::round_key(round.round, "acked/" + std::to_string(n))}))
+          alive.push_back(n);
+      std::string input = gather_reports(
+          *store, [r = round.round](int n) { return report_key(r, n); }, round.nnodes,
+          Deadline::after(Duration(static_cast<long long>(o_.verdict_wait_s * 1000))), &silent, alive);
+      input += job_line(round.run_id, round.nnodes, o_.nproc_per_node, &failure, silent);
+      say_lines(judge_reports(input, stuck_ms, dir, what));
+    } catch (const std::exception& e) {
+      say(std::string("no verdict: cannot gather the nodes' reports: ") + e.what());
+    }
+  });
 }
 
 void Supervisor::on_status_signal() {

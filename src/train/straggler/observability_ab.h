@@ -28,6 +28,7 @@ class ObservabilityAB : public Callback {
   void on_step_end(Trainer& t) override;
   void on_evaluate(Trainer& t) override { report_->on_evaluate(t); }
   void on_save(Trainer& t, const std::string& dir) override { report_->on_save(t, dir); }
+  bool changes_training_state() const override { return report_->changes_training_state(); }
 
  private:
   bool on_window(int64_t step) const { return (step / window_) % 2 == 0; }

@@ -17,6 +17,7 @@ namespace {
 class SlowDataInjection : public Callback {
  public:
   SlowDataInjection(int rank, int64_t ms) : rank_(rank), ms_(ms) {}
+  bool changes_training_state() const override { return false; }
   void on_step_begin(Trainer& t) override {
     if (t.rank() != rank_) return;
     ScopedPhase data(Phase::data, t.state().step);
