@@ -194,6 +194,18 @@ CheckpointTestHooks slow_writes(int ms) {
   return h;
 }
 
+// dir/async's checkpoints of steps 2, 4 and 6 equal dir/sync's, and no temp dir is left.
+void expect_same_checkpoints(const fs::path& dir) {
+  CheckpointManager want((dir / "sync" / "checkpoints").string(), 10, "", true);
+  CheckpointManager got((dir / "async" / "checkpoints").string(), 10, "", true);
+  ASSERT_EQ(got.list().size(), 3u);
+  for (int64_t step : {2, 4, 6}) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    expect_same_checkpoint(want.path_of(step), got.path_of(step));
+  }
+  EXPECT_FALSE(has_temp_dirs(got.root()));
+}
+
 // Slows every copy of the live state down (its thread sleeps before copying), so the next
 // step's forward and backward end before it.
 CheckpointTestHooks slow_copies(int ms) {
@@ -216,14 +228,7 @@ void expect_async_equals_sync(const TrainConfig& c, const fs::path& dir, Checkpo
   ASSERT_EQ(async.size(), sync.size());
   for (size_t i = 0; i < sync.size(); ++i)
     EXPECT_TRUE(torch::equal(async[i], sync[i])) << "final parameter " << i << " differs";
-  CheckpointManager want((dir / "sync" / "checkpoints").string(), 10, "", true);
-  CheckpointManager got((dir / "async" / "checkpoints").string(), 10, "", true);
-  ASSERT_EQ(got.list().size(), 3u);
-  for (int64_t step : {2, 4, 6}) {
-    SCOPED_TRACE("step " + std::to_string(step));
-    expect_same_checkpoint(want.path_of(step), got.path_of(step));
-  }
-  EXPECT_FALSE(has_temp_dirs(got.root()));
+  expect_same_checkpoints(dir);
 }
 
 // The background write of `name` fails.
@@ -295,13 +300,7 @@ TEST(AsyncCheckpoint, TheLastEvaluationsAveragingWaitsForTheCopy) {
   };
   run("sync", false, {});
   run("async", true, slow_copies(150));
-  CheckpointManager want((tmp.path / "sync" / "checkpoints").string(), 10, "", true);
-  CheckpointManager got((tmp.path / "async" / "checkpoints").string(), 10, "", true);
-  ASSERT_EQ(got.list().size(), 3u);
-  for (int64_t step : {2, 4, 6}) {
-    SCOPED_TRACE("step " + std::to_string(step));
-    expect_same_checkpoint(want.path_of(step), got.path_of(step));
-  }
+  expect_same_checkpoints(tmp.path);
 }
 
 // A user callback that changes the parameters right after the save runs only once the copy is
