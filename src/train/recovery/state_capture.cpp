@@ -2,6 +2,7 @@
 #include "state_capture.h"
 
 #include <cstring>
+#include <system_error>
 #include <typeinfo>
 
 #include "gz/core/error.h"
@@ -179,7 +180,7 @@ void StateCapture::capture_deferred(const TrainingState& live, std::function<voi
     copying_ = true;
     copy_error_ = nullptr;
   }
-  copier_ = std::thread([this, bulk, before_copy = std::move(before_copy)] {
+  auto copy = [this, bulk, before_copy = std::move(before_copy)] {
     std::exception_ptr error;
     try {
       if (before_copy) before_copy();
@@ -194,7 +195,12 @@ void StateCapture::capture_deferred(const TrainingState& live, std::function<voi
       copy_error_ = error;
     }
     copy_cv_.notify_all();
-  });
+  };
+  try {
+    copier_ = std::thread(copy);
+  } catch (const std::system_error&) {
+    copy();  // no thread to be had: copied here, as capture() would
+  }
 }
 
 std::exception_ptr StateCapture::wait_copied() {
