@@ -29,6 +29,8 @@ class CommAlgorithms {
   void after_step();
   /// @brief Collective: make every rank's model the same (averaging on) before evaluating.
   void sync_replicas();
+  /// @brief Whether sync_replicas() may write into the model's parameters (an averager is on).
+  bool averages() const { return local_sgd_ || async_; }
   /// @brief Bytes handed to collectives for gradients / parameters since construction.
   uint64_t bytes() const { return stats_->bytes.load(); }
   /// @brief The counter behind bytes(), for other gradient traffic (ZeRO's).

@@ -382,7 +382,9 @@ void Trainer::gather_model() {
 std::map<std::string, double> Trainer::evaluate() {
   gz::ScopedPhase phase(gz::Phase::eval);
   std::map<std::string, double> out;
-  finish_state_copies();  // sync_replicas() below writes averaged values into the parameters
+  // sync_replicas() below writes averaged values into the parameters (only with an averager: the
+  // evaluation otherwise runs alongside a save's copy, which it only reads).
+  if (impl_->comm.averages()) finish_state_copies();
   // Local SGD / async averaging: every rank evaluates (and then saves) the averaged model. Also
   // without a test set: train() ends with an evaluation, which leaves every rank the same model.
   impl_->comm.sync_replicas();

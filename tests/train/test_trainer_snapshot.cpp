@@ -123,9 +123,10 @@ TrainConfig config(const fs::path& dir) {
 }
 
 // One launch on 2 ranks; `dirs` gives each rank its snapshot folder (its "node"). Returns rank
-// 0's final parameters (empty after a crash).
+// 0's final parameters (empty after a crash). `crash`, when set, makes a callback that crashes
+// the run (gz::Aborted expected, as with crash_at).
 std::vector<torch::Tensor> launch(TrainConfig c, const std::vector<fs::path>& dirs, int64_t crash_at,
-                                  Probe& probe, const std::function<CallbackPtr()>& extra = {}) {
+                                  Probe& probe, const std::function<CallbackPtr()>& crash = {}) {
   std::vector<torch::Tensor> out;
   std::vector<ModelPtr> nets;  // built here: the global generator is shared by the threads
   for (int r = 0; r < 2; ++r) {
@@ -141,13 +142,13 @@ std::vector<torch::Tensor> launch(TrainConfig c, const std::vector<fs::path>& di
     Trainer t(mine, group);
     t.set_model(nets[static_cast<size_t>(rank)]);
     t.add_callback(std::shared_ptr<Probe>(&probe, [](Probe*) {}));
-    if (extra) t.add_callback(extra());
+    if (crash) t.add_callback(crash());
     if (crash_at > 0) t.set_crash_at_step(crash_at);
     t.train();
     if (rank == 0)
       for (auto& p : t.model()->parameters()) out.push_back(p.detach().clone());
   };
-  if (crash_at > 0 || extra) {
+  if (crash_at > 0 || crash) {
     EXPECT_THROW(gz::test::run_ranks(2, body), gz::Aborted);
   } else {
     gz::test::run_ranks(2, body);

@@ -496,7 +496,7 @@ void Supervisor::print_verdict(const JobFailure& failure) {
   const long long delay_ms = std::max(0LL, c_.base_env.get_int("GZ_TEST_VERDICT_DELAY_MS", 0));
   // Every store op on the thread too: against an etcd cluster that just lost a member, each may
   // take its attempt timeout.
-  verdict_ = std::thread([this, round = round_, failure, dir, what, stuck_ms, delay_ms] {
+  auto judge = [this, round = round_, failure, dir, what, stuck_ms, delay_ms] {
     try {
       if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
       auto store = c_.store_client();
@@ -515,7 +515,12 @@ void Supervisor::print_verdict(const JobFailure& failure) {
     } catch (const std::exception& e) {
       say(std::string("no verdict: cannot gather the nodes' reports: ") + e.what());
     }
-  });
+  };
+  try {
+    verdict_ = std::thread(judge);
+  } catch (const std::exception& e) {  // no thread: no verdict, but the job goes on
+    say(std::string("no verdict: ") + e.what());
+  }
 }
 
 void Supervisor::on_status_signal() {

@@ -2,7 +2,6 @@
 #include "state_capture.h"
 
 #include <cstring>
-#include <system_error>
 #include <typeinfo>
 
 #include "gz/core/error.h"
@@ -198,8 +197,8 @@ void StateCapture::capture_deferred(const TrainingState& live, std::function<voi
   };
   try {
     copier_ = std::thread(copy);
-  } catch (const std::system_error&) {
-    copy();  // no thread to be had: copied here, as capture() would
+  } catch (...) {  // std::system_error, or std::bad_alloc for the thread's state
+    copy();        // no thread to be had: copied here, as capture() would
   }
 }
 
