@@ -148,7 +148,7 @@ std::string Trainer::write_consolidated_checkpoint() {
     if (!writer) writer = std::make_unique<CheckpointWriter>(*impl_->checkpoints);
     // Waited for before the next update; set first: a start() that throws after the copy began
     // leaves it running.
-    impl_->checkpoint_copying = impl_->defer_state_copy;
+    impl_->checkpoint_copying = impl_->defer_state_copy ? &writer->capture() : nullptr;
     return writer->start(live, state_.step, state_.epoch, checkpoint_metrics(), impl_->defer_state_copy);
   }
   if (config_.async_checkpoint && impl_->in_train && !impl_->checkpoint_fallback_logged)
@@ -164,17 +164,13 @@ void Trainer::finish_state_copies() {
   // A checkpoint's cost on this rank, as take_snapshot() marks its own: the straggler report
   // must not charge the wait to the phase it happens in (the optimizer's, say).
   gz::ScopedPhase phase(gz::Phase::checkpoint);
-  if (impl_->checkpoint_copying) {
+  for (auto [copying, seconds] : {std::pair{&impl_->checkpoint_copying, &impl_->checkpoint_seconds},
+                                  std::pair{&impl_->snapshot_copying, &impl_->snapshot_seconds}}) {
+    if (!*copying) continue;
     Stopwatch waiting;
-    impl_->checkpoint_writer->wait_copied();  // a failed copy fails the write: reported there
-    impl_->checkpoint_seconds += waiting.seconds();
-    impl_->checkpoint_copying = false;
-  }
-  if (impl_->snapshot_copying) {
-    Stopwatch waiting;
-    impl_->snapshot_copying->wait_copied();
-    impl_->snapshot_seconds += waiting.seconds();
-    impl_->snapshot_copying = nullptr;
+    (*copying)->wait_copied();  // a failed copy fails its write: reported there
+    *seconds += waiting.seconds();
+    *copying = nullptr;
   }
 }
 

@@ -62,7 +62,7 @@ struct Trainer::Impl {
   // (for a model whose forward changes its own parameters, and for A/B benchmarks).
   bool defer_state_copy = true;
   // Copies of the live state still running in the background (finish_state_copies() waits).
-  bool checkpoint_copying = false;
+  StateCapture* checkpoint_copying = nullptr;
   StateCapture* snapshot_copying = nullptr;
 };
 

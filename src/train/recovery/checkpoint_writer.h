@@ -41,9 +41,9 @@ class CheckpointWriter {
   /// will have once written.
   std::string start(const TrainingState& live, int64_t step, int64_t epoch,
                     std::map<std::string, double> metrics, bool defer_copy = true);
-  /// @brief Wait until the last start()'s copy of the live state is done (its failure fails the
-  /// write, reported by wait()).
-  void wait_copied() { capture_.wait_copied(); }
+  /// @brief The capture start() copies into: its wait_copied() returns once the last start()'s
+  /// copy of the live state is done (a failed copy fails the write, reported by wait()).
+  StateCapture& capture() { return capture_; }
   /// @brief Seconds spent writing on the background threads, and how many writes (read them
   /// after wait()).
   double write_seconds() const { return seconds_; }
