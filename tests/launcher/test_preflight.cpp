@@ -3,6 +3,7 @@
 // tests/launcher/multihost_preflight.sh and test_preflight_local.sh.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -98,7 +99,12 @@ TEST(Preflight, PairsCoverTheRingAndASampleWithinBounds) {
 TEST(Preflight, ComputeRateIsPositivePerThread) {
   const auto r = measure_compute(2, 0.05);
   ASSERT_EQ(r.size(), 2u);
-  for (double g : r) EXPECT_GT(g, 0.01);
+  // Only positivity and finiteness: a rate threshold fails under TSan on a loaded CI core
+  // (0.0094 GFLOP/s seen); the preflight judges rates relative to the median, never absolutely.
+  for (double g : r) {
+    EXPECT_GT(g, 0.0);
+    EXPECT_TRUE(std::isfinite(g));
+  }
 }
 
 std::vector<NodeFacts> healthy_nodes(int n) {
