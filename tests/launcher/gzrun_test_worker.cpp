@@ -15,6 +15,13 @@
 //                            each; rank FAILRANK exits CODE after FAIL_AFTER_S seconds on attempts
 //                            below FAIL_ATTEMPTS (GZ_RESTART_COUNT), writing the wall-clock time in
 //                            ns to DIR/failed_at first; prints "done rank=R attempt=A round=T ..."
+//   inplace DIR VICTIM first|always
+//                            --recovery in-place: write DIR/start_<rank>_<restart>_<replacement>
+//                            (pid, GZ_RESTART_COUNT, GZ_REPLACEMENT, GZ_RECOVERY, GZ_RUN_ID) and
+//                            print it; rank VICTIM SIGKILLs itself after 100 ms (first: only at
+//                            its first start, restart 0 replacement 0; always: every start). In
+//                            round 0 the others wait (10 s at most) for the victim's replacement
+//                            to start, then print "end rank=R pid=P" and exit 0
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -173,6 +180,68 @@ int mode_job(const std::string& dir, int fail_rank, int code, double fail_after_
   return 0;
 }
 
+int mode_env(int rank) {
+  static const char* const kKeys[] = {"RANK",
+                                      "LOCAL_RANK",
+                                      "WORLD_SIZE",
+                                      "LOCAL_WORLD_SIZE",
+                                      "GROUP_RANK",
+                                      "NODE_RANK",
+                                      "ROLE_RANK",
+                                      "MASTER_ADDR",
+                                      "MASTER_PORT",
+                                      "GZ_LAUNCHER",
+                                      "GZ_STORE_HOSTED",
+                                      "GZ_STORE_ADDR",
+                                      "GZ_STORE_PORT",
+                                      "GZ_NNODES",
+                                      "GZ_RUN_ID",
+                                      "GZ_RESTART_COUNT",
+                                      "TORCHELASTIC_RESTART_COUNT",
+                                      "OMP_NUM_THREADS",
+                                      "GZ_RDZV_TOKEN",
+                                      "GZ_RECOVERY",
+                                      "GZ_REPLACEMENT"};
+  for (const char* k : kKeys) {
+    const char* v = std::getenv(k);
+    std::printf("%s=%s\n", k, v ? v : "<unset>");
+  }
+  std::printf("PID=%d\n", static_cast<int>(getpid()));
+  std::printf("PGID_IS_PID=%d\n", getpgrp() == getpid() ? 1 : 0);
+  std::printf("STORE_REACHABLE=%d\n", store_reachable() ? 1 : 0);
+  // Rank 0 only: several workers probing one port at once would see each other.
+  if (rank == 0) std::printf("MASTER_PORT_FREE=%d\n", master_port_free() ? 1 : 0);
+  return 0;
+}
+
+int mode_inplace(const std::string& dir, int victim, bool always) {
+  const int rank = env_int("RANK"), restart = env_int("GZ_RESTART_COUNT"),
+            replacement = env_int("GZ_REPLACEMENT");
+  const char* recovery = std::getenv("GZ_RECOVERY");
+  const char* run_id = std::getenv("GZ_RUN_ID");
+  const std::string line =
+      "start rank=" + std::to_string(rank) + " pid=" + std::to_string(getpid()) +
+      " restart=" + std::to_string(restart) + " replacement=" + std::to_string(replacement) +
+      " recovery=" + (recovery ? recovery : "<unset>") + " run_id=" + (run_id ? run_id : "<unset>");
+  write_file_atomically(dir + "/start_" + std::to_string(rank) + "_" + std::to_string(restart) + "_" +
+                            std::to_string(replacement),
+                        line + "\n");
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  if (rank == victim) {
+    if (always || (restart == 0 && replacement == 0)) {
+      usleep(100000);
+      raise(SIGKILL);
+    }
+    return 0;
+  }
+  // Alive when the replacement starts: a survivor stopped and restarted would show a new pid.
+  const std::string replaced = dir + "/start_" + std::to_string(victim) + "_0_1";
+  for (int i = 0; restart == 0 && i < 1000 && ::access(replaced.c_str(), F_OK) != 0; ++i) usleep(10000);
+  std::printf("end rank=%d pid=%d\n", rank, static_cast<int>(getpid()));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,22 +251,7 @@ int main(int argc, char** argv) {
   }
   std::string mode = argv[1];
   const int rank = env_int("RANK");
-  if (mode == "env") {
-    for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                          "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "GZ_LAUNCHER", "GZ_STORE_HOSTED",
-                          "GZ_STORE_ADDR", "GZ_STORE_PORT",
-                          "GZ_NNODES", "GZ_RUN_ID", "GZ_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
-                          "OMP_NUM_THREADS", "GZ_RDZV_TOKEN"}) {
-      const char* v = std::getenv(k);
-      std::printf("%s=%s\n", k, v ? v : "<unset>");
-    }
-    std::printf("PID=%d\n", static_cast<int>(getpid()));
-    std::printf("PGID_IS_PID=%d\n", getpgrp() == getpid() ? 1 : 0);
-    std::printf("STORE_REACHABLE=%d\n", store_reachable() ? 1 : 0);
-    // Rank 0 only: several workers probing one port at once would see each other.
-    if (rank == 0) std::printf("MASTER_PORT_FREE=%d\n", master_port_free() ? 1 : 0);
-    return 0;
-  }
+  if (mode == "env") return mode_env(rank);
   if (mode == "exit" && argc >= 4) {
     if (rank == std::atoi(argv[3])) {
       usleep(100000);
@@ -265,6 +319,9 @@ int main(int argc, char** argv) {
   if (mode == "job" && argc >= 8) {
     return mode_job(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atof(argv[5]), std::atoi(argv[6]),
                     std::atoi(argv[7]));
+  }
+  if (mode == "inplace" && argc >= 5) {
+    return mode_inplace(argv[2], std::atoi(argv[3]), std::string(argv[4]) == "always");
   }
   if (mode == "progress") {
     write_str(1, "step 1/3\rstep 2/3\rstep 3/3\r\ndone");  // no final newline

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include "dump_collector.h"
 #include "gz/core/error.h"
 #include "job_monitor.h"
 #include "options.h"
@@ -359,4 +360,61 @@ TEST(GzrunWorkerEnv, StaleStoreVariablesNeverReachWorkers) {
   for (const char* v : gone) EXPECT_EQ(tenv.count(v), 0u) << v << " leaked to a TCP job's workers";
   EXPECT_EQ(tenv["GZ_STORE_ADDR"], "h0");
   EXPECT_EQ(tenv["GZ_STORE_PORT"], "29501");
+}
+
+// Mutation check: parse_recovery accepting any value, or the option missing from kSpecs.
+TEST(GzrunOptions, Recovery) {
+  EXPECT_EQ(parse({"prog"}).recovery, LaunchOptions::Recovery::restart);
+  EXPECT_FALSE(parse({"prog"}).in_place());
+  EXPECT_TRUE(parse({"--recovery", "in-place", "prog"}).in_place());
+  EXPECT_TRUE(parse({"--recovery=in-place", "prog"}).in_place());
+  EXPECT_TRUE(parse({"--recovery=in_place", "prog"}).in_place());
+  EXPECT_FALSE(parse({"--recovery", "restart", "prog"}).in_place());
+  try {
+    parse({"--recovery", "sometimes", "prog"});
+    ADD_FAILURE() << "--recovery sometimes was accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--recovery 'sometimes'"), std::string::npos) << m;
+    EXPECT_NE(m.find("restart"), std::string::npos) << m;
+    EXPECT_NE(m.find("in-place"), std::string::npos) << m;
+  }
+  EXPECT_THROW(parse({"--recovery", "prog"}), InvalidArgument);  // "prog" is taken as the mode
+  EXPECT_NE(usage_text().find("--recovery"), std::string::npos);
+  EXPECT_NE(usage_text().find("GZ_REPLACEMENT"), std::string::npos);
+}
+
+// Mutation check: worker_env keeping an inherited GZ_RECOVERY, or a replacement changing the
+// restart count or run id.
+TEST(GzrunWorkerEnv, RecoveryAndReplacement) {
+  AttemptInfo a;
+  a.attempt = 1;
+  a.run_id = "9-1";
+  Env base({{"GZ_RECOVERY", "in_place"}, {"GZ_REPLACEMENT", "5"}});
+  auto r = worker_env(base, parse({"prog"}), a, 0);
+  EXPECT_EQ(r["GZ_RECOVERY"], "restart");
+  EXPECT_EQ(r["GZ_REPLACEMENT"], "0");
+  auto i = worker_env(base, parse({"--recovery", "in-place", "--nproc-per-node", "2", "prog"}), a, 1, 2);
+  EXPECT_EQ(i["GZ_RECOVERY"], "in_place");
+  EXPECT_EQ(i["GZ_REPLACEMENT"], "2");
+  EXPECT_EQ(i["GZ_RESTART_COUNT"], "1");
+  EXPECT_EQ(i["TORCHELASTIC_RESTART_COUNT"], "1");
+  EXPECT_EQ(i["GZ_RUN_ID"], "9-1");
+}
+
+// Mutation check: WorkerBoard::add appending a second entry for a replaced rank.
+TEST(GzrunWorkerBoard, ReplacementTakesItsRanksEntry) {
+  WorkerBoard b;
+  b.start_round("9-0", "/tmp/d", 0, 1, 0);
+  b.add(WorkerView{0, 0, 100, true, 0, false, false, 0});
+  b.add(WorkerView{1, 1, 101, true, 0, false, false, 0});
+  b.ended(101, 9, true, false);
+  b.add(WorkerView{1, 1, 102, true, 0, false, false, 1});
+  auto s = b.snapshot();
+  ASSERT_EQ(s.workers.size(), 2u);
+  EXPECT_EQ(s.workers[1].pid, 102);
+  EXPECT_TRUE(s.workers[1].alive);
+  EXPECT_FALSE(s.workers[1].first_failure);
+  EXPECT_EQ(s.workers[1].replacement, 1);
+  EXPECT_EQ(s.workers[0].pid, 100);
 }

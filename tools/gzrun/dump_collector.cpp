@@ -30,6 +30,12 @@ void WorkerBoard::start_round(const std::string& run_id, const std::string& dump
 
 void WorkerBoard::add(const WorkerView& w) {
   std::lock_guard<std::mutex> lock(mu_);
+  // One entry per rank: a report names each rank once and reads its dump file once.
+  for (auto& e : s_.workers)
+    if (e.rank == w.rank) {
+      e = w;
+      return;
+    }
   s_.workers.push_back(w);
 }
 
@@ -179,6 +185,7 @@ std::string collect_node_report(const WorkerBoard::Snapshot& board, const std::s
                      {"status", a.w->alive ? "" : describe_status(a.w->status)},
                      {"first_failure", a.w->first_failure},
                      {"stopped_by_gzrun", a.w->stopped_by_gzrun},
+                     {"replacement", a.w->replacement},
                      {"answered", a.answered}});
     // A live worker's dump from an earlier request (it is stopped now, say) would show a past
     // state as the present: only fresh dumps, a failure's dump and a dead worker's last one.

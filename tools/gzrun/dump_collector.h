@@ -27,6 +27,7 @@ struct WorkerView {
   int status = 0;                 ///< waitpid status once it ended
   bool first_failure = false;     ///< its end was this node's first failure
   bool stopped_by_gzrun = false;  ///< it ended after gzrun began stopping the workers
+  int replacement = 0;            ///< --recovery in-place: its rank's replacements before it
 };
 
 /// @brief The workers of the current round, shared by the supervisor (writer) and the threads
@@ -34,6 +35,7 @@ struct WorkerView {
 class WorkerBoard {
  public:
   void start_round(const std::string& run_id, const std::string& dump_dir, int node, int nnodes, int round);
+  /// @brief A worker started: its rank's entry, replacing the one of a worker it replaced in place.
   void add(const WorkerView& w);
   void ended(pid_t pid, int status, bool first_failure, bool stopped_by_gzrun);
   struct Snapshot {

@@ -33,6 +33,7 @@ constexpr Spec kSpecs[] = {
     {"log-dir", Kind::value},
     {"rdzv-timeout", Kind::value},
     {"max-restarts", Kind::value},
+    {"recovery", Kind::value},
     {"grace-period", Kind::value},
     {"rdzv-endpoint", Kind::value},
     {"standalone", Kind::flag},
@@ -78,6 +79,14 @@ double parse_seconds(const std::string& v, const std::string& opt, bool allow_ze
     GZ_THROW(InvalidArgument, "--", opt, " must be a ", allow_zero ? "non-negative" : "positive",
              " number of seconds, got ", v);
   return s;
+}
+
+LaunchOptions::Recovery parse_recovery(const std::string& v) {
+  if (v == "restart") return LaunchOptions::Recovery::restart;
+  if (v == "in-place" || v == "in_place") return LaunchOptions::Recovery::in_place;
+  GZ_THROW(InvalidArgument, "--recovery '", v,
+           "': expected restart (stop every worker, restart the job) or in-place (replace only the failed "
+           "worker)");
 }
 
 void set_port(LaunchOptions& o, const std::string& v, const std::string& opt) {
@@ -217,6 +226,8 @@ void apply(LaunchOptions& o, const std::string& name, const std::string& v, int 
     o.rdzv_timeout_s = parse_seconds(v, name, false);
   } else if (name == "max-restarts") {
     o.max_restarts = parse_bounded(v, name, 0, 1000000);
+  } else if (name == "recovery") {
+    o.recovery = parse_recovery(v);
   } else if (name == "grace-period") {
     o.grace_period_s = parse_seconds(v, name, true);
   } else if (name == "heartbeat-timeout") {
@@ -435,6 +446,12 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
   --max-restarts K         restart the job up to K times after a failure (default 0); with
                            several nodes the budget and the round are job-wide (in the store).
                            Elastic: a lost node costs one restart, admitting a node none
+  --recovery MODE          what a failed worker (non-zero exit or signal) costs: restart
+                           (default) = stop every worker and restart the job, as above;
+                           in-place = gzrun starts a replacement for that local rank alone while
+                           the other workers keep running (they rebuild their communicator with
+                           it), at most --max-restarts replacements per node and round; once
+                           they are spent the next failure restarts the job as with restart
   --grace-period SECONDS   SIGTERM -> SIGKILL delay when stopping workers (default 5)
   --heartbeat-timeout S    several nodes: a node whose gzrun is silent this long is lost, and the
                            deadline of the job monitor's store operations (default 10; env
@@ -482,6 +499,8 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
 worker environment: RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK ROLE_RANK
   MASTER_ADDR MASTER_PORT GZ_LAUNCHER=gzrun GZ_STORE_HOSTED=1 GZ_STORE_ADDR GZ_STORE_PORT GZ_NNODES GZ_RUN_ID
   GZ_RESTART_COUNT TORCHELASTIC_RESTART_COUNT GZ_RDZV_TIMEOUT_S, OMP_NUM_THREADS (unless set)
+  GZ_RECOVERY (restart or in_place) GZ_REPLACEMENT (how often this local rank was replaced in
+  place in this round: 0 at its first start; a replacement keeps GZ_RESTART_COUNT and GZ_RUN_ID)
   and GZ_RDZV_TOKEN (GZ_RDZV_INSECURE=1 with --rdzv-insecure). With etcd GZ_STORE_BACKEND=etcd
   GZ_STORE_ENDPOINTS GZ_STORE_PREFIX [GZ_STORE_USER GZ_STORE_CACERT GZ_STORE_CERT GZ_STORE_KEY]
   replace GZ_STORE_ADDR/PORT. Workers read stdin from /dev/null.

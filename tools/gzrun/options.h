@@ -32,6 +32,12 @@ struct LaunchOptions {
   std::string log_dir;          ///< empty = no per-rank log files
   double rdzv_timeout_s = 900;  ///< how long nodes wait for each other (and workers for the store)
   int max_restarts = 0;
+  /// @brief What a failed worker costs. restart: stop every worker of the job and start a new
+  /// round (torchrun's way). in_place: replace only the failed worker, the others keep running
+  /// and rebuild their communicator with it; --max-restarts replacements per node and round,
+  /// then the restart path.
+  enum class Recovery { restart, in_place };
+  Recovery recovery = Recovery::restart;
   bool standalone = false;
   double grace_period_s = 5;  ///< SIGTERM -> SIGKILL delay when stopping workers
   /// @brief Multi-node failure detection: a node whose gzrun has not heartbeaten for this long is
@@ -84,6 +90,8 @@ struct LaunchOptions {
   std::string program;            ///< as given (resolved through PATH later)
   std::vector<std::string> args;  ///< arguments after PROGRAM, untouched
 
+  /// @brief Whether a failed worker is replaced in place (--recovery in-place).
+  bool in_place() const { return recovery == Recovery::in_place; }
   /// @brief Total number of workers in the job.
   int world_size() const { return nnodes * nproc_per_node; }
   /// @brief The heartbeat interval in effect (see heartbeat_interval_s).

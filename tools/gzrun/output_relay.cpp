@@ -183,4 +183,11 @@ void OutputRelay::note_in_logs(const std::string& line) {
   for (auto& [rank, fd] : logs_) write_all(fd, out.data(), out.size());
 }
 
+void OutputRelay::note_in_log(int rank, const std::string& line) {
+  auto it = logs_.find(rank);
+  if (it == logs_.end()) return;
+  std::string out = line + "\n";
+  write_all(it->second, out.data(), out.size());
+}
+
 }  // namespace gz::launcher

@@ -60,6 +60,8 @@ class OutputRelay {
   void reset();
   /// @brief Write a gzrun message line into every open log file (e.g. restart markers).
   void note_in_logs(const std::string& line);
+  /// @brief Write a gzrun message line into `rank`'s log file (when it has one).
+  void note_in_log(int rank, const std::string& line);
 
  private:
   struct Pipe {

@@ -216,51 +216,67 @@ void Supervisor::open_logs() {
 }
 
 void Supervisor::start_workers() {
-  AttemptInfo a;
-  a.attempt = round_.round;
-  a.run_id = round_.run_id;
-  a.node_rank = round_.node_rank;
-  a.nnodes = round_.nnodes;
-  a.master_addr = round_.master_addr.empty() ? c_.master_addr : round_.master_addr;
-  a.master_port = c_.master_port;
-  a.store_port = c_.store_port;
-  a.cores = c_.cores;
-  std::vector<std::string> argv{o_.program};
-  argv.insert(argv.end(), o_.args.begin(), o_.args.end());
+  attempt_ = AttemptInfo{};
+  attempt_.attempt = round_.round;
+  attempt_.run_id = round_.run_id;
+  attempt_.node_rank = round_.node_rank;
+  attempt_.nnodes = round_.nnodes;
+  attempt_.master_addr = round_.master_addr.empty() ? c_.master_addr : round_.master_addr;
+  attempt_.master_port = c_.master_port;
+  attempt_.store_port = c_.store_port;
+  attempt_.cores = c_.cores;
   board_.start_round(round_.run_id, c_.base_env.get("GZ_DUMP_DIR", dump_dir_for(o_, round_.run_id)),
                      round_.node_rank, round_.nnodes, round_.round);
   collected_ = false;
   report_.clear();
-  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
-    int rank = round_.node_rank * o_.nproc_per_node + lr;
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    try {
-      if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
-        throw SystemError("pipe2 for rank " + std::to_string(rank), errno);
-      SpawnRequest r;
-      r.path = c_.program_path;
-      r.argv = argv;
-      r.envp = to_envp(worker_env(c_.base_env, o_, a, lr));
-      r.stdin_fd = devnull_;
-      r.stdout_fd = out[1];
-      r.stderr_fd = err[1];
-      pid_t pid = spawn_worker(r);
-      ::close(out[1]);
-      ::close(err[1]);
-      relay_.add_pipe(rank, Stream::out, out[0]);
-      relay_.add_pipe(rank, Stream::err, err[0]);
-      workers_.push_back(Worker{lr, rank, pid, true, 0});
-      board_.add(WorkerView{rank, lr, pid, true, 0, false, false});
-    } catch (const std::exception& e) {
-      for (int fd : {out[0], out[1], err[0], err[1]})
-        if (fd >= 0) ::close(fd);
-      failure_ = "rank " + std::to_string(rank) + " could not be started: " + e.what();
-      say(failure_);
-      publish_local(static_cast<int>(JobFailure::Kind::worker), failure_);
-      begin_stop(SIGTERM);
-      return;
-    }
+  for (int lr = 0; lr < o_.nproc_per_node; ++lr)
+    if (!start_worker(lr, 0)) return;
+}
+
+bool Supervisor::start_worker(int lr, int replacement) {
+  const int rank = round_.node_rank * o_.nproc_per_node + lr;
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
+  try {
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+      throw SystemError("pipe2 for rank " + std::to_string(rank), errno);
+    SpawnRequest r;
+    r.path = c_.program_path;
+    r.argv = {o_.program};
+    r.argv.insert(r.argv.end(), o_.args.begin(), o_.args.end());
+    r.envp = to_envp(worker_env(c_.base_env, o_, attempt_, lr, replacement));
+    r.stdin_fd = devnull_;
+    r.stdout_fd = out[1];
+    r.stderr_fd = err[1];
+    pid_t pid = spawn_worker(r);
+    ::close(out[1]);
+    ::close(err[1]);
+    relay_.add_pipe(rank, Stream::out, out[0]);
+    relay_.add_pipe(rank, Stream::err, err[0]);
+    workers_.push_back(Worker{lr, rank, pid, true, 0});
+    board_.add(WorkerView{rank, lr, pid, true, 0, false, false, replacement});
+    return true;
+  } catch (const std::exception& e) {
+    for (int fd : {out[0], out[1], err[0], err[1]})
+      if (fd >= 0) ::close(fd);
+    failure_ = "rank " + std::to_string(rank) + " could not be started: " + e.what();
+    say(failure_);
+    publish_local(static_cast<int>(JobFailure::Kind::worker), failure_);
+    begin_stop(SIGTERM);
+    return false;
   }
+}
+
+bool Supervisor::replace_in_place(const Worker& w, const std::string& what) {
+  // A job failure recorded already (another node's, its wake-up not read yet) ends the round.
+  if (replaced_ >= o_.max_restarts || (c_.monitor && c_.monitor->failure().failed())) return false;
+  ++replaced_;
+  const int n = ++replacements_[static_cast<size_t>(w.local_rank)];
+  say(what + "; replacing it in place (replacement " + std::to_string(replaced_) + " of " +
+      std::to_string(o_.max_restarts) + "): the other workers keep running");
+  relay_.note_in_log(w.rank, "[gzrun] " + what + "; replacement " + std::to_string(n) + " of rank " +
+                                 std::to_string(w.rank) + " in place");
+  start_worker(w.local_rank, n);  // when it cannot start, the round fails (start_worker said why)
+  return true;
 }
 
 bool Supervisor::all_reaped() const {
@@ -284,7 +300,7 @@ void Supervisor::begin_stop(int sig) {
   kill_all_groups(sig, true);
 }
 
-void Supervisor::on_exit(Worker& w) {
+void Supervisor::on_exit(const Worker& w) {
   const int st = w.status;
   const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
   board_.ended(w.pid, st, !ok && !stopping_, stopping_);
@@ -294,8 +310,13 @@ void Supervisor::on_exit(Worker& w) {
   if (!stopping_) {
     // Not stopping: gzrun sent no signal yet, so a SIGKILL came from elsewhere.
     const std::string hint = unexpected_death_hint(st);
+    if (o_.in_place() && replace_in_place(w, d + hint)) return;
     failure_ = d + hint;
     say(failure_);
+    if (o_.in_place() && replaced_ >= o_.max_restarts)
+      say("the in-place budget is spent (" + std::to_string(replaced_) +
+          " replacement(s) of --max-restarts " + std::to_string(o_.max_restarts) +
+          " on this node in this round): stopping every worker instead");
     publish_local(static_cast<int>(JobFailure::Kind::worker),
                   "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) +
                       ", pid " + std::to_string(w.pid) + ") " + describe_status(st) + hint);
@@ -324,7 +345,9 @@ void Supervisor::reap() {
       // The worker's group dies with it (its leftover children). Done right away: once the
       // group is empty its id may be reused by an unrelated process group later.
       ::kill(-w.pid, SIGKILL);
-      on_exit(w);
+      // A copy: on_exit may start a replacement, which grows workers_ (w would dangle).
+      const Worker dead = w;
+      on_exit(dead);
       break;
     }
   }
@@ -372,6 +395,8 @@ Supervisor::Outcome Supervisor::run_attempt() {
   escalated_ = false;
   failure_.clear();
   workers_.clear();
+  replaced_ = 0;
+  replacements_.assign(static_cast<size_t>(o_.nproc_per_node), 0);
   relay_.reset();
   open_logs();
   start_workers();

@@ -18,6 +18,7 @@
 #include "process.h"
 #include "round_info.h"
 #include "store_host.h"
+#include "worker_env.h"
 
 namespace gz::launcher {
 
@@ -85,12 +86,20 @@ class Supervisor {
   Outcome run_attempt();
   void open_logs();
   void start_workers();
+  /// @brief Spawn the worker of `local_rank` (its pipes to the relay, workers_, the board), the
+  /// `replacement`th in-place replacement of it in this round (0: its first start). False when it
+  /// could not start: the failure is recorded and published and the workers are being stopped.
+  bool start_worker(int local_rank, int replacement);
+  /// @brief --recovery in-place: replace the failed worker `w` (`what` says how it ended) while
+  /// the others keep running. False when the node's budget for this round is spent or the job
+  /// failed already: the caller takes the restart path.
+  bool replace_in_place(const Worker& w, const std::string& what);
   /// @brief The round is over without success: decide (give up, or the next round). Returns the
   /// exit code, or -1 with `next` set to go on.
   int after_failure(Outcome out, int& next);
   void end_job(const std::string& reason, bool success);
   void reap();
-  void on_exit(Worker& w);
+  void on_exit(const Worker& w);
   void on_signal(int sig);
   /// @brief Send sig to every live worker's process group; start the grace timer once.
   void begin_stop(int sig);
@@ -105,8 +114,11 @@ class Supervisor {
   SupervisorConfig c_;
   OutputRelay relay_;
   SignalPipe signals_;
+  /// @brief Every worker started in this attempt; a worker replaced in place stays (not alive)
+  /// next to its replacement.
   std::vector<Worker> workers_;
   int devnull_ = -1;
+  AttemptInfo attempt_;  ///< this round's facts for the workers' environment
 
   // Per-attempt state.
   bool stopping_ = false;
@@ -116,6 +128,8 @@ class Supervisor {
   int interrupt_sig_ = 0;
   RoundInfo round_;
   bool job_failure_seen_ = false;
+  int replaced_ = 0;               ///< in-place replacements on this node in this round
+  std::vector<int> replacements_;  ///< per local rank: its GZ_REPLACEMENT
   /// @brief Publish a failure of this node to the other nodes (multi-node only).
   void publish_local(int kind, const std::string& what);
   /// @brief The job monitor learnt of a failure: report it and stop the local workers.

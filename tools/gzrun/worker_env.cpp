@@ -8,13 +8,13 @@
 namespace gz::launcher {
 
 std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptions& o, const AttemptInfo& a,
-                                              int local_rank) {
+                                              int local_rank, int replacement) {
   std::map<std::string, std::string> env = base.vars();
   // Variables gzrun decides for this job: values inherited from its own environment (the user's
   // shell, a gzrun above it) never reach the workers, whichever backend and mode set them.
-  for (const char* v :
-       {"GZ_STORE_BACKEND", "GZ_STORE_ENDPOINTS", "GZ_STORE_PREFIX", "GZ_STORE_USER", "GZ_STORE_CACERT",
-        "GZ_STORE_CERT", "GZ_STORE_KEY", "GZ_STORE_ADDR", "GZ_STORE_PORT", "GZ_MIN_NODES", "GZ_MAX_NODES"})
+  for (const char* v : {"GZ_STORE_BACKEND", "GZ_STORE_ENDPOINTS", "GZ_STORE_PREFIX", "GZ_STORE_USER",
+                        "GZ_STORE_CACERT", "GZ_STORE_CERT", "GZ_STORE_KEY", "GZ_STORE_ADDR", "GZ_STORE_PORT",
+                        "GZ_MIN_NODES", "GZ_MAX_NODES", "GZ_RECOVERY", "GZ_REPLACEMENT"})
     env.erase(v);
   auto s = [](long long v) { return std::to_string(v); };
   const int node = a.node_rank >= 0 ? a.node_rank : o.node_rank;
@@ -52,6 +52,9 @@ std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptio
   env["TORCHELASTIC_RESTART_COUNT"] = s(a.attempt);
   env["TORCHELASTIC_MAX_RESTARTS"] = s(o.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = a.run_id;
+  // The worker side (gz::init) reads these to rebuild its communicator instead of exiting.
+  env["GZ_RECOVERY"] = o.in_place() ? "in_place" : "restart";
+  env["GZ_REPLACEMENT"] = s(replacement);
   env["GZ_RDZV_TIMEOUT_S"] = s(static_cast<long long>(o.rdzv_timeout_s + 0.999));
   if (!base.has("GZ_DUMP_DIR")) env["GZ_DUMP_DIR"] = dump_dir_for(o, a.run_id);  // flight-recorder dumps
   if (!base.has("OMP_NUM_THREADS"))

@@ -26,9 +26,10 @@ struct AttemptInfo {
 
 /// @brief Full environment for the worker with `local_rank` on this node: `base` (gzrun's own
 /// environment) with the launcher variables set on top. OMP_NUM_THREADS is only set when `base`
-/// lacks it.
-std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptions& o,
-                                              const AttemptInfo& a, int local_rank);
+/// lacks it. `replacement`: how often this local rank was replaced in place in this round
+/// (GZ_REPLACEMENT); a replacement is in the same round, so the restart count and run id stay.
+std::map<std::string, std::string> worker_env(const Env& base, const LaunchOptions& o, const AttemptInfo& a,
+                                              int local_rank, int replacement = 0);
 
 /// @brief "KEY=VALUE" strings for execve().
 std::vector<std::string> to_envp(const std::map<std::string, std::string>& env);
