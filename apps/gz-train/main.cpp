@@ -120,13 +120,14 @@ int main(int argc, char** argv) {
     gz::train::Trainer trainer(config);
     // Fault injection for restart tests: the first attempt of one rank dies after a given step.
     gz::Env env = gz::Env::from_process();
+    // A replacement (gzrun --recovery in-place) or a restart is not the first attempt.
+    const bool first_attempt =
+        env.get_int("GZ_RESTART_COUNT", 0) == 0 && env.get_int("GZ_REPLACEMENT", 0) == 0;
     long long crash_step = env.get_int("GZ_TRAIN_CRASH_AT_STEP", -1);
-    if (crash_step > 0 && env.get_int("GZ_RESTART_COUNT", 0) == 0 &&
-        env.get_int("GZ_TRAIN_CRASH_RANK", 0) == rank)
+    if (crash_step > 0 && first_attempt && env.get_int("GZ_TRAIN_CRASH_RANK", 0) == rank)
       trainer.set_crash_at_step(crash_step);
     long long kill_step = env.get_int("GZ_TRAIN_KILL_AT_STEP", -1);
-    if (kill_step > 0 && env.get_int("GZ_RESTART_COUNT", 0) == 0 &&
-        env.get_int("GZ_TRAIN_CRASH_RANK", 0) == rank)
+    if (kill_step > 0 && first_attempt && env.get_int("GZ_TRAIN_CRASH_RANK", 0) == rank)
       trainer.add_callback(std::make_shared<KillAtStep>(kill_step));
     // TEST ONLY: a rank whose data phase is slower (GZ_TEST_SLOW_DATA_MS), for the straggler tests.
     if (auto slow = gz::train::make_test_fault_injection(env)) trainer.add_callback(slow);

@@ -3,6 +3,8 @@
 #include <memory>
 
 #include "gz/comm/factory.h"
+#include "gz/comm/generations.h"
+#include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/store/prefix_store.h"
 #include "gz/store/rendezvous.h"
@@ -25,10 +27,39 @@ void init(const ProcessGroupOptions& options) {
   co.size = rdzv->world.world_size;
   co.store = std::make_shared<PrefixStore>("gz_default_group", rdzv->store);
   co.timeout = options.timeout;
-  auto group = comm::create_communicator(co);
+  std::shared_ptr<comm::Generations> gens;
+  if (options.regroupable || Env::from_process().get("GZ_RECOVERY", "") == "in_place")
+    gens = std::make_shared<comm::Generations>(co);
+  auto group = gens ? gens->join() : comm::create_communicator(co);
   init(group, rdzv->world.local_rank, rdzv->world.local_world_size);
   std::lock_guard<std::mutex> lock(detail::pg_state().mu);
   detail::pg_state().keep_alive = rdzv;
+  detail::pg_state().generations = std::move(gens);
+}
+
+bool can_regroup() {
+  std::lock_guard<std::mutex> lock(detail::pg_state().mu);
+  return detail::pg_state().group && detail::pg_state().generations;
+}
+
+comm::CommPtr regroup(const std::string& why) {
+  auto& st = detail::pg_state();
+  std::shared_ptr<comm::Generations> gens;
+  comm::CommPtr old;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    gens = st.generations;
+    old = st.group;
+  }
+  if (!gens || !old)
+    GZ_THROW(Error,
+             "gz::regroup: the default group cannot be replaced (init() builds a replaceable one "
+             "under gzrun --recovery in-place, or with ProcessGroupOptions::regroupable)");
+  // The rendezvous takes as long as the replacements need to start: not under the lock.
+  comm::CommPtr fresh = gens->rejoin(old, why);
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.group = fresh;
+  return fresh;
 }
 
 }  // namespace gz

@@ -31,6 +31,7 @@ void shutdown() {
   std::lock_guard<std::mutex> lock(st.mu);
   st.group.reset();
   st.keep_alive.reset();
+  st.generations.reset();
   st.local_rank = 0;
   st.local_size = 1;
 }

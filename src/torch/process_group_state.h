@@ -6,12 +6,17 @@
 
 #include "gz/comm/communicator.h"
 
+namespace gz::comm {
+class Generations;
+}
+
 namespace gz::detail {
 
 struct ProcessGroupState {
   std::mutex mu;
   comm::CommPtr group;
   std::shared_ptr<void> keep_alive;  // the Rendezvous (store + server) behind the group
+  std::shared_ptr<comm::Generations> generations;  // set when regroup() may replace the group
   int local_rank = 0;
   int local_size = 1;
 };

@@ -88,6 +88,10 @@ Trainer::Trainer(TrainConfig config, comm::CommPtr group) : config_(std::move(co
   if (group_) {
     rank_ = group_->rank();
     world_ = group_->size();
+    // gzrun --recovery in-place: the default group's next generation replaces it.
+    if (Env::from_process().get("GZ_RECOVERY", "") == "in_place" && gz::can_regroup() &&
+        group_ == gz::default_group())
+      impl_->regroup = [](const std::string& why) { return gz::regroup(why); };
   }
   if (config_.device == "cuda") {
     if (!torch::cuda::is_available()) GZ_THROW(InvalidArgument, "config device: cuda but CUDA is not available");
@@ -113,6 +117,10 @@ void Trainer::set_datasets(DatasetPtr train, DatasetPtr test) {
 void Trainer::add_callback(CallbackPtr callback) { user_callbacks_.push_back(std::move(callback)); }
 void Trainer::set_default_callbacks(bool on) { default_callbacks_ = on; }
 void Trainer::set_crash_at_step(int64_t step) { crash_at_step_ = step; }
+void Trainer::set_regroup(std::function<comm::CommPtr(const std::string&)> regroup) {
+  impl_->regroup = std::move(regroup);
+}
+int64_t Trainer::recoveries() const { return impl_->recoveries; }
 
 torch::optim::Optimizer& Trainer::optimizer() {
   if (!impl_->strategy) GZ_THROW(Error, "Trainer::optimizer() before train()");
@@ -503,6 +511,7 @@ void Trainer::begin_training() {
     save_config(c, (fs::path(c.work_dir) / "config.yaml").string());
   }
   maybe_resume();
+  agree_on_resumed_step();
   // Snapshots newer than this run's start (another run's, or refused) would outrank its own.
   if (impl_->snapshot_writer && !restored_snapshot_) impl_->snapshots->remove_snapshots();
   if (c.log_samples) {
@@ -515,6 +524,63 @@ void Trainer::begin_training() {
   impl_->first_step = state_.step;
 }
 
+void Trainer::train_epoch() {
+  const auto& c = config_;
+  const size_t n = train_data_->size();
+  // The rest of the epoch on this world, from the samples of its order already consumed.
+  const int64_t epoch = state_.epoch;
+  const BatchPlan& p = impl_->plan;
+  EpochPlan plan(n, static_cast<size_t>(state_.epoch_samples), p.global_batch, p.accumulation, world_, rank_);
+  if (plan.steps() == 0) {  // resumed at the end of an epoch: its end-of-epoch work is done
+    ++state_.epoch;
+    state_.epoch_samples = 0;
+    return;
+  }
+  if (state_.epoch_samples == 0) for_each_callback([&](Callback& cb) { cb.on_epoch_begin(*this); });
+  const size_t steps = std::min<size_t>(plan.steps(), static_cast<size_t>(state_.total_steps - state_.step));
+  std::vector<std::vector<size_t>> batches = epoch_batches(plan, epoch, steps);
+  DataLoader::Transform transform;
+  if (c.augment) {
+    const uint64_t seed = mix(static_cast<uint64_t>(c.seed) + 1, static_cast<uint64_t>(epoch));
+    transform = [seed](Example e, size_t idx) { return augment_image(std::move(e), mix(seed, idx)); };
+  }
+  const std::vector<std::vector<size_t>> planned =
+      c.log_samples ? batches : std::vector<std::vector<size_t>>{};
+  DataLoader loader(train_data_, std::move(batches), static_cast<int>(c.num_workers), transform);
+  for (size_t k = 0; k < steps && !state_.should_stop; ++k) {
+    step_samples_.clear();
+    for (size_t m = 0; c.log_samples && m < static_cast<size_t>(p.accumulation); ++m) {
+      const auto& mb = planned[k * static_cast<size_t>(p.accumulation) + m];
+      step_samples_.insert(step_samples_.end(), mb.begin(), mb.end());
+    }
+    state_.schedule_step =
+        c.elastic_batch == "keep_global" ? state_.step : state_.samples_seen / p.reference_global_batch;
+    for_each_callback([&](Callback& cb) { cb.on_step_begin(*this); });
+    train_step(loader, p.accumulation, p.global_batch);
+    ++state_.step;
+    state_.epoch_samples += p.global_batch;
+    state_.samples_seen += p.global_batch;
+    if (c.eval_steps > 0 && state_.step % c.eval_steps == 0) run_eval();
+    for_each_callback([&](Callback& cb) { cb.on_step_end(*this); });
+    // Not at an epoch's last step: restoring it would skip that epoch's end (evaluation,
+    // on_epoch_end, its checkpoint), which runs after this point.
+    if (impl_->snapshot_writer && state_.step % c.snapshot_every == 0 &&
+        static_cast<size_t>(state_.epoch_samples) != plan.end())
+      take_snapshot();
+    if (state_.step == crash_at_step_) {
+      impl_->simulated_crash = true;
+      GZ_THROW(Aborted, "rank ", rank_, ": simulated crash after step ", state_.step);
+    }
+  }
+  if (static_cast<size_t>(state_.epoch_samples) == plan.end()) {
+    if (c.eval_steps == 0 && impl_->last_eval_step != state_.step) run_eval();
+    for_each_callback([&](Callback& cb) { cb.on_epoch_end(*this); });
+    // A checkpoint written above records the epoch as consumed; resuming there moves on.
+    ++state_.epoch;
+    state_.epoch_samples = 0;
+  }
+}
+
 std::map<std::string, double> Trainer::train() {
   setup();
   const FlagScope in_train(impl_->in_train);  // a save outside train() is on disk when it returns
@@ -524,59 +590,11 @@ std::map<std::string, double> Trainer::train() {
   begin_training();
   const auto& c = config_;
 
-  const size_t n = train_data_->size();
   while (state_.step < state_.total_steps && !state_.should_stop) {
-    // The rest of the epoch on this world, from the samples of its order already consumed.
-    const int64_t epoch = state_.epoch;
-    const BatchPlan& p = impl_->plan;
-    EpochPlan plan(n, static_cast<size_t>(state_.epoch_samples), p.global_batch, p.accumulation, world_,
-                   rank_);
-    if (plan.steps() == 0) {  // resumed at the end of an epoch: its end-of-epoch work is done
-      ++state_.epoch;
-      state_.epoch_samples = 0;
-      continue;
-    }
-    if (state_.epoch_samples == 0) for_each_callback([&](Callback& cb) { cb.on_epoch_begin(*this); });
-    const size_t steps =
-        std::min<size_t>(plan.steps(), static_cast<size_t>(state_.total_steps - state_.step));
-    std::vector<std::vector<size_t>> batches = epoch_batches(plan, epoch, steps);
-    DataLoader::Transform transform;
-    if (c.augment) {
-      const uint64_t seed = mix(static_cast<uint64_t>(c.seed) + 1, static_cast<uint64_t>(epoch));
-      transform = [seed](Example e, size_t idx) { return augment_image(std::move(e), mix(seed, idx)); };
-    }
-    const std::vector<std::vector<size_t>> planned =
-        c.log_samples ? batches : std::vector<std::vector<size_t>>{};
-    DataLoader loader(train_data_, std::move(batches), static_cast<int>(c.num_workers), transform);
-    for (size_t k = 0; k < steps && !state_.should_stop; ++k) {
-      step_samples_.clear();
-      for (size_t m = 0; c.log_samples && m < static_cast<size_t>(p.accumulation); ++m) {
-        const auto& mb = planned[k * static_cast<size_t>(p.accumulation) + m];
-        step_samples_.insert(step_samples_.end(), mb.begin(), mb.end());
-      }
-      state_.schedule_step =
-          c.elastic_batch == "keep_global" ? state_.step : state_.samples_seen / p.reference_global_batch;
-      for_each_callback([&](Callback& cb) { cb.on_step_begin(*this); });
-      train_step(loader, p.accumulation, p.global_batch);
-      ++state_.step;
-      state_.epoch_samples += p.global_batch;
-      state_.samples_seen += p.global_batch;
-      if (c.eval_steps > 0 && state_.step % c.eval_steps == 0) run_eval();
-      for_each_callback([&](Callback& cb) { cb.on_step_end(*this); });
-      // Not at an epoch's last step: restoring it would skip that epoch's end (evaluation,
-      // on_epoch_end, its checkpoint), which runs after this point.
-      if (impl_->snapshot_writer && state_.step % c.snapshot_every == 0 &&
-          static_cast<size_t>(state_.epoch_samples) != plan.end())
-        take_snapshot();
-      if (state_.step == crash_at_step_)
-        GZ_THROW(Aborted, "rank ", rank_, ": simulated crash after step ", state_.step);
-    }
-    if (static_cast<size_t>(state_.epoch_samples) == plan.end()) {
-      if (c.eval_steps == 0 && impl_->last_eval_step != state_.step) run_eval();
-      for_each_callback([&](Callback& cb) { cb.on_epoch_end(*this); });
-      // A checkpoint written above records the epoch as consumed; resuming there moves on.
-      ++state_.epoch;
-      state_.epoch_samples = 0;
+    try {
+      train_epoch();
+    } catch (const std::exception& e) {
+      if (!recover_in_place(e)) throw;
     }
   }
   if (impl_->last_eval_step != state_.step) run_eval();

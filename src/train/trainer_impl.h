@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 
 #include "comm_algorithms.h"
@@ -61,6 +62,10 @@ struct Trainer::Impl {
   // parameters and optimizer state runs alongside the next step; 0 copies on the training thread
   // (for a model whose forward changes its own parameters, and for A/B benchmarks).
   bool defer_state_copy = true;
+  // In-place recovery (Trainer::set_regroup): the new group after a lost peer; empty = off.
+  std::function<comm::CommPtr(const std::string&)> regroup;
+  int64_t recoveries = 0;
+  bool simulated_crash = false;  // set_crash_at_step's exception is not a lost peer
   // Copies of the live state still running in the background (finish_state_copies() waits).
   StateCapture* checkpoint_copying = nullptr;
   StateCapture* snapshot_copying = nullptr;

@@ -145,6 +145,58 @@ TEST(TrainRestart, SigkilledWorkerResumesFromTheSnapshotRedoingAtMostOneStep) {
   fs::remove_all(root);
 }
 
+// gzrun --recovery in-place: rank 1 is SIGKILLed as step 6 begins; gzrun starts a replacement for
+// it alone, ranks 0 and 2 keep their processes (they log their recovery; a restarted process would
+// not), all three meet in the group's next generation and restore the newest snapshot. Mutation
+// checks: gzrun ignoring --recovery (every worker restarted) fails the "restarting all" and the
+// recovery checks; a Trainer without the default regroup (GZ_RECOVERY ignored) fails on exit code.
+TEST(TrainRestart, InPlaceRecoveryKeepsTheSurvivorsAndRedoesAtMostOneStep) {
+  auto gzrun = find_gzrun();
+  if (gzrun.empty()) GTEST_SKIP() << "gzrun not built (tools/gzrun/gzrun)";
+  if (!fs::exists(gz_train())) GTEST_SKIP() << "gz-train not built at " << gz_train();
+  auto root = fs::temp_directory_path() / ("gz_inplace_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  for (const char* name : {"a", "b"})
+    std::ofstream(root / (std::string(name) + ".yaml"))
+        << "dataset: synthetic\ntrain_data: \"384\"\ntest_data: \"128\"\ninput_size: 4\nnet_type: cnn\n"
+           "num_classes: 4\nbatch_size: 16\nnum_epochs: 2\nlr: 0.005\nsave_steps: 0\nprogress: false\n"
+           "num_workers: 1\nmode: ddp\nbackend: shm\nresume_from_checkpoint: auto\ndropout: 0\n"
+           "snapshot_every: 1\nlog_samples: true\nwork_dir: \""
+        << (root / name).string() << "\"\n";
+  std::string common = " GZ_TIMEOUT_S=20 GZ_LOG_LEVEL=info " + gzrun + " --nproc-per-node 3 ";
+  ASSERT_EQ(run(common + gz_train() + " --config " + (root / "a.yaml").string() + " > " +
+                (root / "a.log").string() + " 2>&1"),
+            0)
+      << "uninterrupted run failed, see " << (root / "a.log");
+  ASSERT_EQ(run("GZ_TRAIN_KILL_AT_STEP=5 GZ_TRAIN_CRASH_RANK=1" + common +
+                "--recovery in-place --max-restarts 1 " + gz_train() + " --config " +
+                (root / "b.yaml").string() + " > " + (root / "b.log").string() + " 2>&1"),
+            0)
+      << "recovered run failed, see " << (root / "b.log");
+  const std::string a_log = slurp(root / "a.log"), b_log = slurp(root / "b.log");
+  EXPECT_NE(b_log.find("replacing it in place"), std::string::npos) << b_log;
+  EXPECT_EQ(b_log.find("restarting all"), std::string::npos) << b_log;
+  for (int survivor : {0, 2})
+    EXPECT_NE(b_log.find("rank " + std::to_string(survivor) + ": "), std::string::npos) << b_log;
+  EXPECT_NE(b_log.find("recovering in place (recovery 1)"), std::string::npos) << b_log;
+  EXPECT_NE(b_log.find("recovered in place at step "), std::string::npos) << b_log;
+  const std::string audit = (root / "audit.txt").string();
+  ASSERT_EQ(run("python3 " + std::string(GZ_SOURCE_DIR) + "/tests/train/check_sample_log.py " +
+                (root / "b").string() + " --dataset-size 384 --epochs 2 --reference " +
+                (root / "a").string() + " > " + audit + " 2>&1"),
+            0)
+      << slurp(audit);
+  const std::string text = slurp(audit);
+  const auto at = text.find(" step(s) run twice");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_LE(std::stoi(text.substr(text.rfind(' ', at - 1) + 1)), 1) << text;
+  const double acc_a = final_accuracy(a_log), acc_b = final_accuracy(b_log);
+  ASSERT_GE(acc_a, 0) << a_log;
+  EXPECT_NEAR(acc_b, acc_a, 0.005) << "accuracy of the recovered run is more than 0.5 points off";
+  fs::remove_all(root);
+}
+
 // A job that failed for good (no restarts left) leaves its snapshots in /dev/shm; the user's next
 // gzrun in the same work_dir is a new run (another GZ_RUN_ID job): it does not restore them but
 // removes them and starts at step 0. (gzrun's own restart restoring them: the test above.)

@@ -19,6 +19,9 @@ struct ProcessGroupOptions {
   int rank = -1;        ///< required with tcp:// and file:// unless the environment has it
   int world_size = -1;  ///< likewise
   Duration timeout = default_timeout();
+  /// @brief Build the group so that regroup() can replace it (in-place recovery). Also on when
+  /// the environment has GZ_RECOVERY=in_place (gzrun --recovery in-place).
+  bool regroupable = false;
 };
 
 /// @brief Rendezvous (from the environment or init_method), then build the default group.
@@ -27,6 +30,14 @@ void init(const ProcessGroupOptions& options = {});
 /// @brief Adopt an existing communicator as the default group (custom setups, tests).
 /// local_rank/local_size default to rank/size.
 void init(comm::CommPtr group, int local_rank = -1, int local_size = -1);
+/// @brief In-place recovery: abort the default group (peers still in its ops get gz::Aborted
+/// naming `why`) and replace it by its next generation, with the same ranks and size, which the
+/// other survivors and the launcher's replacements of the lost processes join (collective over
+/// them; gz/comm/generations.h). Returns the new default group. Throws gz::Error unless init()
+/// built the group regroupable, and gz::TimeoutError when the members do not meet in time.
+comm::CommPtr regroup(const std::string& why);
+/// @brief Whether regroup() can replace the default group.
+bool can_regroup();
 /// @brief Drop the default group and the rendezvous store. Safe to call when not initialized.
 void shutdown();
 /// @brief Whether init() succeeded and shutdown() was not called since.

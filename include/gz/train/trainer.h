@@ -58,6 +58,17 @@ class Trainer {
   void set_default_callbacks(bool on);
   /// @brief Test hook: throw gz::Aborted right after this optimizer step (simulated crash; no save).
   void set_crash_at_step(int64_t step);
+  /// @brief Recover in place: when training fails because a peer was lost or stopped (gz::PeerError,
+  /// gz::TimeoutError, gz::Aborted from the group), this rank does not end train(): it aborts the
+  /// group, takes the one `regroup` returns (same ranks and size, shared with the launcher's
+  /// replacements of the lost processes), rebuilds the mode's strategy, restores the newest
+  /// in-memory snapshot every rank can reach, as a replacement's train() does, and goes on.
+  /// Needs snapshot_every > 0, resume_from_checkpoint: auto, zero_stage 0 and a launcher's run
+  /// id (gz::InvalidArgument from train() otherwise). Under gzrun --recovery in-place (GZ_RECOVERY=
+  /// in_place) a Trainer on gz's default group uses gz::regroup() unless this was called.
+  void set_regroup(std::function<comm::CommPtr(const std::string& why)> regroup);
+  /// @brief In-place recoveries this Trainer went through.
+  int64_t recoveries() const;
 
   /// @brief Set up, resume if configured, train, evaluate; returns the final metrics.
   ///
@@ -137,6 +148,17 @@ class Trainer {
   /// first launch's global batch (0 = this is it). Called by setup() and after a resume.
   void plan_steps(int64_t reference);
   void maybe_resume();
+  // The rest of the current epoch (or up to total_steps), on the current world.
+  void train_epoch();
+  // In-place recovery (src/train/recovery/in_place_recovery.cpp): false when `error` is not a
+  // lost peer or recovery is off (the caller rethrows); else true once every rank continues from
+  // the same restored step.
+  bool recover_in_place(const std::exception& error);
+  // Collective with in-place recovery on, after the resume: every rank throws unless all resumed
+  // at the same step (a survivor and a replacement that found nothing to restore).
+  void agree_on_resumed_step();
+  // Throws gz::InvalidArgument when in-place recovery is on but the config cannot support it.
+  void check_in_place_recovery() const;
   // train()'s start: work_dir and config.yaml, the resume, the session id, on_train_begin.
   void begin_training();
   // Evaluate, record the metrics and the best one, tell the callbacks.

@@ -20,6 +20,8 @@ HistoryLogger::~HistoryLogger() = default;
 void HistoryLogger::on_train_begin(Trainer& t) {
   if (!t.is_main()) return;
   const auto path = fs::path(t.config().work_dir) / "history.jsonl";
+  if (jsonl_.is_open()) jsonl_.close();  // train() began again (in-place recovery)
+  jsonl_.clear();
   jsonl_.open(path, std::ios::app);
   if (!jsonl_) throw SystemError("open " + path.string(), errno);
   if (tensorboard_) tb_ = std::make_unique<TensorBoardWriter>((fs::path(t.config().work_dir) / "tb").string());

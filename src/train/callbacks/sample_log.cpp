@@ -17,6 +17,8 @@ void SampleLog::on_train_begin(Trainer& t) {
   if (ec) throw SystemError("create directory " + dir.string(), ec.value());
   const fs::path file =
       dir / ("session-" + std::to_string(t.session_id()) + "-rank" + std::to_string(t.rank()) + ".txt");
+  if (out_.is_open()) out_.close();  // a new session (in-place recovery) gets its own file
+  out_.clear();
   out_.open(file, std::ios::trunc);
   if (!out_) throw SystemError("open " + file.string(), errno);
   const auto& s = t.state();

@@ -62,6 +62,7 @@ uint64_t Trainer::snapshot_fingerprint() const {
 
 void Trainer::setup_snapshots() {
   const auto& c = config_;
+  check_in_place_recovery();  // what in-place recovery restores are these snapshots
   if (c.snapshot_every <= 0) return;
   if (c.zero_stage > 0) {
     // A ZeRO rank's optimizer state is its own shard: it would need a copy on another node.

@@ -1,0 +1,100 @@
+// In-place recovery: when a peer is lost mid-training the surviving ranks keep their process
+// (LibTorch, model, data stay loaded). They abort the group, meet the launcher's replacements
+// in the group's next generation, and then run exactly what a replacement's train() runs from
+// the strategy on: the same collectives in the same order, so both sides restore the same
+// snapshot and continue at the same step.
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "../trainer_impl.h"
+#include "gz/core/env.h"
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/core/phase.h"
+#include "gz/torch/collectives.h"
+#include "gz/train/recovery/snapshot_store.h"
+
+namespace gz::train {
+
+namespace {
+// What a communicator reports for a peer that died, stopped or aborted (DDP's backward rethrows
+// its buckets' errors as they were).
+bool lost_peer(const std::exception& e) {
+  return dynamic_cast<const PeerError*>(&e) || dynamic_cast<const TimeoutError*>(&e) ||
+         dynamic_cast<const Aborted*>(&e);
+}
+}  // namespace
+
+void Trainer::check_in_place_recovery() const {
+  if (!impl_->regroup) return;
+  const auto& c = config_;
+  std::string missing;
+  if (!group_)
+    missing = "mode ddp or horovod (got " + c.mode + ")";
+  else if (c.snapshot_every <= 0)
+    missing = "snapshot_every > 0 (the state it restores)";
+  else if (c.resume_from_checkpoint != "auto")
+    missing = "resume_from_checkpoint: auto (how a replacement restores)";
+  else if (c.zero_stage > 0)
+    missing = "zero_stage 0 (a ZeRO shard has no snapshot yet)";
+  else if (snapshot_run_id(Env::from_process()).empty())
+    missing =
+        "a launcher's run id (GZ_RUN_ID or TORCHELASTIC_RUN_ID: a replacement finds the snapshots by it)";
+  if (!missing.empty())
+    GZ_THROW(InvalidArgument, "in-place recovery (gzrun --recovery in-place) needs ", missing,
+             "; use gzrun's default --recovery restart otherwise");
+}
+
+void Trainer::agree_on_resumed_step() {
+  if (!impl_->regroup || !group_) return;
+  // Ranks that resumed at different steps (survivors restoring nothing while a replacement starts
+  // at 0: no snapshot yet) would issue different collectives: stop every one of them instead.
+  std::vector<double> steps{static_cast<double>(state_.step), -static_cast<double>(state_.step)};
+  auto t = torch::from_blob(steps.data(), {2}, torch::kFloat64);
+  gz::allreduce(t, comm::ReduceOp::max, group_);
+  if (steps[0] != -steps[1])
+    GZ_THROW(Error, "in-place recovery: the ranks resumed at steps ", -steps[1], " to ", steps[0],
+             " (no snapshot or checkpoint that every rank holds); the job must restart");
+}
+
+bool Trainer::recover_in_place(const std::exception& error) {
+  if (!impl_->regroup || impl_->simulated_crash || !lost_peer(error)) return false;
+  const std::string why = error.what();
+  GZ_LOG(warn, "rank ", rank_, ": ", why, "; recovering in place (recovery ", impl_->recoveries + 1, ")");
+  Stopwatch clock;
+  gz::ScopedPhase phase(gz::Phase::checkpoint);
+  // Nothing may read or write the live state behind the restore: the copies of a save or
+  // snapshot, the group's pending ops (DDP's buckets: the abort completes them), and the writer's
+  // last snapshot, which should be on the node before the ranks choose one (else a step more is
+  // redone).
+  finish_state_copies();
+  if (group_ && !group_->aborted())
+    group_->abort("rank " + std::to_string(rank_) + " recovers in place: " + why);
+  impl_->strategy.reset();
+  if (impl_->snapshot_writer) {
+    try {
+      impl_->snapshot_writer->flush();
+    } catch (const std::exception& e) {
+      GZ_LOG(warn, "rank ", rank_, ": the last snapshot's write failed (", e.what(), ")");
+    }
+  }
+  comm::CommPtr fresh = impl_->regroup(why);
+  if (!fresh || fresh->rank() != rank_ || fresh->size() != world_)
+    GZ_THROW(Error, "in-place recovery: the new group has rank ", fresh ? fresh->rank() : -1, " of ",
+             fresh ? fresh->size() : 0, ", this rank was ", rank_, " of ", world_,
+             " (ranks must not change)");
+  group_ = std::move(fresh);
+  // From here on what a replacement's train() runs: the strategy (rank 0's parameters), then
+  // the restore, the session and the callbacks' on_train_begin (collective ones included).
+  build_strategy();
+  restored_snapshot_ = false;
+  begin_training();  // agree_on_resumed_step() included
+  ++impl_->recoveries;
+  if (is_main())
+    GZ_LOG(warn, "recovered in place at step ", state_.step, " in ", clock.seconds(), " s (",
+           restored_snapshot_ ? "snapshot" : "checkpoint or fresh start", ")");
+  return true;
+}
+
+}  // namespace gz::train

@@ -1,0 +1,208 @@
+// In-place recovery (threads over shm): a rank is lost as step 6 begins (6 steps done); the other
+// ranks keep their Trainer, meet its replacement in the group's next generation, restore the
+// snapshot taken after 6 steps and finish with exactly the parameters of a run that lost nothing.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "gz/comm/generations.h"
+#include "gz/core/error.h"
+#include "gz/store/mem_store.h"
+#include "gz/store/prefix_store.h"
+#include "gz/train/callback.h"
+#include "gz/train/trainer.h"
+#include "support/run_ranks.h"
+#include "support/tiny_net.h"
+
+namespace test_in_place_recovery {
+
+namespace fs = std::filesystem;
+using namespace gz::train;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kWorld = 3;
+
+TrainConfig config(const fs::path& dir) {
+  TrainConfig c;
+  c.dataset = "synthetic";
+  c.train_data = "240";  // 10 steps per epoch of 24
+  c.test_data = "32";
+  c.input_size = 4;
+  c.in_channels = 1;
+  c.num_classes = 4;
+  c.batch_size = 8;
+  c.num_epochs = 2;
+  c.lr = 0.01;
+  c.optimizer = "adamw";
+  c.save_steps = 0;  // no disk checkpoint before step 10: only the snapshot can be restored
+  c.num_workers = 1;
+  c.progress = false;
+  c.tensorboard = false;
+  c.log_every = 1000;
+  c.num_threads = 1;
+  c.mode = "ddp";
+  c.work_dir = (dir / "work").string();
+  c.snapshot_dir = (dir / "node").string();
+  c.resume_from_checkpoint = "auto";
+  c.snapshot_every = 1;
+  c.seed = 5;
+  return c;
+}
+
+// What each rank did: the samples of each step, the step and parameters each train() began with.
+struct Record : Callback {
+  void on_step_begin(Trainer& t) override {
+    std::lock_guard<std::mutex> lock(mu);
+    samples[t.state().step][t.rank()] = t.step_samples();
+    ++steps_run[t.rank()];
+  }
+  void on_train_begin(Trainer& t) override {
+    std::lock_guard<std::mutex> lock(mu);
+    begins[t.rank()].push_back(t.state().step);
+  }
+  bool changes_training_state() const override { return false; }
+  std::mutex mu;
+  std::map<int64_t, std::map<int, std::vector<size_t>>> samples;
+  std::map<int, std::vector<int64_t>> begins;
+  std::map<int, int> steps_run;
+};
+
+// The lost process: at step `at` it aborts its group (what its peers see of a SIGKILLed process)
+// and leaves train() with an exception of its own.
+struct Killed : std::runtime_error {
+  Killed() : std::runtime_error("killed") {}
+};
+struct KillAt : Callback {
+  explicit KillAt(int64_t s) : step(s) {}
+  void on_step_begin(Trainer& t) override {
+    if (t.state().step != step) return;
+    t.group()->abort("rank " + std::to_string(t.rank()) + " was killed");
+    throw Killed();
+  }
+  int64_t step;
+};
+
+struct LauncherEnv {
+  LauncherEnv() {
+    ::setenv("GZ_RUN_ID", "7100-0", 1);
+    ::setenv("GZ_RESTART_COUNT", "0", 1);
+  }
+  ~LauncherEnv() {
+    ::unsetenv("GZ_RUN_ID");
+    ::unsetenv("GZ_RESTART_COUNT");
+  }
+};
+
+struct Result {
+  std::vector<torch::Tensor> params;  // rank 0's at the end
+  std::map<int, int64_t> recoveries;
+};
+
+// One job of kWorld ranks; with `kill_rank` >= 0 that rank is lost at step 6 and replaced.
+Result run_job(const TrainConfig& c, Record& record, int kill_rank) {
+  std::vector<ModelPtr> nets;  // built here: the global generator is shared by the threads
+  for (int r = 0; r < kWorld + 1; ++r) {
+    torch::manual_seed(99);
+    nets.push_back(std::make_shared<gz::test::TinyNetImpl>());
+  }
+  auto store = std::make_shared<gz::MemStore>();
+  Result out;
+  std::mutex mu;
+  auto incarnation = [&](int rank, const ModelPtr& net, bool doomed) {
+    gz::comm::CommOptions o;
+    o.backend = "shm";
+    o.rank = rank;
+    o.size = kWorld;
+    o.store = std::make_shared<gz::PrefixStore>("job/", store);
+    o.timeout = 30s;
+    o.node_id = "n0";
+    auto gens = std::make_shared<gz::comm::Generations>(o);
+    Trainer t(c, gens->join());
+    t.set_model(net);
+    t.set_regroup([gens](const std::string& why) { return gens->rejoin(nullptr, why); });
+    t.add_callback(std::shared_ptr<Record>(&record, [](Record*) {}));
+    if (doomed) t.add_callback(std::make_shared<KillAt>(6));
+    t.train();
+    std::lock_guard<std::mutex> lock(mu);
+    out.recoveries[rank] += t.recoveries();
+    if (rank == 0)
+      for (auto& p : t.model()->parameters()) out.params.push_back(p.detach().clone());
+  };
+  gz::test::run_ranks(kWorld, [&](int rank, std::shared_ptr<gz::Store>) {
+    try {
+      incarnation(rank, nets[static_cast<size_t>(rank)], rank == kill_rank);
+    } catch (const Killed&) {
+      incarnation(rank, nets[kWorld], false);  // gzrun's replacement: a fresh model, same rank
+    }
+  });
+  return out;
+}
+
+struct TmpDir {
+  fs::path path = fs::temp_directory_path() / ("gz_in_place_" + std::to_string(::getpid()));
+  TmpDir() { fs::remove_all(path); }
+  ~TmpDir() { fs::remove_all(path); }
+};
+
+}  // namespace
+
+// Mutation checks: no writer flush before the restore can make the survivors restore step 5 (a
+// step redone: the begins check fails); recover_in_place() returning false ends the survivors' train()
+// with gz::Aborted; begin_training() skipped in the recovery hangs until the group's timeout.
+TEST(InPlaceRecovery, SurvivorsKeepTrainingFromTheLastSnapshotBitForBit) {
+  LauncherEnv env;
+  for (int victim : {1, 0}) {  // rank 0 also writes the node's snapshots
+    SCOPED_TRACE("rank " + std::to_string(victim) + " lost");
+    TmpDir tmp;
+    Record reference, recovered;
+    TrainConfig ref = config(tmp.path / "ref");
+    const Result want = run_job(ref, reference, -1);
+    const Result got = run_job(config(tmp.path / "job"), recovered, victim);
+    for (int r = 0; r < kWorld; ++r) {
+      // Every rank's train() began at 0 and again at 6: a survivor's after its recovery, the
+      // victim's in its replacement (the snapshot restored, no step redone).
+      EXPECT_EQ(recovered.begins[r], (std::vector<int64_t>{0, 6})) << "rank " << r;
+      EXPECT_EQ(got.recoveries.at(r), r == victim ? 0 : 1) << "rank " << r;
+    }
+    // 20 steps, and step 6 begun twice (the first time interrupted): nothing completed twice.
+    EXPECT_EQ(recovered.steps_run[(victim + 1) % kWorld], 20 + 1);
+    for (auto& [step, ranks] : recovered.samples)
+      EXPECT_EQ(ranks, reference.samples[step]) << "step " << step << " read other samples";
+    ASSERT_EQ(got.params.size(), want.params.size());
+    for (size_t i = 0; i < want.params.size(); ++i)
+      EXPECT_TRUE(torch::equal(got.params[i], want.params[i])) << "final parameter " << i << " differs";
+  }
+}
+
+TEST(InPlaceRecovery, AConfigWithoutSnapshotsIsRefusedClearly) {
+  LauncherEnv env;
+  TmpDir tmp;
+  TrainConfig c = config(tmp.path);
+  c.snapshot_every = 0;
+  gz::test::run_ranks(2, [&](int rank, std::shared_ptr<gz::Store> store) {
+    gz::comm::CommOptions o;
+    o.backend = "shm";
+    o.rank = rank;
+    o.size = 2;
+    o.store = store;
+    o.node_id = "n0";
+    auto gens = std::make_shared<gz::comm::Generations>(o);
+    Trainer t(c, gens->join());
+    t.set_model(std::make_shared<gz::test::TinyNetImpl>());
+    t.set_regroup([gens](const std::string& why) { return gens->rejoin(nullptr, why); });
+    try {
+      t.train();
+      ADD_FAILURE() << "trained without snapshots";
+    } catch (const gz::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("snapshot_every"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace test_in_place_recovery
