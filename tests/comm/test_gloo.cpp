@@ -165,16 +165,18 @@ TEST_P(GlooPath, AbortWakesABlockedAllreduceWithinASecond) {
       while (!done.load()) std::this_thread::sleep_for(5ms);
       return;
     }
-    Stopwatch since_abort;
+    // The abort time is read only after join(): the killer thread writes it.
+    std::chrono::steady_clock::time_point aborted_at;
     std::thread killer([&] {
       std::this_thread::sleep_for(200ms);
-      since_abort.reset();
+      aborted_at = std::chrono::steady_clock::now();
       c->abort("test abort");
     });
     std::vector<float> v(16, 1.0f);
     EXPECT_THROW(c->allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum), Aborted);
-    const double waited = since_abort.seconds();
+    const auto left_at = std::chrono::steady_clock::now();
     killer.join();
+    const double waited = std::chrono::duration<double>(left_at - aborted_at).count();
     EXPECT_LT(waited, 1.0) << "left the all-reduce " << waited << " s after abort";
     EXPECT_THROW(c->allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum), Aborted);
     done = true;

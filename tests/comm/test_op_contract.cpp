@@ -55,10 +55,12 @@ TEST_P(OpContract, AbortWakesTheBlockedOpOnEveryRank) {
       return;
     }
     std::vector<float> v(4096, 1.0f);
-    Stopwatch since_abort;
+    // The abort time is read only after join(): the aborter writes it, and the op may end
+    // (the other rank's abort arriving first) before this thread's own abort.
+    std::chrono::steady_clock::time_point aborted_at;
     std::thread aborter([&] {
       std::this_thread::sleep_for(200ms);
-      since_abort.reset();
+      aborted_at = std::chrono::steady_clock::now();
       c->abort("test abort");
     });
     try {
@@ -67,8 +69,9 @@ TEST_P(OpContract, AbortWakesTheBlockedOpOnEveryRank) {
     } catch (const Aborted&) {
     } catch (const PeerError&) {  // the other rank's abort may arrive first
     }
-    const double waited = since_abort.seconds();
+    const auto left_at = std::chrono::steady_clock::now();
     aborter.join();
+    const double waited = std::chrono::duration<double>(left_at - aborted_at).count();
     EXPECT_LT(waited, 1.0) << "rank " << rank << " left the op " << waited << " s after abort";
     EXPECT_THROW(c->barrier(), Aborted) << "ops after abort() must fail";
     ++left;

@@ -167,13 +167,15 @@ TEST(TcpStore, ConnectRetriesUntilTheServerStarts) {
     port = probe.port();
   }
   std::unique_ptr<TcpStoreServer> server;
+  // Started before the starter thread: its 300 ms sleep begins after this, so the connect below
+  // ends at least 300 ms later even if this thread is descheduled once the thread is created.
+  Stopwatch sw;
   std::thread starter([&] {
     std::this_thread::sleep_for(300ms);
     TcpStoreServerOptions o = local();
     o.port = port;
     server = std::make_unique<TcpStoreServer>(o);
   });
-  Stopwatch sw;
   TcpStore c("127.0.0.1", port, client_opts(5s));
   EXPECT_GE(sw.elapsed().count(), 200);
   c.set("k", to_bytes("v"));
