@@ -6,7 +6,8 @@
 # recovery  per model: an uninterrupted run (REF), then rank 1 SIGKILLed as step KILL begins
 #           (gzrun --max-restarts 1 restarts both ranks): DISK restarts from the disk checkpoint
 #           (cnn: the config's one per epoch; bert_small: every BERT_SAVE steps), SNAP with
-#           snapshot_every 1. Seconds lost = the run's wall time - REF's (same round); steps
+#           snapshot_every 1, IN-PLACE the same under gzrun --recovery in-place (only rank 1 is
+#           restarted; rank 0 recovers in its process). Seconds lost = the run's wall time - REF's (same round); steps
 #           redone from the sample audit (tests/train/check_sample_log.py).
 # cost      per model, ROUNDS rounds of ON (snapshot_every 1), OFF, OFF2 (OFF again: the control),
 #           with OLD_TRAIN also OLD (that gz-train, e.g. one built before a change, snapshot_every
@@ -72,7 +73,8 @@ gzrun_train() {
   shift
   rm -rf "$dir"
   t0=$(date +%s.%N)
-  env "${env[@]}" timeout 900 "$gzrun" --nproc-per-node 2 --master-port 0 --max-restarts 1 -- "${bin:-$train}" "$@" \
+  # shellcheck disable=SC2086
+  env "${env[@]}" timeout 900 "$gzrun" --nproc-per-node 2 --master-port 0 --max-restarts 1 ${gzrun_flags:-} -- "${bin:-$train}" "$@" \
     --progress false --tensorboard true --log_every 10 --work_dir "$dir" >"$dir.out" 2>&1 || rc=$?
   [ $rc = 0 ] && echo "$(date +%s.%N) $t0" | awk '{printf "%.1f\n", $1 - $2}' || echo nan
 }
@@ -81,8 +83,8 @@ redone() { python3 "$root/tests/train/check_sample_log.py" "$1" 2>&1 | sed -n 's
 
 if [[ " $PARTS " = *" recovery "* ]]; then
   echo
-  echo "| model | steps | killed at | REF s | DISK s | DISK lost s | DISK redone | SNAP s | SNAP lost s | SNAP redone | restore |"
-  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+  echo "| model | steps | killed at | REF s | DISK s | DISK lost s | DISK redone | SNAP s | SNAP lost s | SNAP redone | restore | IN-PLACE s | IN-PLACE lost s | IN-PLACE redone | recovered |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
   for model in $MODELS; do
     if [ "$model" = cnn ]; then steps=(--num_epochs 1); kill=$CNN_KILL; n=468; save=(); else
       steps=(--max_steps 100); kill=$BERT_KILL; n=100; save=(--save_steps "$BERT_SAVE"); fi
@@ -92,10 +94,14 @@ if [[ " $PARTS " = *" recovery "* ]]; then
     disk=$(gzrun_train "$work/$model-disk" GZ_TRAIN_KILL_AT_STEP=$kill GZ_TRAIN_CRASH_RANK=1 -- "${common[@]}")
     snap=$(gzrun_train "$work/$model-snap" GZ_TRAIN_KILL_AT_STEP=$kill GZ_TRAIN_CRASH_RANK=1 -- "${common[@]}" \
       --snapshot_every 1)
+    inplace=$(gzrun_flags="--recovery in-place" gzrun_train "$work/$model-inplace" GZ_TRAIN_KILL_AT_STEP=$kill \
+      GZ_TRAIN_CRASH_RANK=1 -- "${common[@]}" --snapshot_every 1)
     restore=$(grep -ho 'restored the snapshot of step [0-9]* ([^)]*) in [0-9.e-]* s' "$work/$model-snap.out" |
       sed 's/ (.*) / /' | head -n 1)
+    recovered=$(grep -ho 'recovered in place at step [0-9]* in [0-9.e-]* s' "$work/$model-inplace.out" | head -n 1)
     echo "| $model | $n | $kill | $ref | $disk | $(awk "BEGIN{printf \"%.1f\", $disk - $ref}") | $(redone "$work/$model-disk") |" \
-      "$snap | $(awk "BEGIN{printf \"%.1f\", $snap - $ref}") | $(redone "$work/$model-snap") | ${restore:-none} |"
+      "$snap | $(awk "BEGIN{printf \"%.1f\", $snap - $ref}") | $(redone "$work/$model-snap") | ${restore:-none} |" \
+      "$inplace | $(awk "BEGIN{printf \"%.1f\", $inplace - $ref}") | $(redone "$work/$model-inplace") | ${recovered:-none} |"
   done
 fi
 

@@ -588,8 +588,6 @@ std::map<std::string, double> Trainer::train() {
   const AtExit copies_finished([this] { finish_state_copies(); });
   impl_->clock.reset();
   begin_training();
-  const auto& c = config_;
-
   while (state_.step < state_.total_steps && !state_.should_stop) {
     try {
       train_epoch();

@@ -104,8 +104,8 @@ struct Result {
   std::map<int, int64_t> recoveries;
 };
 
-// One job of kWorld ranks; with `kill_rank` >= 0 that rank is lost at step 6 and replaced.
-Result run_job(const TrainConfig& c, Record& record, int kill_rank) {
+// One job of kWorld ranks; with `kill_rank` >= 0 that rank is lost as `kill_step` begins and replaced.
+Result run_job(const TrainConfig& c, Record& record, int kill_rank, int64_t kill_step) {
   std::vector<ModelPtr> nets;  // built here: the global generator is shared by the threads
   for (int r = 0; r < kWorld + 1; ++r) {
     torch::manual_seed(99);
@@ -127,7 +127,7 @@ Result run_job(const TrainConfig& c, Record& record, int kill_rank) {
     t.set_model(net);
     t.set_regroup([gens](const std::string& why) { return gens->rejoin(nullptr, why); });
     t.add_callback(std::shared_ptr<Record>(&record, [](Record*) {}));
-    if (doomed) t.add_callback(std::make_shared<KillAt>(6));
+    if (doomed) t.add_callback(std::make_shared<KillAt>(kill_step));
     t.train();
     std::lock_guard<std::mutex> lock(mu);
     out.recoveries[rank] += t.recoveries();
@@ -150,34 +150,59 @@ struct TmpDir {
   ~TmpDir() { fs::remove_all(path); }
 };
 
+struct Case {
+  int victim;
+  int64_t kill;      // the victim is lost as this step begins (its peers are inside it)
+  int64_t restored;  // the step every rank continues from
+  bool checkpoints;  // disk checkpoints at epoch ends
+};
+
+// Every rank's train() began at 0 and again at the restored step (a survivor's after its recovery,
+// the victim's in its replacement); steps after it read the uninterrupted run's samples, and the
+// final parameters are the uninterrupted run's bit for bit.
+void check_case(const Case& k) {
+  SCOPED_TRACE("rank " + std::to_string(k.victim) + " lost at step " + std::to_string(k.kill));
+  TmpDir tmp;
+  Record reference, recovered;
+  TrainConfig ref = config(tmp.path / "ref"), job = config(tmp.path / "job");
+  ref.save_checkpoints = job.save_checkpoints = k.checkpoints;
+  const Result want = run_job(ref, reference, -1, 0);
+  const Result got = run_job(job, recovered, k.victim, k.kill);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(recovered.begins[r], (std::vector<int64_t>{0, k.restored})) << "rank " << r;
+    EXPECT_EQ(got.recoveries.at(r), r == k.victim ? 0 : 1) << "rank " << r;
+  }
+  // 20 steps; those from the restored step to the kill begun twice, the killed one included.
+  EXPECT_EQ(recovered.steps_run[(k.victim + 1) % kWorld], 21 + k.kill - k.restored);
+  for (auto& [step, ranks] : recovered.samples)
+    EXPECT_EQ(ranks, reference.samples[step]) << "step " << step << " read other samples";
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < want.params.size(); ++i)
+    EXPECT_TRUE(torch::equal(got.params[i], want.params[i])) << "final parameter " << i << " differs";
+}
+
 }  // namespace
 
 // Mutation checks: no writer flush before the restore can make the survivors restore step 5 (a
-// step redone: the begins check fails); recover_in_place() returning false ends the survivors' train()
-// with gz::Aborted; begin_training() skipped in the recovery hangs until the group's timeout.
+// step redone: the begins check fails); recover_in_place() returning false ends the survivors'
+// train() with gz::Aborted; no begin_training() in the recovery hangs until the group's timeout.
 TEST(InPlaceRecovery, SurvivorsKeepTrainingFromTheLastSnapshotBitForBit) {
   LauncherEnv env;
-  for (int victim : {1, 0}) {  // rank 0 also writes the node's snapshots
-    SCOPED_TRACE("rank " + std::to_string(victim) + " lost");
-    TmpDir tmp;
-    Record reference, recovered;
-    TrainConfig ref = config(tmp.path / "ref");
-    const Result want = run_job(ref, reference, -1);
-    const Result got = run_job(config(tmp.path / "job"), recovered, victim);
-    for (int r = 0; r < kWorld; ++r) {
-      // Every rank's train() began at 0 and again at 6: a survivor's after its recovery, the
-      // victim's in its replacement (the snapshot restored, no step redone).
-      EXPECT_EQ(recovered.begins[r], (std::vector<int64_t>{0, 6})) << "rank " << r;
-      EXPECT_EQ(got.recoveries.at(r), r == victim ? 0 : 1) << "rank " << r;
-    }
-    // 20 steps, and step 6 begun twice (the first time interrupted): nothing completed twice.
-    EXPECT_EQ(recovered.steps_run[(victim + 1) % kWorld], 20 + 1);
-    for (auto& [step, ranks] : recovered.samples)
-      EXPECT_EQ(ranks, reference.samples[step]) << "step " << step << " read other samples";
-    ASSERT_EQ(got.params.size(), want.params.size());
-    for (size_t i = 0; i < want.params.size(); ++i)
-      EXPECT_TRUE(torch::equal(got.params[i], want.params[i])) << "final parameter " << i << " differs";
-  }
+  for (int victim : {1, 0}) check_case({victim, 6, 6, true});  // rank 0 also writes the snapshots
+}
+
+// Lost as the first step after an epoch end (10) begins, and after a straggler window (every 10
+// steps, from step 1: 11): the survivors' state from before the
+// restore must not make them skip collectives the replacement runs. Step 10 (an epoch's last) has
+// no snapshot: without checkpoints step 10 is redone, its epoch end (evaluation) included; with
+// them the epoch end's checkpoint (written in the background on rank 0) is restored. Mutation
+// check: not resetting last_eval_step makes the survivors skip the redone epoch end's evaluation
+// (a collective mismatch).
+TEST(InPlaceRecovery, AfterAnEpochEndAndAStragglerWindowEveryRankRunsTheSameCollectives) {
+  LauncherEnv env;
+  check_case({2, 10, 9, false});
+  check_case({1, 10, 10, true});
+  check_case({0, 13, 13, true});
 }
 
 TEST(InPlaceRecovery, AConfigWithoutSnapshotsIsRefusedClearly) {

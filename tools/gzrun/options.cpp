@@ -449,9 +449,10 @@ options (underscores work too: --nproc_per_node; so does --opt=value):
   --recovery MODE          what a failed worker (non-zero exit or signal) costs: restart
                            (default) = stop every worker and restart the job, as above;
                            in-place = gzrun starts a replacement for that local rank alone while
-                           the other workers keep running (they rebuild their communicator with
-                           it), at most --max-restarts replacements per node and round; once
-                           they are spent the next failure restarts the job as with restart
+                           the other workers keep running (gz-train's Trainer with snapshots
+                           recovers in its process: docs/reliability.md), at most --max-restarts
+                           replacements per node and round; once they are spent the next failure
+                           restarts the job as with restart
   --grace-period SECONDS   SIGTERM -> SIGKILL delay when stopping workers (default 5)
   --heartbeat-timeout S    several nodes: a node whose gzrun is silent this long is lost, and the
                            deadline of the job monitor's store operations (default 10; env

@@ -269,6 +269,12 @@ bool Supervisor::start_worker(int lr, int replacement) {
 bool Supervisor::replace_in_place(const Worker& w, const std::string& what) {
   // A job failure recorded already (another node's, its wake-up not read yet) ends the round.
   if (replaced_ >= o_.max_restarts || (c_.monitor && c_.monitor->failure().failed())) return false;
+  // A worker that finished (exit 0) means the job is ending: a replacement would wait for peers
+  // that are gone (a crash in teardown, after training): the round's normal failure path instead.
+  if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& x) {
+        return !x.alive && WIFEXITED(x.status) && WEXITSTATUS(x.status) == 0;
+      }))
+    return false;
   ++replaced_;
   const int n = ++replacements_[static_cast<size_t>(w.local_rank)];
   say(what + "; replacing it in place (replacement " + std::to_string(replaced_) + " of " +

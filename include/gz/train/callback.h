@@ -22,6 +22,8 @@ class TensorBoardWriter;
 class Callback {
  public:
   virtual ~Callback() = default;
+  /// @brief When train() begins, and again (without on_train_end) after an in-place recovery
+  /// (Trainer::set_regroup) restored an earlier step: per-run state is reset here.
   virtual void on_train_begin(Trainer&) {}
   virtual void on_train_end(Trainer&) {}
   virtual void on_epoch_begin(Trainer&) {}
@@ -56,6 +58,7 @@ class LrSchedulerCallback : public Callback {
 class ModelCheckpoint : public Callback {
  public:
   bool changes_training_state() const override { return false; }
+  void on_train_begin(Trainer&) override { last_saved_ = -1; }  // a replacement starts with none
   void on_step_end(Trainer& t) override;
   void on_epoch_end(Trainer& t) override;
   void on_evaluate(Trainer& t) override;

@@ -154,6 +154,8 @@ class Trainer {
   // lost peer or recovery is off (the caller rethrows); else true once every rank continues from
   // the same restored step.
   bool recover_in_place(const std::exception& error);
+  // One attempt: abort, settle the background work, the next generation, the strategy, the restore.
+  void rejoin_and_restore(const std::string& why);
   // Collective with in-place recovery on, after the resume: every rank throws unless all resumed
   // at the same step (a survivor and a replacement that found nothing to restore).
   void agree_on_resumed_step();

@@ -20,6 +20,9 @@ namespace gz::train {
 namespace {
 // What a communicator reports for a peer that died, stopped or aborted (DDP's backward rethrows
 // its buckets' errors as they were).
+// Generations one recovery may go through when peers keep being lost while it runs.
+constexpr int kRecoveryAttempts = 5;
+
 bool lost_peer(const std::exception& e) {
   return dynamic_cast<const PeerError*>(&e) || dynamic_cast<const TimeoutError*>(&e) ||
          dynamic_cast<const Aborted*>(&e);
@@ -60,24 +63,48 @@ void Trainer::agree_on_resumed_step() {
 
 bool Trainer::recover_in_place(const std::exception& error) {
   if (!impl_->regroup || impl_->simulated_crash || !lost_peer(error)) return false;
-  const std::string why = error.what();
-  GZ_LOG(warn, "rank ", rank_, ": ", why, "; recovering in place (recovery ", impl_->recoveries + 1, ")");
+  std::string why = error.what();
+  gz::ScopedPhase phase(gz::Phase::recovery);
   Stopwatch clock;
-  gz::ScopedPhase phase(gz::Phase::checkpoint);
+  // A peer lost during the recovery itself (a replacement that dies after joining, a survivor
+  // lost in the restore) is one more generation, not the end of the job.
+  for (int attempt = 1;; ++attempt) {
+    GZ_LOG(warn, "rank ", rank_, ": ", why, "; recovering in place (recovery ", impl_->recoveries + 1,
+           attempt > 1 ? ", attempt " + std::to_string(attempt) : std::string(), ")");
+    try {
+      rejoin_and_restore(why);
+      break;
+    } catch (const std::exception& again) {
+      if (!lost_peer(again) || attempt >= kRecoveryAttempts) throw;
+      why = again.what();
+    }
+  }
+  ++impl_->recoveries;
+  if (is_main())
+    GZ_LOG(warn, "recovered in place at step ", state_.step, " in ", clock.seconds(), " s (",
+           restored_snapshot_ ? "snapshot" : "checkpoint", ")");
+  return true;
+}
+
+void Trainer::rejoin_and_restore(const std::string& why) {
   // Nothing may read or write the live state behind the restore: the copies of a save or
-  // snapshot, the group's pending ops (DDP's buckets: the abort completes them), and the writer's
-  // last snapshot, which should be on the node before the ranks choose one (else a step more is
-  // redone).
+  // snapshot, the group's pending ops (DDP's buckets: the abort completes them), rank 0's
+  // background checkpoint write (the restore lists the checkpoints, and a fallback to them
+  // removes unfinished folders) and the writer's last snapshot, which should be on the node
+  // before the ranks choose one (else a step more is redone).
   finish_state_copies();
   if (group_ && !group_->aborted())
     group_->abort("rank " + std::to_string(rank_) + " recovers in place: " + why);
   impl_->strategy.reset();
-  if (impl_->snapshot_writer) {
-    try {
-      impl_->snapshot_writer->flush();
-    } catch (const std::exception& e) {
-      GZ_LOG(warn, "rank ", rank_, ": the last snapshot's write failed (", e.what(), ")");
-    }
+  try {
+    if (impl_->checkpoint_writer) impl_->checkpoint_writer->wait();
+  } catch (const std::exception& e) {
+    GZ_LOG(warn, "rank ", rank_, ": the last background checkpoint failed (", e.what(), ")");
+  }
+  try {
+    if (impl_->snapshot_writer) impl_->snapshot_writer->flush();
+  } catch (const std::exception& e) {
+    GZ_LOG(warn, "rank ", rank_, ": the last snapshot's write failed (", e.what(), ")");
   }
   comm::CommPtr fresh = impl_->regroup(why);
   if (!fresh || fresh->rank() != rank_ || fresh->size() != world_)
@@ -87,14 +114,11 @@ bool Trainer::recover_in_place(const std::exception& error) {
   group_ = std::move(fresh);
   // From here on what a replacement's train() runs: the strategy (rank 0's parameters), then
   // the restore, the session and the callbacks' on_train_begin (collective ones included).
-  build_strategy();
+  // State a replacement starts without is reset: an epoch end redone must evaluate again.
+  impl_->last_eval_step = -1;
   restored_snapshot_ = false;
+  build_strategy();
   begin_training();  // agree_on_resumed_step() included
-  ++impl_->recoveries;
-  if (is_main())
-    GZ_LOG(warn, "recovered in place at step ", state_.step, " in ", clock.seconds(), " s (",
-           restored_snapshot_ ? "snapshot" : "checkpoint or fresh start", ")");
-  return true;
 }
 
 }  // namespace gz::train

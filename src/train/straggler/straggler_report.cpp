@@ -195,6 +195,11 @@ StragglerReport::~StragglerReport() = default;
 
 void StragglerReport::on_train_begin(Trainer& t) {
   auto& m = *impl_;
+  // Again after an in-place recovery: the last window's exchange belongs to the old group (most
+  // likely aborted) and must neither be read nor pair with the new group's ops.
+  if (m.pending && m.group)
+    comm::finish_or_abort(*m.group, *m.pending, "straggler report: a new train() began (recovery)");
+  m.pending.reset();
   m.tracker.reset();
   m.base_step = -1;
   m.window_steps = m.o.every;
