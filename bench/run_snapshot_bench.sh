@@ -7,7 +7,9 @@
 #           (gzrun --max-restarts 1 restarts both ranks): DISK restarts from the disk checkpoint
 #           (cnn: the config's one per epoch; bert_small: every BERT_SAVE steps), SNAP with
 #           snapshot_every 1, IN-PLACE the same under gzrun --recovery in-place (only rank 1 is
-#           restarted; rank 0 recovers in its process). Seconds lost = the run's wall time - REF's (same round); steps
+#           restarted; rank 0 recovers in its process), SREF = snapshot_every 1 without a kill.
+#           Seconds lost = the run's wall time - REF's (DISK) or SREF's (SNAP, IN-PLACE: the
+#           snapshots' own cost apart); steps
 #           redone from the sample audit (tests/train/check_sample_log.py).
 # cost      per model, ROUNDS rounds of ON (snapshot_every 1), OFF, OFF2 (OFF again: the control),
 #           with OLD_TRAIN also OLD (that gz-train, e.g. one built before a change, snapshot_every
@@ -83,8 +85,8 @@ redone() { python3 "$root/tests/train/check_sample_log.py" "$1" 2>&1 | sed -n 's
 
 if [[ " $PARTS " = *" recovery "* ]]; then
   echo
-  echo "| model | steps | killed at | REF s | DISK s | DISK lost s | DISK redone | SNAP s | SNAP lost s | SNAP redone | restore | IN-PLACE s | IN-PLACE lost s | IN-PLACE redone | recovered |"
-  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
+  echo "| model | steps | killed at | REF s | DISK s | DISK lost s | DISK redone | SREF s | SNAP s | SNAP lost s | SNAP redone | restore | IN-PLACE s | IN-PLACE lost s | IN-PLACE redone | recovered |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
   for model in $MODELS; do
     if [ "$model" = cnn ]; then steps=(--num_epochs 1); kill=$CNN_KILL; n=468; save=(); else
       steps=(--max_steps 100); kill=$BERT_KILL; n=100; save=(--save_steps "$BERT_SAVE"); fi
@@ -92,6 +94,7 @@ if [[ " $PARTS " = *" recovery "* ]]; then
     common=($(args_of "$model") "${steps[@]}" "${save[@]}" --log_samples true --resume_from_checkpoint auto)
     ref=$(gzrun_train "$work/$model-ref" X=1 -- "${common[@]}")
     disk=$(gzrun_train "$work/$model-disk" GZ_TRAIN_KILL_AT_STEP=$kill GZ_TRAIN_CRASH_RANK=1 -- "${common[@]}")
+    sref=$(gzrun_train "$work/$model-sref" X=1 -- "${common[@]}" --snapshot_every 1)
     snap=$(gzrun_train "$work/$model-snap" GZ_TRAIN_KILL_AT_STEP=$kill GZ_TRAIN_CRASH_RANK=1 -- "${common[@]}" \
       --snapshot_every 1)
     inplace=$(gzrun_flags="--recovery in-place" gzrun_train "$work/$model-inplace" GZ_TRAIN_KILL_AT_STEP=$kill \
@@ -100,8 +103,8 @@ if [[ " $PARTS " = *" recovery "* ]]; then
       sed 's/ (.*) / /' | head -n 1)
     recovered=$(grep -ho 'recovered in place at step [0-9]* in [0-9.e-]* s' "$work/$model-inplace.out" | head -n 1)
     echo "| $model | $n | $kill | $ref | $disk | $(awk "BEGIN{printf \"%.1f\", $disk - $ref}") | $(redone "$work/$model-disk") |" \
-      "$snap | $(awk "BEGIN{printf \"%.1f\", $snap - $ref}") | $(redone "$work/$model-snap") | ${restore:-none} |" \
-      "$inplace | $(awk "BEGIN{printf \"%.1f\", $inplace - $ref}") | $(redone "$work/$model-inplace") | ${recovered:-none} |"
+      "$sref | $snap | $(awk "BEGIN{printf \"%.1f\", $snap - $sref}") | $(redone "$work/$model-snap") | ${restore:-none} |" \
+      "$inplace | $(awk "BEGIN{printf \"%.1f\", $inplace - $sref}") | $(redone "$work/$model-inplace") | ${recovered:-none} |"
   done
 fi
 

@@ -511,7 +511,6 @@ void Trainer::begin_training() {
     save_config(c, (fs::path(c.work_dir) / "config.yaml").string());
   }
   maybe_resume();
-  agree_on_resumed_step();
   // Snapshots newer than this run's start (another run's, or refused) would outrank its own.
   if (impl_->snapshot_writer && !restored_snapshot_) impl_->snapshots->remove_snapshots();
   if (c.log_samples) {
@@ -521,6 +520,7 @@ void Trainer::begin_training() {
   }
   if (state_.step > 0) impl_->strategy->after_load();  // Horovod mode: rank 0's optimizer state
   for_each_callback([&](Callback& cb) { cb.on_train_begin(*this); });
+  agree_on_resumed_step();  // last: a rank lost in the collectives above is still a recovery's
   impl_->first_step = state_.step;
 }
 

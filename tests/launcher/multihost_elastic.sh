@@ -20,6 +20,12 @@
 #               round 1 and is SIGKILLed there (a ghost joiner); then host 1 is SIGKILLed. Host 0
 #               must start round 1 alone after the join window, never with the ghost as node 1
 #               (which would hang the round until the heartbeat timeout), and finish.
+#     inplace   3 hosts x 2 ranks, --nnodes 2:3, gz-train (CONFIG, snapshots every step, samples
+#               logged) under gzrun --recovery in-place --max-restarts 1: host 1's local rank 1 is
+#               SIGKILLed as step KILL_STEP begins (gz-train's GZ_TRAIN_KILL_AT_STEP). Host 1's gzrun
+#               must replace that worker alone (no job-wide restart, no new round), the 5 others
+#               keep their process and recover in place (rank 0: within 30 s, from the snapshot),
+#               the job must finish, and CHECKER must find at most 1 step redone.
 # Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR. Exit 77 (skip) without namespaces.
 set -uo pipefail
 [ $# = 7 ] || { echo "usage: multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO" >&2; exit 2; }
@@ -29,11 +35,11 @@ for f in "$cluster" "$gzrun" "$worker" "$checker"; do [ -x "$f" ] || { echo "FAI
 
 hb=${HB:-3}
 log_level=warn
-[ "$scenario" = snapshot ] || [ "$scenario" = zero3 ] && log_level=info  # the restores' and resumes' lines
+case $scenario in snapshot|zero3|inplace) log_level=info ;; esac  # the restores' and resumes' lines
 bound_ms=$(((hb + 2) * 1000))
 port=29500
 case $scenario in
-  resize|snapshot|zero3)
+  resize|snapshot|zero3|inplace)
     [ -x "$gztrain" ] || { echo "SKIP: gz-train not built ($gztrain)"; exit 77; }
     [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
       { echo "SKIP: Fashion-MNIST not installed (dataset-fashion-mnist)"; exit 77; }
@@ -76,16 +82,19 @@ now_ns() { date +%s%N; }
 ms_since() { echo $((($(now_ns) - $1) / 1000000)); }
 
 # Start gzrun on host $1 as instance k (set to $starts, returned in $k): pid in gzpid_$1.$k, exit
-# code in rc_$1.$k.
+# code in rc_$1.$k. Arguments after $1: VAR=VALUE for this gzrun's environment (its workers').
+# nproc, max_restarts, nnodes and gzrun_args (an array) change the gzrun options.
 start_node() {
   local i=$1
+  shift
   k=$starts
   starts=$((starts + 1))
   (
-    "${C[@]}" run "$i" env -u GZ_NODE_ID GZ_RDZV_TOKEN="el-test-$$" GZ_TIMEOUT_S=20 GZ_LOG_LEVEL="$log_level" \
+    "${C[@]}" run "$i" env -u GZ_NODE_ID GZ_RDZV_TOKEN="el-test-$$" GZ_TIMEOUT_S=20 GZ_LOG_LEVEL="$log_level" "$@" \
       sh -c 'echo $$ >"$0"; exec "$@"' "$dir/gzpid_$i.$k" \
-      "$gzrun" --nnodes "${nnodes:-2:3}" --master-addr "$master" --master-port $port --nproc-per-node 1 --rdzv-timeout 30 \
-      --rdzv-join-window 1 --heartbeat-timeout "$hb" --grace-period 1 --max-restarts 2 -- "${program[@]}" \
+      "$gzrun" --nnodes "${nnodes:-2:3}" --master-addr "$master" --master-port $port --nproc-per-node "${nproc:-1}" \
+      --rdzv-timeout 30 --rdzv-join-window 1 --heartbeat-timeout "$hb" --grace-period 1 \
+      --max-restarts "${max_restarts:-2}" ${gzrun_args[@]+"${gzrun_args[@]}"} -- "${program[@]}" \
       >>"$dir/host$i.log" 2>&1
     echo $? >"$dir/rc_$i.$k.tmp" && mv "$dir/rc_$i.$k.tmp" "$dir/rc_$i.$k"  # whole or absent
   ) 2>/dev/null &  # no "Killed" notices from this shell: the test kills gzruns on purpose
@@ -150,16 +159,104 @@ if [ "$scenario" = ghost ]; then
   exit 0
 fi
 
-# resize (and snapshot): 3 -> 2 -> 3 with gz-train.
-program=("$gztrain" --config "$config" --work_dir "$dir/work" --num_epochs 3)
-[ "$scenario" = snapshot ] && program+=(--snapshot_every 1 --save_steps 0)
-# zero3: ZeRO stage 3 over an mlp's layers (units); its sharded checkpoints reshard 3 -> 2 -> 3.
-[ "$scenario" = zero3 ] && program+=(--zero_stage 3 --net_type mlp --hidden 256 --layers 3)
 rank0_steps() {  # rank 0's sample log of the newest session has more than $1 steps done
   local f
   f=$(ls -t "$dir"/work/samples/session-*-rank0.txt 2>/dev/null | head -n 1)
   [ -n "$f" ] && [ "$(grep -c '^done ' "$f")" -gt "$1" ]
 }
+# Not `cat | grep -q`: under pipefail, cat killed by SIGPIPE after an early match fails the pipeline.
+any_log() { grep -q -h "$1" "$dir"/host*.log 2>/dev/null; }
+
+if [ "$scenario" = inplace ]; then
+  # World 6, global batch 192: 25 steps an epoch, 50 in all; the kill lands mid-epoch 1 (not at an
+  # epoch's end, whose step has no snapshot). The victim is host 1's local rank 1 whatever node rank
+  # the rendezvous gives host 1 (by first arrival): only host 1's gzrun has GZ_TRAIN_KILL_AT_STEP,
+  # and the wrapper names its local rank 1 as gz-train's crash rank (exec: no process in between).
+  epochs=2 kill_step=37
+  nproc=2 max_restarts=1 gzrun_args=(--recovery in-place)
+  program=(sh -c 'GZ_TRAIN_CRASH_RANK=$((NODE_RANK * LOCAL_WORLD_SIZE + 1)) exec "$0" "$@"' "$gztrain"
+           --config "$config" --work_dir "$dir/work" --num_epochs $epochs --snapshot_every 1 --save_steps 0
+           --resume_from_checkpoint auto --log_samples true)
+  t_start=$(now_ns)
+  start_node 0; k0=$k
+  start_node 1 GZ_TRAIN_KILL_AT_STEP=$kill_step; k1=$k
+  start_node 2; k2=$k
+  ks=("$k0" "$k1" "$k2")
+  for i in 0 1 2; do wait_for 60 "host $i in round 0 with 3 nodes" in_log $i 'elastic round 0: node . of 3'; done
+  wait_for 90 "round 0 to train 3 steps" rank0_steps 3
+  declare -A host_of
+  workers=""
+  for i in 0 1 2; do
+    for p in $(pgrep -P "$(cat "$dir/gzpid_$i.${ks[$i]}")"); do host_of[$p]=$i; workers+=" $p"; done
+  done
+  [ "${#host_of[@]}" = 6 ] || fail "expected 6 workers (3 hosts x 2), found ${#host_of[@]}:$workers"
+  victim=""
+  one_dead() { for p in $workers; do kill -0 "$p" 2>/dev/null || { victim=$p; return 0; }; done; return 1; }
+  wait_for 120 "a worker to be SIGKILLed at step $kill_step" one_dead
+  t0=$(now_ns)
+  [ "${host_of[$victim]}" = 1 ] ||
+    fail "the first worker lost (pid $victim) ran on host ${host_of[$victim]}, not 1"
+  # Whichever way the job goes on: in place (the survivors' rank 0), or a job-wide restart.
+  wait_for 60 "the job to recover" any_log 'recovered in place at step\|restarting all\|giving up'
+  recover_ms=$(ms_since "$t0")
+  # (2) Host 1 replaced its worker alone; no host restarted its workers, no node left the round.
+  for i in 0 1 2; do
+    ! in_log $i 'restarting all' ||
+      fail "host $i restarted the job: $(grep -h 'restarting all' "$dir/host$i.log")"
+    ! in_log $i 'job failure in round' ||
+      fail "host $i saw a job failure: $(grep -h 'job failure' "$dir/host$i.log")"
+  done
+  in_log 1 "(pid $victim) .*; replacing it in place (replacement 1 of 1): the other workers keep running" ||
+    fail "host 1 did not replace its worker (pid $victim) in place"
+  for i in 0 2; do ! in_log $i 'replacing it in place' || fail "host $i replaced a worker too"; done
+  vrank=$(grep -h "(pid $victim) .*replacing it in place" "$dir/host1.log" |
+    sed -n 's/.*gzrun: rank \([0-9]*\) (pid.*/\1/p' | head -n 1)
+  [ -n "$vrank" ] || fail "host 1's gzrun does not name the victim's rank"
+  # (3) The survivors kept their process and recovered in place; rank 0 says when and from what.
+  for p in $workers; do
+    [ "$p" = "$victim" ] || kill -0 "$p" 2>/dev/null ||
+      fail "survivor pid $p (host ${host_of[$p]}) is gone: a survivor was stopped"
+  done
+  for r in 0 1 2 3 4 5; do
+    [ "$r" = "$vrank" ] && continue
+    any_log "r$r\] rank $r: .*; recovering in place (recovery 1" || fail "rank $r did not recover in place"
+  done
+  line=$(grep -h 'recovered in place at step' "$dir"/host*.log | head -n 1)
+  rec_step=$(echo "$line" | sed -n 's/.*recovered in place at step \([0-9]*\) in.*/\1/p')
+  rec_s=$(echo "$line" | sed -n 's/.*recovered in place at step [0-9]* in \([0-9.]*\) s (.*/\1/p')
+  [ -n "$rec_step" ] && [ -n "$rec_s" ] || fail "cannot read rank 0's recovery line: $line"
+  echo "$line" | grep -q '(snapshot)' || fail "rank 0 did not recover from a snapshot: $line"
+  [ "$rec_step" -ge $((kill_step - 1)) ] && [ "$rec_step" -le "$kill_step" ] ||
+    fail "recovered at step $rec_step, the kill was at step $kill_step: $line"
+  [ "$recover_ms" -le 30000 ] || fail "rank 0 recovered $recover_ms ms after the kill (bound 30000 ms)"
+  # (1) The job finishes: every gzrun exits 0.
+  for i in 0 1 2; do wait_for 120 "host $i's gzrun to finish" test -f "$dir/rc_$i.${ks[$i]}"; done
+  total_ms=$(ms_since "$t_start")
+  for i in 0 1 2; do
+    [ "$(cat "$dir/rc_$i.${ks[$i]}")" = 0 ] || fail "host $i's gzrun exited $(cat "$dir/rc_$i.${ks[$i]}")"
+  done
+  ! any_log 'restarting all\|elastic round 1' || fail "a job-wide restart or new round after the recovery"
+  final=$(grep -ho 'final: test_accuracy=[0-9.]*' "$dir"/host*.log | tail -n 1)
+  [ -n "$final" ] || fail "no final evaluation line"
+  # (4) Every sample once an epoch over both sessions (before and after the recovery, world 6 each),
+  # at most the step of the snapshot not yet written redone.
+  audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size 4800 --epochs $epochs --worlds 6,6 2>&1) ||
+    fail "$audit"
+  redone=$(echo "$audit" | sed -n 's/.*; \([0-9]*\) step(s) run twice.*/\1/p')
+  [ -n "$redone" ] && [ "$redone" -le 1 ] ||
+    fail "${redone:-?} steps redone after an in-place recovery (at most 1): $audit"
+  echo "PASS: inplace: 3 hosts x 2 ranks, rank $vrank (host 1, local rank 1) SIGKILLed at step $kill_step:" \
+    "host 1 replaced it in place (no restart, no new round), the 5 others kept their process; rank 0 recovered at" \
+    "step $rec_step in $rec_s s (snapshot), $recover_ms ms after the kill was seen -> finished in $total_ms ms" \
+    "($final); $audit"
+  exit 0
+fi
+
+# resize (and snapshot): 3 -> 2 -> 3 with gz-train.
+program=("$gztrain" --config "$config" --work_dir "$dir/work" --num_epochs 3)
+[ "$scenario" = snapshot ] && program+=(--snapshot_every 1 --save_steps 0)
+# zero3: ZeRO stage 3 over an mlp's layers (units); its sharded checkpoints reshard 3 -> 2 -> 3.
+[ "$scenario" = zero3 ] && program+=(--zero_stage 3 --net_type mlp --hidden 256 --layers 3)
 start_node 0; k0=$k
 start_node 1; k1=$k
 start_node 2; k2=$k
@@ -181,8 +278,6 @@ stop_ms=$(ms_since "$t0")
 for i in 0 1; do wait_for 30 "host $i in round 1 with 2 nodes" in_log $i 'elastic round 1: node . of 2'; done
 for i in 0 1; do in_log $i 'job failure in round 0: ' || fail "host $i reports no failure of round 0"; done
 if [ "$scenario" = snapshot ]; then
-  # Not `cat | grep -q`: under pipefail, cat killed by SIGPIPE after an early match fails the pipeline.
-  any_log() { grep -q -h "$1" "$dir"/host*.log 2>/dev/null; }
   wait_for 60 "round 1 to restore a snapshot" any_log 'restored the snapshot of step .* held by [12] of 2 rank'
 fi
 # Round 1 trains on 2 ranks for a while (its sample log grows), then host 2 comes back.

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "gz/comm/generations.h"
 #include "gz/core/error.h"
@@ -79,9 +80,16 @@ struct Killed : std::runtime_error {
   Killed() : std::runtime_error("killed") {}
 };
 struct KillAt : Callback {
+  // `step` < 0: as its train() begins (after the restore's collectives: a replacement lost while
+  // the others are still recovering).
   explicit KillAt(int64_t s) : step(s) {}
+  void on_train_begin(Trainer& t) override {
+    if (step < 0) die(t);
+  }
   void on_step_begin(Trainer& t) override {
-    if (t.state().step != step) return;
+    if (t.state().step == step) die(t);
+  }
+  static void die(Trainer& t) {
     t.group()->abort("rank " + std::to_string(t.rank()) + " was killed");
     throw Killed();
   }
@@ -104,17 +112,19 @@ struct Result {
   std::map<int, int64_t> recoveries;
 };
 
-// One job of kWorld ranks; with `kill_rank` >= 0 that rank is lost as `kill_step` begins and replaced.
-Result run_job(const TrainConfig& c, Record& record, int kill_rank, int64_t kill_step) {
+// One job of kWorld ranks; with `kill_rank` >= 0 that rank is lost as `kill_step` begins and
+// replaced; with `replacement_dies` its first replacement is lost too, while the others recover.
+Result run_job(const TrainConfig& c, Record& record, int kill_rank, int64_t kill_step,
+               bool replacement_dies = false) {
   std::vector<ModelPtr> nets;  // built here: the global generator is shared by the threads
-  for (int r = 0; r < kWorld + 1; ++r) {
+  for (int r = 0; r < kWorld + 2; ++r) {
     torch::manual_seed(99);
     nets.push_back(std::make_shared<gz::test::TinyNetImpl>());
   }
   auto store = std::make_shared<gz::MemStore>();
   Result out;
   std::mutex mu;
-  auto incarnation = [&](int rank, const ModelPtr& net, bool doomed) {
+  auto incarnation = [&](int rank, const ModelPtr& net, std::optional<int64_t> doomed_at) {
     gz::comm::CommOptions o;
     o.backend = "shm";
     o.rank = rank;
@@ -127,7 +137,7 @@ Result run_job(const TrainConfig& c, Record& record, int kill_rank, int64_t kill
     t.set_model(net);
     t.set_regroup([gens](const std::string& why) { return gens->rejoin(nullptr, why); });
     t.add_callback(std::shared_ptr<Record>(&record, [](Record*) {}));
-    if (doomed) t.add_callback(std::make_shared<KillAt>(kill_step));
+    if (doomed_at) t.add_callback(std::make_shared<KillAt>(*doomed_at));
     t.train();
     std::lock_guard<std::mutex> lock(mu);
     out.recoveries[rank] += t.recoveries();
@@ -136,9 +146,15 @@ Result run_job(const TrainConfig& c, Record& record, int kill_rank, int64_t kill
   };
   gz::test::run_ranks(kWorld, [&](int rank, std::shared_ptr<gz::Store>) {
     try {
-      incarnation(rank, nets[static_cast<size_t>(rank)], rank == kill_rank);
+      incarnation(rank, nets[static_cast<size_t>(rank)],
+                  rank == kill_rank ? std::optional<int64_t>(kill_step) : std::nullopt);
     } catch (const Killed&) {
-      incarnation(rank, nets[kWorld], false);  // gzrun's replacement: a fresh model, same rank
+      // gzrun's replacement: a fresh model, the same rank.
+      try {
+        incarnation(rank, nets[kWorld], replacement_dies ? std::optional<int64_t>(-1) : std::nullopt);
+      } catch (const Killed&) {
+        incarnation(rank, nets[kWorld + 1], std::nullopt);
+      }
     }
   });
   return out;
@@ -203,6 +219,27 @@ TEST(InPlaceRecovery, AfterAnEpochEndAndAStragglerWindowEveryRankRunsTheSameColl
   check_case({2, 10, 9, false});
   check_case({1, 10, 10, true});
   check_case({0, 13, 13, true});
+}
+
+// The replacement is lost too, after the restore's collectives and before training: the survivors'
+// recovery fails in its last collectives and goes on to the generation after (one recovery, two
+// attempts), where the second replacement meets them. Mutation check: rethrowing every error of
+// rejoin_and_restore() (no second attempt) ends the survivors' train() with gz::Aborted.
+TEST(InPlaceRecovery, AReplacementLostDuringTheRecoveryIsOneMoreGeneration) {
+  LauncherEnv env;
+  TmpDir tmp;
+  Record reference, recovered;
+  const Result want = run_job(config(tmp.path / "ref"), reference, -1, 0);
+  const Result got = run_job(config(tmp.path / "job"), recovered, 1, 6, true);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(recovered.begins[r], (std::vector<int64_t>{0, 6, 6})) << "rank " << r;
+    EXPECT_EQ(got.recoveries.at(r), r == 1 ? 0 : 1) << "rank " << r;
+  }
+  for (auto& [step, ranks] : recovered.samples)
+    EXPECT_EQ(ranks, reference.samples[step]) << "step " << step << " read other samples";
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < want.params.size(); ++i)
+    EXPECT_TRUE(torch::equal(got.params[i], want.params[i])) << "final parameter " << i << " differs";
 }
 
 TEST(InPlaceRecovery, AConfigWithoutSnapshotsIsRefusedClearly) {

@@ -205,7 +205,15 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
     return std::nullopt;
   }
   // To the ranks whose node lost it, in chunks: one op for gigabytes could outlast its deadline.
-  if (!all_hold && group_) broadcast_bytes(*group_, payload, source);
+  if (!all_hold && group_) {
+    Stopwatch clock;  // after the all-reduce above: the source has read its file
+    broadcast_bytes(*group_, payload, source);
+    if (rank_ == (source == 0 ? 1 : 0)) {  // one receiver says what rate the transfer reached
+      const double seconds = clock.seconds(), mb = static_cast<double>(payload.size()) / 1e6;
+      GZ_LOG(info, "received the snapshot of step ", step, " (", mb, " MB) from rank ", source, " in ",
+             seconds, " s: ", mb / std::max(seconds, 1e-9), " MB/s");
+    }
+  }
   return payload;
 }
 
