@@ -15,13 +15,15 @@
 //                            each; rank FAILRANK exits CODE after FAIL_AFTER_S seconds on attempts
 //                            below FAIL_ATTEMPTS (GZ_RESTART_COUNT), writing the wall-clock time in
 //                            ns to DIR/failed_at first; prints "done rank=R attempt=A round=T ..."
-//   inplace DIR VICTIM first|always
+//   inplace DIR VICTIM first|always|late
 //                            --recovery in-place: write DIR/start_<rank>_<restart>_<replacement>
 //                            (pid, GZ_RESTART_COUNT, GZ_REPLACEMENT, GZ_RECOVERY, GZ_RUN_ID) and
 //                            print it; rank VICTIM SIGKILLs itself after 100 ms (first: only at
-//                            its first start, restart 0 replacement 0; always: every start). In
-//                            round 0 the others wait (10 s at most) for the victim's replacement
-//                            to start, then print "end rank=R pid=P" and exit 0
+//                            its first start, restart 0 replacement 0; always: every start; late:
+//                            at its first start, after 300 ms). In round 0 (every round with
+//                            always) the others wait (10 s at most) for the victim's replacement
+//                            of the round to start (late: not at all), then print "end rank=R
+//                            pid=P" and exit 0
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -214,7 +216,8 @@ int mode_env(int rank) {
   return 0;
 }
 
-int mode_inplace(const std::string& dir, int victim, bool always) {
+int mode_inplace(const std::string& dir, int victim, const std::string& when) {
+  const bool always = when == "always", late = when == "late";
   const int rank = env_int("RANK"), restart = env_int("GZ_RESTART_COUNT"),
             replacement = env_int("GZ_REPLACEMENT");
   const char* recovery = std::getenv("GZ_RECOVERY");
@@ -230,14 +233,16 @@ int mode_inplace(const std::string& dir, int victim, bool always) {
   std::fflush(stdout);
   if (rank == victim) {
     if (always || (restart == 0 && replacement == 0)) {
-      usleep(100000);
+      usleep(late ? 300000 : 100000);
       raise(SIGKILL);
     }
     return 0;
   }
   // Alive when the replacement starts: a survivor stopped and restarted would show a new pid.
-  const std::string replaced = dir + "/start_" + std::to_string(victim) + "_0_1";
-  for (int i = 0; restart == 0 && i < 1000 && ::access(replaced.c_str(), F_OK) != 0; ++i) usleep(10000);
+  const std::string replaced =
+      dir + "/start_" + std::to_string(victim) + "_" + std::to_string(restart) + "_1";
+  for (int i = 0; !late && (restart == 0 || always) && i < 1000 && ::access(replaced.c_str(), F_OK) != 0; ++i)
+    usleep(10000);
   std::printf("end rank=%d pid=%d\n", rank, static_cast<int>(getpid()));
   return 0;
 }
@@ -321,7 +326,7 @@ int main(int argc, char** argv) {
                     std::atoi(argv[7]));
   }
   if (mode == "inplace" && argc >= 5) {
-    return mode_inplace(argv[2], std::atoi(argv[3]), std::string(argv[4]) == "always");
+    return mode_inplace(argv[2], std::atoi(argv[3]), argv[4]);
   }
   if (mode == "progress") {
     write_str(1, "step 1/3\rstep 2/3\rstep 3/3\r\ndone");  // no final newline

@@ -107,6 +107,23 @@ TEST(GzrunRecovery, InPlaceBudgetSpentFallsBackToRestartAndGivesUp) {
   EXPECT_EQ(r["replacement"], "1");
 }
 
+// A worker that fails after another of the round finished (exit 0: the job is ending) is not
+// replaced: its replacement would wait for peers that are gone. The restart path runs instead.
+// Mutation check: without the exit-0 rule in replace_in_place the line "replacing it in place"
+// appears (and the replacement exits 0 at once, so the job would end without a restart).
+TEST(GzrunRecovery, AFailureAfterAWorkerFinishedTakesTheRestartPath) {
+  TempDir dir;
+  GzrunProcess g({"--recovery", "in-place", "--nproc-per-node", "2", "--max-restarts", "1", kWorker,
+                  "inplace", dir.path(), "1", "late"},
+                 dir);
+  ASSERT_TRUE(g.wait(30)) << g.describe();
+  EXPECT_EQ(g.exit_code(), 0) << g.describe();
+  const std::string err = g.err();
+  EXPECT_EQ(err.find("replacing it in place"), std::string::npos) << err;
+  EXPECT_EQ(count_lines_with(err, "restarting all local workers (restart 1 of 1)"), 1u) << err;
+  EXPECT_TRUE(file_exists(dir.file("start_1_1_0"))) << g.describe();
+}
+
 // Mutation check: on_exit replacing in restart mode too -> "replacing it in place" appears and
 // the survivors are not restarted.
 TEST(GzrunRecovery, RestartModeRestartsEveryWorker) {
