@@ -171,17 +171,19 @@ struct Case {
   int64_t kill;      // the victim is lost as this step begins (its peers are inside it)
   int64_t restored;  // the step every rank continues from
   bool checkpoints;  // disk checkpoints at epoch ends
+  std::string mode = "ddp";
 };
 
 // Every rank's train() began at 0 and again at the restored step (a survivor's after its recovery,
 // the victim's in its replacement); steps after it read the uninterrupted run's samples, and the
 // final parameters are the uninterrupted run's bit for bit.
 void check_case(const Case& k) {
-  SCOPED_TRACE("rank " + std::to_string(k.victim) + " lost at step " + std::to_string(k.kill));
+  SCOPED_TRACE(k.mode + ": rank " + std::to_string(k.victim) + " lost at step " + std::to_string(k.kill));
   TmpDir tmp;
   Record reference, recovered;
   TrainConfig ref = config(tmp.path / "ref"), job = config(tmp.path / "job");
   ref.save_checkpoints = job.save_checkpoints = k.checkpoints;
+  ref.mode = job.mode = k.mode;
   const Result want = run_job(ref, reference, -1, 0);
   const Result got = run_job(job, recovered, k.victim, k.kill);
   for (int r = 0; r < kWorld; ++r) {
@@ -205,6 +207,13 @@ void check_case(const Case& k) {
 TEST(InPlaceRecovery, SurvivorsKeepTrainingFromTheLastSnapshotBitForBit) {
   LauncherEnv env;
   for (int victim : {1, 0}) check_case({victim, 6, 6, true});  // rank 0 also writes the snapshots
+}
+
+// Horovod mode: the DistributedOptimizer (its negotiation state, rank 0's optimizer state
+// broadcast after a load) is rebuilt with the group.
+TEST(InPlaceRecovery, HorovodModeRecoversLikeDdp) {
+  LauncherEnv env;
+  check_case({1, 6, 6, true, "horovod"});
 }
 
 // Lost as the first step after an epoch end (10) begins, and after a straggler window (every 10
