@@ -1,6 +1,7 @@
 // gz::init(options): rendezvous + create_communicator. Kept apart from process_group.cpp so
 // programs that adopt their own communicator do not link the rendezvous and backend factory.
 #include <memory>
+#include <mutex>
 
 #include "gz/comm/factory.h"
 #include "gz/comm/generations.h"
@@ -43,6 +44,9 @@ bool can_regroup() {
 }
 
 comm::CommPtr regroup(const std::string& why) {
+  // One regroup at a time: two would claim two slots of one rank (Generations is not shared-safe).
+  static std::mutex one_at_a_time;
+  std::lock_guard<std::mutex> serial(one_at_a_time);
   auto& st = detail::pg_state();
   std::shared_ptr<comm::Generations> gens;
   comm::CommPtr old;

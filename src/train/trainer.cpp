@@ -464,8 +464,9 @@ void Trainer::run_eval() {
   // Time-to-accuracy logs subtract evaluation time; bytes this rank handed to collectives.
   state_.metrics["eval_seconds"] = impl_->eval_seconds;
   if (group_)
-    state_.metrics["comm_bytes_per_step"] = static_cast<double>(impl_->comm.bytes()) /
-                                            static_cast<double>(std::max<int64_t>(1, state_.step - impl_->first_step));
+    state_.metrics["comm_bytes_per_step"] =
+        static_cast<double>(impl_->comm.bytes() - impl_->first_step_bytes) /
+        static_cast<double>(std::max<int64_t>(1, state_.step - impl_->first_step));
   auto it = state_.metrics.find(c.metric_for_best_model);
   if (it != state_.metrics.end()) {
     double v = it->second;
@@ -511,6 +512,7 @@ void Trainer::begin_training() {
     save_config(c, (fs::path(c.work_dir) / "config.yaml").string());
   }
   maybe_resume();
+  agree_on_resumed_step();  // before anything that depends on the step (Horovod's after_load)
   // Snapshots newer than this run's start (another run's, or refused) would outrank its own.
   if (impl_->snapshot_writer && !restored_snapshot_) impl_->snapshots->remove_snapshots();
   if (c.log_samples) {
@@ -522,6 +524,7 @@ void Trainer::begin_training() {
   for_each_callback([&](Callback& cb) { cb.on_train_begin(*this); });
   agree_on_resumed_step();  // last: a rank lost in the collectives above is still a recovery's
   impl_->first_step = state_.step;
+  impl_->first_step_bytes = impl_->comm.bytes();
 }
 
 void Trainer::train_epoch() {

@@ -47,6 +47,7 @@ struct Trainer::Impl {
   CommAlgorithms comm;
   double eval_seconds = 0;
   int64_t first_step = 0;
+  int64_t first_step_bytes = 0;  // comm.bytes() at first_step (an in-place recovery moves both)
   // In-memory snapshots (snapshot_every): the node's folder, its writer on local rank 0 (the
   // writer refers to the store: declared after it, destroyed before it).
   // The captures the writer builds archives from: declared before the writer, whose
@@ -65,6 +66,7 @@ struct Trainer::Impl {
   // In-place recovery (Trainer::set_regroup): the new group after a lost peer; empty = off.
   std::function<comm::CommPtr(const std::string&)> regroup;
   int64_t recoveries = 0;
+  bool recovering = false;       // in rejoin_and_restore(): the live state may be a step's half
   bool simulated_crash = false;  // set_crash_at_step's exception is not a lost peer
   // Copies of the live state still running in the background (finish_state_copies() waits).
   StateCapture* checkpoint_copying = nullptr;

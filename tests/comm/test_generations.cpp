@@ -72,9 +72,9 @@ TEST_P(GenerationsTest, SurvivorsAndAReplacementMeetInTheNextGeneration) {
   EXPECT_EQ(lost.load(), 0);
 }
 
-// A rank lost before it rejoined: its replacement takes the free slot of the generation its
-// peers wait in instead of opening another one.
-TEST_P(GenerationsTest, AReplacementFillsTheSlotItsPredecessorNeverTook) {
+// The replacement arrives before the survivors noticed the loss: its predecessor's generation is
+// full, it waits in the next one, where the survivors join it.
+TEST_P(GenerationsTest, AReplacementArrivingFirstWaitsInTheNextGeneration) {
   constexpr int n = 2;
   auto store = std::make_shared<MemStore>();
   run_ranks(n, [&](int rank, std::shared_ptr<Store>) {

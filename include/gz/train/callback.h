@@ -129,6 +129,9 @@ class ProgressBar : public Callback {
 class PruningCallback : public Callback {
  public:
   explicit PruningCallback(double sparsity) : sparsity_(sparsity) {}
+  /// @brief Masks again from the weights after the next step: after an in-place recovery the
+  /// survivors' masks would differ from a replacement's.
+  void on_train_begin(Trainer&) override { impl_.reset(); }
   void on_step_end(Trainer& t) override;
   void on_train_end(Trainer& t) override;
 

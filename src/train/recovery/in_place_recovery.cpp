@@ -52,12 +52,16 @@ void Trainer::check_in_place_recovery() const {
 void Trainer::agree_on_resumed_step() {
   if (!impl_->regroup || !group_) return;
   // Ranks that resumed at different steps (survivors restoring nothing while a replacement starts
-  // at 0: no snapshot yet) would issue different collectives: stop every one of them instead.
-  std::vector<double> steps{static_cast<double>(state_.step), -static_cast<double>(state_.step)};
-  auto t = torch::from_blob(steps.data(), {2}, torch::kFloat64);
+  // at 0: no snapshot yet) would issue different collectives; a survivor that restored nothing at
+  // step 0 may hold a half-done first step (its optimizer stepped). Stop every rank instead.
+  const bool unrestored = impl_->recovering && !restored_snapshot_ && state_.step == 0;
+  std::vector<double> v{static_cast<double>(state_.step), -static_cast<double>(state_.step),
+                        unrestored ? 1.0 : 0.0};
+  auto t = torch::from_blob(v.data(), {3}, torch::kFloat64);
   gz::allreduce(t, comm::ReduceOp::max, group_);
-  if (steps[0] != -steps[1])
-    GZ_THROW(Error, "in-place recovery: the ranks resumed at steps ", -steps[1], " to ", steps[0],
+  if (v[0] != -v[1] || v[2] > 0)
+    GZ_THROW(Error, "in-place recovery: the ranks resumed at steps ", -v[1], " to ", v[0],
+             v[2] > 0 ? " and a survivor restored nothing" : "",
              " (no snapshot or checkpoint that every rank holds); the job must restart");
 }
 
@@ -118,7 +122,15 @@ void Trainer::rejoin_and_restore(const std::string& why) {
   impl_->last_eval_step = -1;
   restored_snapshot_ = false;
   build_strategy();
-  begin_training();  // agree_on_resumed_step() included
+  impl_->recovering = true;
+  const auto done = [this] { impl_->recovering = false; };
+  try {
+    begin_training();  // agree_on_resumed_step() included
+  } catch (...) {
+    done();
+    throw;
+  }
+  done();
 }
 
 }  // namespace gz::train
