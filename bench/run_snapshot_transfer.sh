@@ -38,6 +38,7 @@ mkdir -p "$work"
 id=st$$
 C=("$cluster" -c "$id")
 last=$((HOSTS - 1))
+token=$(openssl rand -hex 32)
 echo "runs: $work; build: $build ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')); $HOSTS hosts x 1 rank, $MODEL"
 echo "start: $(date -u '+%F %T') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -68,14 +69,15 @@ esac
 
 start_node() {  # HOST RATE_TAG: gzrun on HOST, pid in gzpid_HOST, output appended to RATE_TAG-hHOST.log
   (
-    "${C[@]}" run "$1" env -u GZ_NODE_ID GZ_RDZV_TOKEN="st-bench-$$" GZ_TIMEOUT_S=60 GZ_LOG_LEVEL=info \
+    "${C[@]}" run "$1" env -u GZ_NODE_ID GZ_RDZV_TOKEN="$token" GZ_TIMEOUT_S=60 GZ_LOG_LEVEL=info \
       sh -c 'echo $$ >"$0"; exec "$@"' "$work/gzpid_$1" \
       "$gzrun" --nnodes "1:$HOSTS" --master-addr "$master" --master-port 29500 --nproc-per-node 1 \
       --rdzv-timeout 60 --rdzv-join-window 1 --heartbeat-timeout 3 --grace-period 1 --max-restarts 3 \
       -- "$train" "${args[@]}" --max_steps 100000 --eval_steps 1000000 --save_checkpoints false \
-      --snapshot_every "$SNAP_EVERY" --progress false --log_every 10 --work_dir "$work/$2-work" \
+      --resume_from_checkpoint auto --snapshot_every "$SNAP_EVERY" --progress false --log_every 10 --work_dir "$work/$2-work" \
       >>"$work/$2-h$1.log" 2>&1
   ) 2>/dev/null &
+  disown $!  # no "Killed" notices: the script kills gzruns on purpose
 }
 wait_for() {  # SECONDS DESCRIPTION COMMAND...: poll every 0.2 s
   local limit=$(($1 * 5)) what=$2 t

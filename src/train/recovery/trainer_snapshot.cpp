@@ -206,9 +206,13 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
   }
   // To the ranks whose node lost it, in chunks: one op for gigabytes could outlast its deadline.
   if (!all_hold && group_) {
+    // One line per node that lacked it (its local rank 0): the rate its link gave the transfer.
+    const auto held = impl_->snapshots->steps();
+    const bool lacked = std::find(held.begin(), held.end(), step) == held.end();
+    const bool says = lacked && (gz::is_initialized() ? gz::local_rank() : rank_) == 0;
     Stopwatch clock;  // after the all-reduce above: the source has read its file
     broadcast_bytes(*group_, payload, source);
-    if (rank_ == (source == 0 ? 1 : 0)) {  // one receiver says what rate the transfer reached
+    if (says) {
       const double seconds = clock.seconds(), mb = static_cast<double>(payload.size()) / 1e6;
       GZ_LOG(info, "received the snapshot of step ", step, " (", mb, " MB) from rank ", source, " in ",
              seconds, " s: ", mb / std::max(seconds, 1e-9), " MB/s");
