@@ -68,6 +68,48 @@ int run(const std::string& cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
+// a.yaml and b.yaml in `root`: the synthetic cnn, `samples` training samples, snapshots every
+// step, samples logged, disk checkpoints only at epoch ends (work dirs root/a and root/b).
+void write_snapshot_configs(const fs::path& root, int samples) {
+  for (const char* name : {"a", "b"})
+    std::ofstream(root / (std::string(name) + ".yaml"))
+        << "dataset: synthetic\ntrain_data: \"" << samples << "\"\ntest_data: \"128\"\ninput_size: 4\n"
+        << "net_type: cnn\nnum_classes: 4\nbatch_size: 16\nnum_epochs: 2\nlr: 0.005\nsave_steps: 0\n"
+           "progress: false\nnum_workers: 1\nmode: ddp\nbackend: shm\nresume_from_checkpoint: auto\n"
+           "dropout: 0\nsnapshot_every: 1\nlog_samples: true\nwork_dir: \""
+        << (root / name).string() << "\"\n";
+}
+
+// `launch` + a.yaml (uninterrupted), then `faulty` + b.yaml; both must exit 0. Logs in a.log, b.log.
+void run_pair(const fs::path& root, const std::string& launch, const std::string& faulty) {
+  ASSERT_EQ(run(launch + gz_train() + " --config " + (root / "a.yaml").string() + " > " +
+                (root / "a.log").string() + " 2>&1"),
+            0)
+      << "uninterrupted run failed, see " << (root / "a.log");
+  ASSERT_EQ(run(faulty + gz_train() + " --config " + (root / "b.yaml").string() + " > " +
+                (root / "b.log").string() + " 2>&1"),
+            0)
+      << "interrupted run failed, see " << (root / "b.log");
+}
+
+// The sample audit of run b against run a (every epoch read once, the same samples per step) must
+// pass with at most one step redone, and b's accuracy be within 0.5 points of a's.
+void expect_audit_and_accuracy(const fs::path& root, int samples) {
+  const std::string audit = (root / "audit.txt").string();
+  ASSERT_EQ(run("python3 " + std::string(GZ_SOURCE_DIR) + "/tests/train/check_sample_log.py " +
+                (root / "b").string() + " --dataset-size " + std::to_string(samples) +
+                " --epochs 2 --reference " + (root / "a").string() + " > " + audit + " 2>&1"),
+            0)
+      << slurp(audit);
+  const std::string text = slurp(audit);
+  const auto at = text.find(" step(s) run twice");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_LE(std::stoi(text.substr(text.rfind(' ', at - 1) + 1)), 1) << text;
+  const double acc_a = final_accuracy(slurp(root / "a.log")), acc_b = final_accuracy(slurp(root / "b.log"));
+  ASSERT_GE(acc_a, 0) << slurp(root / "a.log");
+  EXPECT_NEAR(acc_b, acc_a, 0.005) << "accuracy of the interrupted run is more than 0.5 points off";
+}
+
 }  // namespace
 
 TEST(TrainRestart, GzrunMaxRestartsResumesToTheSameResult) {
@@ -109,41 +151,15 @@ TEST(TrainRestart, SigkilledWorkerResumesFromTheSnapshotRedoingAtMostOneStep) {
   fs::create_directories(root);
   // 8 steps per epoch (global batch 32); disk checkpoints only at epoch ends, so without the
   // snapshot the restart would redo every step of the epoch so far.
-  for (const char* name : {"a", "b"})
-    std::ofstream(root / (std::string(name) + ".yaml"))
-        << "dataset: synthetic\ntrain_data: \"256\"\ntest_data: \"128\"\ninput_size: 4\nnet_type: cnn\n"
-           "num_classes: 4\nbatch_size: 16\nnum_epochs: 2\nlr: 0.005\nsave_steps: 0\nprogress: false\n"
-           "num_workers: 1\nmode: ddp\nbackend: shm\nresume_from_checkpoint: auto\ndropout: 0\n"
-           "snapshot_every: 1\nlog_samples: true\nwork_dir: \""
-        << (root / name).string() << "\"\n";
+  write_snapshot_configs(root, 256);
   // Info level: the restore's log line says which snapshot it was and where it came from.
   std::string common = " GZ_TIMEOUT_S=20 GZ_LOG_LEVEL=info " + gzrun + " --nproc-per-node 2 ";
-  ASSERT_EQ(run(common + gz_train() + " --config " + (root / "a.yaml").string() + " > " +
-                (root / "a.log").string() + " 2>&1"),
-            0)
-      << "uninterrupted run failed, see " << (root / "a.log");
   // Rank 1 is SIGKILLed as step 6 begins (rank 0 is then inside step 6's collectives).
-  ASSERT_EQ(run("GZ_TRAIN_KILL_AT_STEP=5 GZ_TRAIN_CRASH_RANK=1" + common + "--max-restarts 1 " + gz_train() +
-                " --config " + (root / "b.yaml").string() + " > " + (root / "b.log").string() + " 2>&1"),
-            0)
-      << "restarted run failed, see " << (root / "b.log");
-  const std::string a_log = slurp(root / "a.log"), b_log = slurp(root / "b.log");
-  EXPECT_NE(b_log.find("restored the snapshot of step "), std::string::npos) << b_log;
-  // The sample audit: every epoch read once, the same samples per step as run a; steps redone.
-  const std::string audit = (root / "audit.txt").string();
-  ASSERT_EQ(run("python3 " + std::string(GZ_SOURCE_DIR) + "/tests/train/check_sample_log.py " +
-                (root / "b").string() + " --dataset-size 256 --epochs 2 --reference " +
-                (root / "a").string() + " > " + audit + " 2>&1"),
-            0)
-      << slurp(audit);
-  const std::string text = slurp(audit);
-  const auto at = text.find(" step(s) run twice");
-  ASSERT_NE(at, std::string::npos) << text;
-  const int redone = std::stoi(text.substr(text.rfind(' ', at - 1) + 1));
-  EXPECT_LE(redone, 1) << text;
-  const double acc_a = final_accuracy(a_log), acc_b = final_accuracy(b_log);
-  ASSERT_GE(acc_a, 0) << a_log;
-  EXPECT_NEAR(acc_b, acc_a, 0.005) << "accuracy of the restarted run is more than 0.5 points off";
+  run_pair(root, common, "GZ_TRAIN_KILL_AT_STEP=5 GZ_TRAIN_CRASH_RANK=1" + common + "--max-restarts 1 ");
+  if (HasFatalFailure()) return;
+  EXPECT_NE(slurp(root / "b.log").find("restored the snapshot of step "), std::string::npos)
+      << slurp(root / "b.log");
+  expect_audit_and_accuracy(root, 256);
   fs::remove_all(root);
 }
 
@@ -159,24 +175,13 @@ TEST(TrainRestart, InPlaceRecoveryKeepsTheSurvivorsAndRedoesAtMostOneStep) {
   auto root = fs::temp_directory_path() / ("gz_inplace_" + std::to_string(::getpid()));
   fs::remove_all(root);
   fs::create_directories(root);
-  for (const char* name : {"a", "b"})
-    std::ofstream(root / (std::string(name) + ".yaml"))
-        << "dataset: synthetic\ntrain_data: \"384\"\ntest_data: \"128\"\ninput_size: 4\nnet_type: cnn\n"
-           "num_classes: 4\nbatch_size: 16\nnum_epochs: 2\nlr: 0.005\nsave_steps: 0\nprogress: false\n"
-           "num_workers: 1\nmode: ddp\nbackend: shm\nresume_from_checkpoint: auto\ndropout: 0\n"
-           "snapshot_every: 1\nlog_samples: true\nwork_dir: \""
-        << (root / name).string() << "\"\n";
+  write_snapshot_configs(root, 384);
   std::string common = " GZ_TIMEOUT_S=20 GZ_LOG_LEVEL=info " + gzrun + " --nproc-per-node 3 ";
-  ASSERT_EQ(run(common + gz_train() + " --config " + (root / "a.yaml").string() + " > " +
-                (root / "a.log").string() + " 2>&1"),
-            0)
-      << "uninterrupted run failed, see " << (root / "a.log");
-  ASSERT_EQ(run("GZ_TRAIN_KILL_AT_STEP=5 GZ_TRAIN_CRASH_RANK=1" + common +
-                "--recovery in-place --max-restarts 1 " + gz_train() + " --config " +
-                (root / "b.yaml").string() + " > " + (root / "b.log").string() + " 2>&1"),
-            0)
-      << "recovered run failed, see " << (root / "b.log");
-  const std::string a_log = slurp(root / "a.log"), b_log = slurp(root / "b.log");
+  run_pair(
+      root, common,
+      "GZ_TRAIN_KILL_AT_STEP=5 GZ_TRAIN_CRASH_RANK=1" + common + "--recovery in-place --max-restarts 1 ");
+  if (HasFatalFailure()) return;
+  const std::string b_log = slurp(root / "b.log");
   EXPECT_NE(b_log.find("replacing it in place"), std::string::npos) << b_log;
   EXPECT_EQ(b_log.find("restarting all"), std::string::npos) << b_log;
   // Each survivor says it recovers in place (a restarted process would not), the victim does not.
@@ -192,19 +197,7 @@ TEST(TrainRestart, InPlaceRecoveryKeepsTheSurvivorsAndRedoesAtMostOneStep) {
   EXPECT_EQ(recovering[1], 0) << b_log;
   EXPECT_EQ(b_log.find("replacing it in place (replacement 2"), std::string::npos) << b_log;
   EXPECT_NE(b_log.find("recovered in place at step "), std::string::npos) << b_log;
-  const std::string audit = (root / "audit.txt").string();
-  ASSERT_EQ(run("python3 " + std::string(GZ_SOURCE_DIR) + "/tests/train/check_sample_log.py " +
-                (root / "b").string() + " --dataset-size 384 --epochs 2 --reference " +
-                (root / "a").string() + " > " + audit + " 2>&1"),
-            0)
-      << slurp(audit);
-  const std::string text = slurp(audit);
-  const auto at = text.find(" step(s) run twice");
-  ASSERT_NE(at, std::string::npos) << text;
-  EXPECT_LE(std::stoi(text.substr(text.rfind(' ', at - 1) + 1)), 1) << text;
-  const double acc_a = final_accuracy(a_log), acc_b = final_accuracy(b_log);
-  ASSERT_GE(acc_a, 0) << a_log;
-  EXPECT_NEAR(acc_b, acc_a, 0.005) << "accuracy of the recovered run is more than 0.5 points off";
+  expect_audit_and_accuracy(root, 384);
   fs::remove_all(root);
 }
 
