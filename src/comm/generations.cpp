@@ -36,7 +36,7 @@ CommPtr Generations::join_from(int first) {
     // 1 = the slot is ours; more = a lost predecessor of this rank joined g: its peers left it.
     if (base_.store->add("slots/" + std::to_string(g) + "/" + rank, 1) != 1) continue;
     CommOptions o = base_;
-    o.store = std::make_shared<PrefixStore>("g" + std::to_string(g) + "/", base_.store);
+    o.store = std::make_shared<PrefixStore>("g" + std::to_string(g), base_.store);  // PrefixStore adds the /
     if (o.name.empty() && g > 0) o.name = "gen" + std::to_string(g);  // generation 0: as without
     if (g > 0) GZ_LOG(info, "rank ", base_.rank, ": joining generation ", g, " of the group");
     CommPtr c = create_communicator(o);

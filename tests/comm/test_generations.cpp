@@ -21,7 +21,7 @@ comm::CommOptions options(int rank, int size, std::shared_ptr<Store> store, cons
   o.backend = backend;
   o.rank = rank;
   o.size = size;
-  o.store = std::make_shared<PrefixStore>("job/", std::move(store));
+  o.store = std::make_shared<PrefixStore>("job", std::move(store));
   o.timeout = 20s;
   o.node_id = "n0";
   o.iface = "127.0.0.1";

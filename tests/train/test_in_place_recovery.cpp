@@ -129,7 +129,7 @@ Result run_job(const TrainConfig& c, Record& record, int kill_rank, int64_t kill
     o.backend = "shm";
     o.rank = rank;
     o.size = kWorld;
-    o.store = std::make_shared<gz::PrefixStore>("job/", store);
+    o.store = std::make_shared<gz::PrefixStore>("job", store);
     o.timeout = 30s;
     o.node_id = "n0";
     auto gens = std::make_shared<gz::comm::Generations>(o);

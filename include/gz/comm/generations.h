@@ -12,7 +12,7 @@ namespace gz::comm {
 
 /// @brief The communicators of one group, generation after generation.
 ///
-/// Generation g's members meet under the store prefix "g<g>/". Each rank claims its slot in a
+/// Generation g's members meet under the store prefix "g<g>". Each rank claims its slot in a
 /// generation ("slots/<g>/<rank>", one store add) before it joins; a slot already claimed means
 /// that this rank's predecessor (a process now lost) joined g, so the rank tries g + 1. A fresh
 /// process (the first start or a replacement) therefore joins the lowest generation its rank has
