@@ -201,9 +201,8 @@ void check_case(const Case& k) {
 
 }  // namespace
 
-// Mutation checks: no writer flush before the restore can make the survivors restore step 5 (a
-// step redone: the begins check fails); recover_in_place() returning false ends the survivors'
-// train() with gz::Aborted; no begin_training() in the recovery hangs until the group's timeout.
+// Mutation check (run): recover_in_place() refusing every error ends the survivors' train() with
+// gz::Aborted.
 TEST(InPlaceRecovery, SurvivorsKeepTrainingFromTheLastSnapshotBitForBit) {
   LauncherEnv env;
   for (int victim : {1, 0}) check_case({victim, 6, 6, true});  // rank 0 also writes the snapshots

@@ -166,8 +166,7 @@ TEST(TrainRestart, SigkilledWorkerResumesFromTheSnapshotRedoingAtMostOneStep) {
 // gzrun --recovery in-place: rank 1 is SIGKILLed as step 6 begins; gzrun starts a replacement for
 // it alone, ranks 0 and 2 keep their processes (they log their recovery; a restarted process would
 // not), all three meet in the group's next generation and restore the newest snapshot. Mutation
-// checks: gzrun ignoring --recovery (every worker restarted) fails the "restarting all" and the
-// recovery checks; a Trainer without the default regroup (GZ_RECOVERY ignored) fails on exit code.
+// check (run): recover_in_place() refusing every error fails the exit code and the recovery lines.
 TEST(TrainRestart, InPlaceRecoveryKeepsTheSurvivorsAndRedoesAtMostOneStep) {
   auto gzrun = find_gzrun();
   if (gzrun.empty()) GTEST_SKIP() << "gzrun not built (tools/gzrun/gzrun)";
