@@ -484,7 +484,6 @@ void Trainer::run_eval() {
 }
 
 namespace {
-// Sets a flag for a scope, however it ends.
 // Runs `fn` however the scope is left (an exception included).
 struct AtExit {
   explicit AtExit(std::function<void()> f) : fn(std::move(f)) {}
@@ -492,14 +491,6 @@ struct AtExit {
   AtExit(const AtExit&) = delete;
   AtExit& operator=(const AtExit&) = delete;
   std::function<void()> fn;
-};
-
-struct FlagScope {
-  explicit FlagScope(bool& f) : flag(f) { flag = true; }
-  ~FlagScope() { flag = false; }
-  FlagScope(const FlagScope&) = delete;
-  FlagScope& operator=(const FlagScope&) = delete;
-  bool& flag;
 };
 }  // namespace
 

@@ -20,6 +20,15 @@
 
 namespace gz::train {
 
+// Sets a flag for a scope, however it ends (train()'s in_train, a recovery's recovering).
+struct FlagScope {
+  explicit FlagScope(bool& f) : flag(f) { flag = true; }
+  ~FlagScope() { flag = false; }
+  FlagScope(const FlagScope&) = delete;
+  FlagScope& operator=(const FlagScope&) = delete;
+  bool& flag;
+};
+
 struct Trainer::Impl {
   ParallelMode mode = ParallelMode::single;  // parsed once from config `mode`
   bool sharded_checkpoints = false;          // resolved once from config `checkpoint_format`

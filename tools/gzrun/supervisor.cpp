@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 
 #include "gz/core/error.h"
 #include "gz/store/store.h"
@@ -268,22 +269,23 @@ bool Supervisor::start_worker(int lr, int replacement) {
 
 bool Supervisor::replace_in_place(const Worker& w, const std::string& what) {
   // A job failure recorded already (another node's, its wake-up not read yet) ends the round.
-  if (replaced_ >= o_.max_restarts || (c_.monitor && c_.monitor->failure().failed())) return false;
+  if (replaced() >= o_.max_restarts || (c_.monitor && c_.monitor->failure().failed())) return false;
   // A worker that finished (exit 0) means the job is ending: a replacement would wait for peers
   // that are gone (a crash in teardown, after training): the round's normal failure path instead.
   if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& x) {
         return !x.alive && WIFEXITED(x.status) && WEXITSTATUS(x.status) == 0;
       }))
     return false;
-  ++replaced_;
   const int n = ++replacements_[static_cast<size_t>(w.local_rank)];
-  say(what + "; replacing it in place (replacement " + std::to_string(replaced_) + " of " +
+  say(what + "; replacing it in place (replacement " + std::to_string(replaced()) + " of " +
       std::to_string(o_.max_restarts) + "): the other workers keep running");
   relay_.note_in_log(w.rank, "[gzrun] " + what + "; replacement " + std::to_string(n) + " of rank " +
                                  std::to_string(w.rank) + " in place");
   start_worker(w.local_rank, n);  // when it cannot start, the round fails (start_worker said why)
   return true;
 }
+
+int Supervisor::replaced() const { return std::accumulate(replacements_.begin(), replacements_.end(), 0); }
 
 bool Supervisor::all_reaped() const {
   return std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.alive; });
@@ -319,8 +321,8 @@ void Supervisor::on_exit(const Worker& w) {
     if (o_.in_place() && replace_in_place(w, d + hint)) return;
     failure_ = d + hint;
     say(failure_);
-    if (o_.in_place() && replaced_ >= o_.max_restarts)
-      say("the in-place budget is spent (" + std::to_string(replaced_) +
+    if (o_.in_place() && replaced() >= o_.max_restarts)
+      say("the in-place budget is spent (" + std::to_string(replaced()) +
           " replacement(s) of --max-restarts " + std::to_string(o_.max_restarts) +
           " on this node in this round): stopping every worker instead");
     publish_local(static_cast<int>(JobFailure::Kind::worker),
@@ -401,7 +403,6 @@ Supervisor::Outcome Supervisor::run_attempt() {
   escalated_ = false;
   failure_.clear();
   workers_.clear();
-  replaced_ = 0;
   replacements_.assign(static_cast<size_t>(o_.nproc_per_node), 0);
   relay_.reset();
   open_logs();

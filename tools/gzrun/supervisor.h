@@ -128,8 +128,9 @@ class Supervisor {
   int interrupt_sig_ = 0;
   RoundInfo round_;
   bool job_failure_seen_ = false;
-  int replaced_ = 0;               ///< in-place replacements on this node in this round
-  std::vector<int> replacements_;  ///< per local rank: its GZ_REPLACEMENT
+  std::vector<int> replacements_;  ///< per local rank: its GZ_REPLACEMENT (this round)
+  /// @brief In-place replacements on this node in this round (the budget's count).
+  int replaced() const;
   /// @brief Publish a failure of this node to the other nodes (multi-node only).
   void publish_local(int kind, const std::string& what);
   /// @brief The job monitor learnt of a failure: report it and stop the local workers.

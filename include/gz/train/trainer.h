@@ -186,7 +186,8 @@ class Trainer {
   // The snapshot's state copied into the next capture, its archive built on the writer's thread.
   void submit_capture(const TrainingState& live, const SnapshotHeader& header);
   bool restore_snapshot();
-  std::optional<std::string> read_snapshot(int64_t step, int source, bool all_hold);
+  // `lacks`: this rank's node does not hold `step` (it receives it from `source`).
+  std::optional<std::string> read_snapshot(int64_t step, int source, bool all_hold, bool lacks);
   void finish_snapshots(bool completed);
   // Wait for the background copies of the live state (StateCapture::capture_deferred) still
   // running: before anything changes parameters or optimizer state. Adds the wait to the

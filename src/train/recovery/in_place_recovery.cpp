@@ -5,8 +5,6 @@
 // snapshot and continue at the same step.
 #include <torch/torch.h>
 
-#include <algorithm>
-
 #include "../trainer_impl.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
@@ -18,11 +16,11 @@
 namespace gz::train {
 
 namespace {
-// What a communicator reports for a peer that died, stopped or aborted (DDP's backward rethrows
-// its buckets' errors as they were).
 // Generations one recovery may go through when peers keep being lost while it runs.
 constexpr int kRecoveryAttempts = 5;
 
+// What a communicator reports for a peer that died, stopped or aborted (DDP's backward rethrows
+// its buckets' errors as they were).
 bool lost_peer(const std::exception& e) {
   return dynamic_cast<const PeerError*>(&e) || dynamic_cast<const TimeoutError*>(&e) ||
          dynamic_cast<const Aborted*>(&e);
@@ -122,15 +120,8 @@ void Trainer::rejoin_and_restore(const std::string& why) {
   impl_->last_eval_step = -1;
   restored_snapshot_ = false;
   build_strategy();
-  impl_->recovering = true;
-  const auto done = [this] { impl_->recovering = false; };
-  try {
-    begin_training();  // agree_on_resumed_step() included
-  } catch (...) {
-    done();
-    throw;
-  }
-  done();
+  const FlagScope recovering(impl_->recovering);
+  begin_training();  // agree_on_resumed_step() included
 }
 
 }  // namespace gz::train

@@ -184,7 +184,7 @@ void Trainer::finish_snapshots(bool completed) {
   }
 }
 
-std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool all_hold) {
+std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool all_hold, bool lacks) {
   std::string payload, message;
   bool ok = true;
   if (all_hold || rank_ == source) {
@@ -207,9 +207,7 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
   // To the ranks whose node lost it, in chunks: one op for gigabytes could outlast its deadline.
   if (!all_hold && group_) {
     // One line per node that lacked it (its local rank 0): the rate its link gave the transfer.
-    const auto held = impl_->snapshots->steps();
-    const bool lacked = std::find(held.begin(), held.end(), step) == held.end();
-    const bool says = lacked && (gz::is_initialized() ? gz::local_rank() : rank_) == 0;
+    const bool says = lacks && (gz::is_initialized() ? gz::local_rank() : rank_) == 0;
     Stopwatch clock;  // after the all-reduce above: the source has read its file
     broadcast_bytes(*group_, payload, source);
     if (says) {
@@ -247,7 +245,8 @@ bool Trainer::restore_snapshot() {
       GZ_LOG(info, "the disk checkpoint of step ", disk, " is newer than the snapshot of step ", step);
     return false;
   }
-  auto payload = read_snapshot(step, source, holders == world_);
+  // `step` is the newest any rank holds, so a rank holds it exactly when it is its own newest.
+  auto payload = read_snapshot(step, source, holders == world_, mine != step);
   if (!payload) return false;
   std::exception_ptr error;
   const std::string name = detail::concat("snapshot of step ", step, " (", impl_->snapshots->path(step), ")");
