@@ -2,6 +2,11 @@
 // decides where a fresh process joins (see gz/comm/generations.h).
 #include "gz/comm/generations.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
 #include "gz/core/error.h"
 #include "gz/core/log.h"
 #include "gz/store/prefix_store.h"
@@ -31,10 +36,19 @@ CommPtr Generations::rejoin(const CommPtr& old, const std::string& why) {
 }
 
 CommPtr Generations::join_from(int first) {
-  const std::string rank = std::to_string(base_.rank);
-  for (int g = first; g < first + kMaxGenerations; ++g) {
+  for (int moves = 0;; ++moves) {
+    const std::string rank = std::to_string(base_.rank);
+    int g = first;
     // 1 = the slot is ours; more = a lost predecessor of this rank joined g: its peers left it.
-    if (base_.store->add("slots/" + std::to_string(g) + "/" + rank, 1) != 1) continue;
+    while (base_.store->add("slots/" + std::to_string(g) + "/" + rank, 1) != 1)
+      if (++g >= first + kMaxGenerations)
+        GZ_THROW(Error, "Generations: rank ", base_.rank, " found no free slot in ", kMaxGenerations,
+                 " generations from ", first);
+    if (!await_members(g)) {
+      first = 0;  // placed in another group: its generations start at 0
+      if (moves >= kMaxGenerations) GZ_THROW(Error, "Generations: moved ", moves, " times without joining");
+      continue;
+    }
     CommOptions o = base_;
     o.store = std::make_shared<PrefixStore>("g" + std::to_string(g), base_.store);  // PrefixStore adds the /
     if (o.name.empty() && g > 0) o.name = "gen" + std::to_string(g);  // generation 0: as without
@@ -43,8 +57,50 @@ CommPtr Generations::join_from(int first) {
     generation_ = g;
     return c;
   }
-  GZ_THROW(Error, "Generations: rank ", base_.rank, " found no free slot in ", kMaxGenerations,
-           " generations from ", first);
+}
+
+bool Generations::await_members(int g) {
+  std::vector<std::string> slots;
+  for (int r = 0; r < base_.size; ++r)
+    slots.push_back("slots/" + std::to_string(g) + "/" + std::to_string(r));
+  const Deadline deadline = Deadline::after(base_.timeout);
+  auto pause = std::chrono::milliseconds(2);
+  for (;;) {
+    // A move first: the launcher ended this round, whoever is still awaited in it.
+    if (mover_) {
+      if (std::optional<Placement> p = mover_()) {
+        if (!p->store || p->rank < 0 || p->rank >= p->size)
+          GZ_THROW(Error, "Generations: invalid placement (rank ", p->rank, " of ", p->size, ")");
+        base_.rank = p->rank;
+        base_.size = p->size;
+        base_.store = std::move(p->store);
+        generation_ = -1;
+        return false;
+      }
+    }
+    if (base_.store->check(slots)) return true;
+    if (deadline.expired()) {
+      std::string missing;
+      for (int r = 0; r < base_.size; ++r)
+        if (!base_.store->check({slots[static_cast<size_t>(r)]}))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      GZ_THROW(TimeoutError, "rank ", base_.rank, ": generation ", g, " of the group: rank(s) ", missing,
+               " did not join within ", format_duration(base_.timeout),
+               " (lost and neither replaced nor moved to a new round by the launcher)");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
+Generations::Mover follow_moves(std::shared_ptr<RoundFollower> follower, const std::string& group,
+                                Duration timeout) {
+  return [follower = std::move(follower), group, timeout]() -> std::optional<Generations::Placement> {
+    std::optional<RoundMove> m = follower->poll();
+    if (!m) return std::nullopt;
+    auto run = follower->follow(*m, Deadline::after(timeout));
+    return Generations::Placement{m->rank, m->world_size, std::make_shared<PrefixStore>(group, run)};
+  };
 }
 
 }  // namespace gz::comm

@@ -421,6 +421,8 @@ void require_token(const std::string& host, int port, const std::string& token, 
            "torchrun pass the environment on), or GZ_RDZV_INSECURE=1 on a network you trust completely");
 }
 
+}  // namespace
+
 /// Every rank announces itself, the last one releases everyone. On timeout say who is missing.
 void meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string& where) {
   Stopwatch sw;
@@ -447,6 +449,8 @@ void meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string
              missing.empty() ? "" : " (missing ranks: " + missing + ")", "; store ", where, note);
   }
 }
+
+namespace {
 
 /// The etcd store named by `endpoints` (GZ_STORE_ENDPOINTS or an etcd:// init method) and the
 /// GZ_STORE_* variables; the rendezvous token is the etcd user's password. Throws what EtcdStore
@@ -608,7 +612,7 @@ Rendezvous rendezvous(const InitOptions& options, const Env& env) {
   std::string where;
   std::shared_ptr<Store> base = open_store(out, options, env, a, where);
   base->set_timeout(options.timeout);
-  auto store = std::make_shared<PrefixStore>("run/" + run_id, base);
+  auto store = std::make_shared<PrefixStore>(run_prefix(run_id), base);
   store->set_timeout(options.timeout);
   try {
     meet(*store, out.world, a.deadline, where);
@@ -618,6 +622,7 @@ Rendezvous rendezvous(const InitOptions& options, const Env& env) {
     throw;
   }
   out.store = store;
+  out.base = base;
   GZ_LOG(info, "rendezvous: rank ", out.world.rank, " of ", out.world.world_size, " via ", where,
          " (launcher ", out.world.launcher, ")");
   return out;

@@ -28,7 +28,9 @@ void init(comm::CommPtr group, int local_rank, int local_size) {
 
 void shutdown() {
   auto& st = pg_state();
+  std::shared_ptr<void> watcher;  // stopped outside the lock: its thread takes `mu`
   std::lock_guard<std::mutex> lock(st.mu);
+  watcher = std::move(st.watcher);
   st.group.reset();
   st.keep_alive.reset();
   st.generations.reset();

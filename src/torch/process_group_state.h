@@ -17,6 +17,7 @@ struct ProcessGroupState {
   comm::CommPtr group;
   std::shared_ptr<void> keep_alive;  // the Rendezvous (store + server) behind the group
   std::shared_ptr<comm::Generations> generations;  // set when regroup() may replace the group
+  std::shared_ptr<void> watcher;                   // polls gzrun's moves of the job (init.cpp); reads `group`
   int local_rank = 0;
   int local_size = 1;
 };

@@ -9,6 +9,8 @@
 #include "gz/core/error.h"
 #include "gz/store/mem_store.h"
 #include "gz/store/prefix_store.h"
+#include "gz/store/rendezvous.h"
+#include "gz/store/round_move.h"
 #include "support/run_ranks.h"
 
 namespace gz::test {
@@ -92,6 +94,80 @@ TEST_P(GenerationsTest, AReplacementArrivingFirstWaitsInTheNextGeneration) {
     }
     EXPECT_EQ(sum_of_ranks(*c), 3.f);
   });
+}
+
+// A node of two ranks (2 and 3) is lost; the launcher moves the job to a new round in which
+// the survivors swap ranks (old rank 0 is rank 1, old 1 is rank 0) and a returning node's fresh
+// process is rank 2. The survivors, waiting in generation 1 for ranks that never come, follow
+// the move; the fresh process meets them in the new run's rendezvous and generation 0.
+// Mutation check: a mover never consulted (await_members without it) times out here.
+TEST_P(GenerationsTest, SurvivorsOfALostNodeFollowTheLaunchersMove) {
+  constexpr int n = 4;
+  auto base = std::make_shared<MemStore>();
+  auto run_store = [&](const std::string& run) {
+    return std::make_shared<PrefixStore>(run_prefix(run), base);
+  };
+  auto group_options = [&](int rank, int size, const std::string& run) {
+    comm::CommOptions o = options(rank, size, base, GetParam());
+    o.store = std::make_shared<PrefixStore>("grp", run_store(run));
+    return o;
+  };
+  auto world = [](int rank, int size) {
+    WorldInfo w;
+    w.rank = rank;
+    w.world_size = size;
+    return w;
+  };
+  std::atomic<int> done{0};
+  run_ranks(n + 1, [&](int rank, std::shared_ptr<Store>) {
+    if (rank == n) {  // the launcher: moves the survivors once they wait, then the fresh process
+      std::this_thread::sleep_for(300ms);
+      for (int old : {0, 1}) {
+        RoundMove m{1, "job-1", 1 - old, 3, 0, 2, "node 1 lost"};
+        run_store("job-0")->set(round_move_key(old), to_bytes(encode_round_move(m)));
+      }
+      WorldInfo w = world(2, 3);
+      meet(*run_store("job-1"), w, Deadline::after(20s), "test");
+      comm::Generations fresh(group_options(2, 3, "job-1"));
+      comm::CommPtr c = fresh.join();
+      EXPECT_EQ(sum_of_ranks(*c), 6.f);
+      ++done;
+      return;
+    }
+    comm::Generations gens(group_options(rank, n, "job-0"));
+    auto follower = std::make_shared<RoundFollower>(base, "job-0", world(rank, n));
+    gens.set_mover(comm::follow_moves(follower, "grp", 20s));
+    comm::CommPtr c = gens.join();
+    EXPECT_EQ(sum_of_ranks(*c), 10.f);
+    if (rank >= 2) {  // the lost node
+      c->abort("node 1 was lost");
+      return;
+    }
+    float v = 1.f;
+    EXPECT_THROW(c->allreduce(&v, 1, DType::f32, comm::ReduceOp::sum), Error);
+    c = gens.rejoin(c, "lost node 1");
+    EXPECT_EQ(c->rank(), 1 - rank) << "the survivor did not take its new rank";
+    EXPECT_EQ(c->size(), 3);
+    EXPECT_EQ(gens.generation(), 0);
+    EXPECT_EQ(follower->run_id(), "job-1");
+    EXPECT_EQ(sum_of_ranks(*c), 6.f);
+    ++done;
+  });
+  EXPECT_EQ(done.load(), 3);
+}
+
+TEST(RoundMove, EncodesAndRefusesWhatIsNotAMove) {
+  RoundMove m{3, "4301.9f03c2a1-3", 5, 6, 2, 3, "node 1 (h1) lost: no heartbeat for 3.0 s"};
+  RoundMove back = decode_round_move(encode_round_move(m));
+  EXPECT_EQ(back.round, 3);
+  EXPECT_EQ(back.run_id, m.run_id);
+  EXPECT_EQ(back.rank, 5);
+  EXPECT_EQ(back.world_size, 6);
+  EXPECT_EQ(back.node_rank, 2);
+  EXPECT_EQ(back.num_nodes, 3);
+  EXPECT_EQ(back.why, m.why);
+  for (const char* bad : {"", "v2 1 r 0 1 0 1 x", "v1 1 r 1 1 0 1 x", "v1 1 r 0 1 1 1", "v1 x r 0 1 0 1"})
+    EXPECT_THROW(decode_round_move(bad), Error) << bad;
 }
 
 TEST(Generations, BadOptionsAreRefused) {

@@ -32,6 +32,17 @@
 #               local rank 1 and host 2's local rank 0 (its local rank 1 when host 2 is node 0: rank
 #               0 must survive to report). Each host's gzrun replaces its own worker; the 4 others
 #               keep their process and recover in place from both losses in one recovery.
+#     inplacenode  H hosts x 2 ranks (HOSTS, default 4), --nnodes H-1:H, gz-train (snapshots every
+#               step) under gzrun --recovery in-place: the last host is lost whole (gzrun and
+#               workers SIGKILLed, its /dev/shm wiped) mid-epoch. The other hosts' gzruns must move
+#               their workers to round 1 (2H-2 ranks) without stopping them: the survivors keep
+#               their pids, rank 0 recovers in place from the snapshot within the heartbeat timeout
+#               + 4 s of the kill (the rendezvous' 1 s join window included). Then the host comes
+#               back (empty /dev/shm): the survivors move again (round 2, 2H ranks), its fresh
+#               workers get the snapshot over the network. The job must finish with every gzrun
+#               exiting 0, at most 1 step redone per move, every epoch read exactly once across
+#               worlds 2H, 2H-2, 2H, and a final test accuracy within 0.005 of the uninterrupted
+#               run's (run first, as in inplace).
 # Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR. Exit 77 (skip) without namespaces.
 set -uo pipefail
 [ $# = 7 ] || { echo "usage: multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO" >&2; exit 2; }
@@ -41,15 +52,16 @@ for f in "$cluster" "$gzrun" "$worker" "$checker"; do [ -x "$f" ] || { echo "FAI
 
 hb=${HB:-3}
 log_level=warn
-case $scenario in snapshot|zero3|inplace|inplace2) log_level=info ;; esac  # the restores' and resumes' lines
+case $scenario in snapshot|zero3|inplace|inplace2|inplacenode) log_level=info ;; esac  # the restores' and resumes' lines
 bound_ms=$(((hb + 2) * 1000))
 port=29500
 case $scenario in
-  resize|snapshot|zero3|inplace|inplace2)
+  resize|snapshot|zero3|inplace|inplace2|inplacenode)
     [ -x "$gztrain" ] || { echo "SKIP: gz-train not built ($gztrain)"; exit 77; }
     [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
       { echo "SKIP: Fashion-MNIST not installed (dataset-fashion-mnist)"; exit 77; }
-    hosts=3 ;;
+    hosts=3
+    [ "$scenario" = inplacenode ] && hosts=${HOSTS:-4} ;;
   belowmin) hosts=2 ;;
   ghost) hosts=3 ;;
   *) echo "FAIL: unknown scenario '$scenario'"; exit 2 ;;
@@ -325,6 +337,96 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
     "by its host (no restart, no new round), the $((6 - ${#dead[@]})) others kept their process; rank 0: $recs" \
     "$recover_ms ms after the first kill was seen -> finished in $total_ms ms; test_accuracy $acc, uninterrupted" \
     "run's $ref_acc (${ref_ms} ms); $audit"
+  exit 0
+fi
+
+if [ "$scenario" = inplacenode ]; then
+  epochs=2 nproc=2 max_restarts=1 gzrun_args=(--recovery in-place) nnodes=$((hosts - 1)):$hosts
+  last=$((hosts - 1)) world=$((2 * hosts)) small=$((2 * hosts - 2))
+  all_hosts=$(seq 0 $last) kept_hosts=$(seq 0 $((last - 1)))
+  train_args() { echo --config "$config" --work_dir "$1" --num_epochs $epochs --snapshot_every 1 --save_steps 0 \
+    --resume_from_checkpoint auto --log_samples true; }
+  accuracy_of() {  # LOG_GLOB...: rank 0's final test accuracy of a full-world run
+    grep -h "final: test_accuracy=[0-9.]* .* world=$world " "$@" 2>/dev/null | tail -n 1 |
+      sed -n 's/.*final: test_accuracy=\([0-9.]*\) .*/\1/p'
+  }
+  # (0) The reference: the same job uninterrupted, on its own port, logs and work_dir.
+  read -r -a targs <<<"$(train_args "$dir/ref")"
+  program=("$gztrain" "${targs[@]}")
+  saved_port=$port port=$((port + 1)) log_prefix=ref_host
+  rks=()
+  for i in $all_hosts; do start_node $i; rks+=("$k"); done
+  for i in $all_hosts; do wait_for 180 "reference: host $i's gzrun to finish" test -f "$dir/rc_$i.${rks[$i]}"; done
+  for i in $all_hosts; do
+    [ "$(cat "$dir/rc_$i.${rks[$i]}")" = 0 ] || fail "reference: host $i's gzrun exited $(cat "$dir/rc_$i.${rks[$i]}")"
+  done
+  ref_acc=$(accuracy_of "$dir"/ref_host*.log)
+  [ -n "$ref_acc" ] || fail "reference: no final evaluation line of world $world"
+  port=$saved_port log_prefix=host
+
+  read -r -a targs <<<"$(train_args "$dir/work")"
+  program=("$gztrain" "${targs[@]}")
+  t_start=$(now_ns)
+  ks=()
+  for i in $all_hosts; do start_node $i; ks+=("$k"); done
+  for i in $all_hosts; do wait_for 60 "host $i in round 0 with $hosts nodes" in_log $i "elastic round 0: node . of $hosts"; done
+  wait_for 90 "round 0 to train 12 steps" rank0_steps 12
+  survivors=$(for i in $kept_hosts; do pgrep -P "$(cat "$dir/gzpid_$i.${ks[$i]}")"; done | tr '\n' ' ')
+  [ "$(echo $survivors | wc -w)" = $small ] || fail "expected $small workers on the hosts kept, found: $survivors"
+  victim=$(cat "$dir/gzpid_$last.${ks[$last]}")
+  # Host 2 is node 0 when it arrived first: rank 0 would be lost with it, and the survivors'
+  # recovery line comes from the new rank 0 (a survivor), which the checks below read alike.
+  t0=$(now_ns)
+  kill -9 "$victim" $(pgrep -P "$victim")
+  "${C[@]}" run $last sh -c 'rm -rf /dev/shm/gz-snapshots-*'  # the node is gone
+  for i in $kept_hosts; do
+    wait_for 30 "host $i to move to round 1 in place" in_log $i "elastic round 1: node . of $last"
+  done
+  wait_for 30 "the survivors to recover in place" any_log 'recovered in place at step'
+  recover_ms=$(ms_since "$t0")
+  line=$(grep -h 'recovered in place at step' "$dir"/host*.log | head -n 1)
+  echo "$line" | grep -q '(snapshot)' || fail "the survivors did not recover from a snapshot: $line"
+  bound=$(((hb + 4) * 1000))
+  [ "$recover_ms" -le "$bound" ] || fail "recovered $recover_ms ms after the kill (bound $bound ms): $line"
+  for i in $kept_hosts; do
+    in_log $i 'moving the local workers to the next round in place' || fail "host $i did not move its workers"
+    ! in_log $i 'restarting all\|stopping the local workers' ||
+      fail "host $i stopped its workers: $(grep -h 'restarting all\|stopping the local' "$dir/host$i.log")"
+  done
+  gone_ones=""
+  for p in $survivors; do kill -0 "$p" 2>/dev/null || gone_ones+=" $p"; done
+  [ -z "$gone_ones" ] || fail "survivor worker(s)$gone_ones are gone: they were stopped or died"
+  any_log "continues as rank [0-9]* of $small\$" || fail "no survivor took its rank in the $small-rank world"
+  # Round 1 trains on 4 ranks for a while, then host 2 comes back with an empty /dev/shm.
+  wait_for 60 "round 1 to train 5 steps" rank0_steps 5  # the newest session: round 1's
+  t1=$(now_ns)
+  start_node $last; kb=$k
+  for i in $all_hosts; do wait_for 30 "host $i in round 2 with $hosts nodes" in_log $i "elastic round 2: node . of $hosts"; done
+  wait_for 60 "the survivors to recover again (admission)" \
+    bash -c "[ \$(grep -h 'recovered in place at step' '$dir'/host*.log | wc -l) -ge 2 ]"
+  admit_ms=$(ms_since "$t1")
+  any_log 'restored the snapshot of step .* sent by rank' || fail "the returning node did not get the snapshot over the network"
+  for p in $survivors; do kill -0 "$p" 2>/dev/null || fail "survivor $p is gone after the admission"; done
+  ks[$last]=$kb
+  for i in $all_hosts; do wait_for 120 "host $i's gzrun to finish" test -f "$dir/rc_$i.${ks[$i]}"; done
+  total_ms=$(ms_since "$t_start")
+  for f in $(for i in $all_hosts; do echo "rc_$i.${ks[$i]}"; done); do
+    [ "$(cat "$dir/$f")" = 0 ] || fail "gzrun ($f) exited $(cat "$dir/$f")"
+  done
+  ! any_log 'restarting all' || fail "a job-wide restart: $(grep -h 'restarting all' "$dir"/host*.log)"
+  acc=$(accuracy_of "$dir"/host*.log)
+  [ -n "$acc" ] || fail "no final evaluation line of world $world"
+  awk -v a="$acc" -v b="$ref_acc" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.005) }' ||
+    fail "final test accuracy $acc, the uninterrupted run's $ref_acc: more than 0.005 apart"
+  audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size 4800 --epochs $epochs --worlds $world,$small,$world 2>&1) ||
+    fail "$audit"
+  redone=$(echo "$audit" | sed -n 's/.*; \([0-9]*\) step(s) run twice.*/\1/p')
+  [ -n "$redone" ] && [ "$redone" -le 2 ] || fail "${redone:-?} steps redone over 2 moves (at most 1 each): $audit"
+  recs=$(grep -h 'recovered in place at step' "$dir"/host*.log | sed 's/.*recovered in place/recovered/' | tr '\n' ';')
+  echo "PASS: inplacenode: $hosts hosts x 2 ranks, host $last lost whole: the $small survivors kept their process" \
+    "and continued as $small ranks $recover_ms ms after the kill (bound $bound ms); host $last back: admitted in place" \
+    "$admit_ms ms after its gzrun started; rank 0: $recs finished in $total_ms ms; test_accuracy $acc," \
+    "uninterrupted $ref_acc; $audit"
   exit 0
 fi
 

@@ -1,7 +1,12 @@
 // Unit tests of gzrun's pieces: option parsing, line splitting, worker environment, helpers.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
 
 #include "dump_collector.h"
 #include "gz/core/error.h"
@@ -417,4 +422,56 @@ TEST(GzrunWorkerBoard, ReplacementTakesItsRanksEntry) {
   EXPECT_FALSE(s.workers[1].first_failure);
   EXPECT_EQ(s.workers[1].replacement, 1);
   EXPECT_EQ(s.workers[0].pid, 100);
+}
+
+// A move in place: live workers' lines take their new rank, each keeps its log file, and a gone
+// worker's log never takes a moved one's number. Mutation check: relabel() remapping only the
+// pipes (logs_ keyed by the old ranks) sends the moved workers' lines to other files or none.
+TEST(GzrunOutputRelay, RelabelMovesLinesAndKeepsEachWorkersLog) {
+  int con[2], p4[2], p5[2];
+  ASSERT_EQ(::pipe(con), 0);
+  ASSERT_EQ(::pipe(p4), 0);
+  ASSERT_EQ(::pipe(p5), 0);
+  char tmpl[] = "/tmp/gz_relabel_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto log_fd = [&](int r) {
+    return ::open((dir + "/rank_" + std::to_string(r) + ".log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  };
+  auto read_file = [&](int r) {
+    std::string s, path = dir + "/rank_" + std::to_string(r) + ".log";
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      char buf[256];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+      std::fclose(f);
+    }
+    return s;
+  };
+  {
+    OutputRelay relay(con[1], con[1]);
+    relay.add_pipe(4, Stream::out, p4[0]);
+    relay.add_pipe(5, Stream::out, p5[0]);
+    relay.set_log(2, log_fd(2));  // a gone worker of rank 2 (another node's, say)
+    relay.set_log(4, log_fd(4));
+    relay.set_log(5, log_fd(5));
+    relay.relabel({{4, 2}, {5, 3}});
+    ASSERT_EQ(::write(p4[1], "a\n", 2), 2);
+    ASSERT_EQ(::write(p5[1], "b\n", 2), 2);
+    ::close(p4[1]);
+    ::close(p5[1]);
+    relay.drain_all();
+  }
+  ::close(con[1]);
+  std::string console;
+  char buf[256];
+  ssize_t n;
+  while ((n = ::read(con[0], buf, sizeof buf)) > 0) console.append(buf, static_cast<size_t>(n));
+  ::close(con[0]);
+  EXPECT_NE(console.find("[2] a\n"), std::string::npos) << console;
+  EXPECT_NE(console.find("[3] b\n"), std::string::npos) << console;
+  EXPECT_EQ(read_file(4), "a\n");  // each worker's lines stay in the file it started with
+  EXPECT_EQ(read_file(5), "b\n");
+  EXPECT_EQ(read_file(2), "");
+  std::filesystem::remove_all(dir);
 }

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -14,6 +15,8 @@
 #include "gz/core/error.h"
 #include "gz/store/mem_store.h"
 #include "gz/store/prefix_store.h"
+#include "gz/store/rendezvous.h"
+#include "gz/store/round_move.h"
 #include "gz/train/callback.h"
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
@@ -248,6 +251,91 @@ TEST(InPlaceRecovery, AReplacementLostDuringTheRecoveryIsOneMoreGeneration) {
   ASSERT_EQ(got.params.size(), want.params.size());
   for (size_t i = 0; i < want.params.size(); ++i)
     EXPECT_TRUE(torch::equal(got.params[i], want.params[i])) << "final parameter " << i << " differs";
+}
+
+// A "node" of two ranks (2 and 3 of 4) is lost as step 4 begins. The launcher moves the job to a
+// new round of 2 ranks in which the survivors swap ranks (old rank 0 is rank 1); they follow the
+// move as gz::init's group does (Generations + RoundFollower), restore the snapshot of step 4 on
+// the new world (elastic_batch keep_global: 2 ranks x 2 micro-batches) and finish. Every step
+// reads the uninterrupted 4-rank run's samples (all ranks together) and the final parameters are
+// the uninterrupted run's to 1e-5 (the sums are split differently). Mutation check: taking the
+// new group without adopting its rank and size (rank_/world_ unchanged) fails the first step after
+// the move (a collective or data-plan mismatch).
+TEST(InPlaceRecovery, SurvivorsOfALostNodeContinueOnTheNewWorld) {
+  LauncherEnv env;
+  TmpDir tmp;
+  constexpr int n = 4, kill_step = 4;
+  auto run = [&](const TrainConfig& c, bool lose_node, std::map<int64_t, std::vector<size_t>>& steps) {
+    std::vector<ModelPtr> nets;
+    for (int r = 0; r < n; ++r) {
+      torch::manual_seed(99);
+      nets.push_back(std::make_shared<gz::test::TinyNetImpl>());
+    }
+    auto base = std::make_shared<gz::MemStore>();
+    std::mutex mu;
+    std::vector<torch::Tensor> params;
+    std::map<int, int> recoveries;
+    Record record;  // shared: a step redone after the move overwrites the aborted attempt's entries
+    gz::test::run_ranks(n + 1, [&](int rank, std::shared_ptr<gz::Store>) {
+      if (rank == n) {  // the launcher: once the node is lost, move the survivors
+        if (!lose_node) return;
+        const auto old_run = std::make_shared<gz::PrefixStore>(gz::run_prefix("7100-0"), base);
+        old_run->wait({"lost"}, gz::Deadline::after(60s));
+        for (int old : {0, 1})
+          old_run->set(gz::round_move_key(old),
+                       gz::to_bytes(gz::encode_round_move({1, "7100-1", 1 - old, 2, 0, 1, "node 1 lost"})));
+        return;
+      }
+      gz::comm::CommOptions o;
+      o.backend = "shm";
+      o.rank = rank;
+      o.size = n;
+      o.store = std::make_shared<gz::PrefixStore>(
+          "grp", std::make_shared<gz::PrefixStore>(gz::run_prefix("7100-0"), base));
+      o.timeout = 30s;
+      o.node_id = "n0";
+      auto gens = std::make_shared<gz::comm::Generations>(o);
+      gz::WorldInfo w;
+      w.rank = rank;
+      w.world_size = n;
+      gens->set_mover(
+          gz::comm::follow_moves(std::make_shared<gz::RoundFollower>(base, "7100-0", w), "grp", 30s));
+      Trainer t(c, gens->join());
+      t.set_model(nets[static_cast<size_t>(rank)]);
+      t.set_regroup([gens](const std::string& why) { return gens->rejoin(nullptr, why); });
+      // The lost ranks die before recording the step they never finish.
+      if (lose_node && rank >= 2) t.add_callback(std::make_shared<KillAt>(kill_step));
+      t.add_callback(std::shared_ptr<Record>(&record, [](Record*) {}));
+      try {
+        t.train();
+      } catch (const Killed&) {
+        gz::PrefixStore(gz::run_prefix("7100-0"), base).set("lost", gz::to_bytes("1"));
+        return;  // the node is gone: no replacement
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      recoveries[t.rank()] = t.recoveries();
+      EXPECT_EQ(t.world_size(), lose_node ? 2 : n);
+      if (t.rank() == 0)
+        for (auto& p : t.model()->parameters()) params.push_back(p.detach().clone());
+    });
+    if (lose_node) EXPECT_EQ(recoveries, (std::map<int, int>{{0, 1}, {1, 1}}));
+    for (auto& [step, ranks] : record.samples) {  // a step's samples, all ranks together
+      for (auto& [r, mine] : ranks) steps[step].insert(steps[step].end(), mine.begin(), mine.end());
+      std::sort(steps[step].begin(), steps[step].end());
+    }
+    return params;
+  };
+  TrainConfig ref = config(tmp.path / "ref"), job = config(tmp.path / "job");
+  ref.elastic_batch = job.elastic_batch = "keep_global";
+  std::map<int64_t, std::vector<size_t>> want_steps, got_steps;
+  const auto want = run(ref, false, want_steps);
+  const auto got = run(job, true, got_steps);
+  for (auto& [step, samples] : got_steps)
+    EXPECT_EQ(samples, want_steps[step]) << "step " << step << " read other samples";
+  EXPECT_EQ(got_steps.size(), want_steps.size());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-5, 1e-5)) << "final parameter " << i << " differs";
 }
 
 TEST(InPlaceRecovery, AConfigWithoutSnapshotsIsRefusedClearly) {

@@ -183,6 +183,21 @@ void OutputRelay::note_in_logs(const std::string& line) {
   for (auto& [rank, fd] : logs_) write_all(fd, out.data(), out.size());
 }
 
+void OutputRelay::relabel(const std::map<int, int>& new_rank) {
+  auto mapped = [&](int r) {
+    auto it = new_rank.find(r);
+    return it == new_rank.end() ? r : it->second;
+  };
+  for (auto& [fd, p] : pipes_) p.rank = mapped(p.rank);
+  // The moved ranks' files first: a rank left unmoved (its worker gone) yields its number.
+  std::map<int, int> logs;
+  for (auto& [rank, fd] : logs_)
+    if (new_rank.count(rank)) logs[new_rank.at(rank)] = fd;
+  for (auto& [rank, fd] : logs_)
+    if (!new_rank.count(rank) && !logs.emplace(rank, fd).second) ::close(fd);
+  logs_ = std::move(logs);
+}
+
 void OutputRelay::note_in_log(int rank, const std::string& line) {
   auto it = logs_.find(rank);
   if (it == logs_.end()) return;

@@ -62,6 +62,9 @@ class OutputRelay {
   void note_in_logs(const std::string& line);
   /// @brief Write a gzrun message line into `rank`'s log file (when it has one).
   void note_in_log(int rank, const std::string& line);
+  /// @brief Live workers took new ranks (gzrun moved the job in place): their lines carry the
+  /// new rank; each keeps its log file. Ranks missing from `new_rank` keep theirs.
+  void relabel(const std::map<int, int>& new_rank);
 
  private:
   struct Pipe {

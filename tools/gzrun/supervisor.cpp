@@ -13,6 +13,8 @@
 #include <numeric>
 
 #include "gz/core/error.h"
+#include "gz/store/rendezvous.h"
+#include "gz/store/round_move.h"
 #include "gz/store/store.h"
 #include "verdict_report.h"
 #include "worker_env.h"
@@ -72,6 +74,12 @@ int Supervisor::run_rounds() {
     job_failure_seen_ = false;
     if (mon) mon->start_round(r.round, r.node_rank, r.nnodes);
     Outcome out = run_attempt();
+    r = round_;             // a move in place may have taken this node to a later round
+    if (!fatal_.empty()) {  // the move ended the round already (JobMonitor::end_round)
+      say("giving up: " + fatal_);
+      end_job(fatal_, false);
+      return 1;
+    }
     if (out == Outcome::success) {
       SupervisorConfig::Finish f = SupervisorConfig::Finish::done;
       if (c_.after_success) {
@@ -186,6 +194,13 @@ void Supervisor::on_job_failure() {
   JobFailure f = c_.monitor->failure();
   if (!f.failed()) return;
   job_failure_seen_ = true;
+  if (can_move_in_place(f)) {
+    say((f.kind == JobFailure::Kind::admit ? "round " + std::to_string(round_.round) + " ends: "
+                                           : "job failure in round " + std::to_string(round_.round) + ": ") +
+        f.text + "; moving the local workers to the next round in place");
+    move_pending_ = true;
+    return;
+  }
   if (f.kind != JobFailure::Kind::admit) collect_for_verdict();
   if (f.kind == JobFailure::Kind::admit)
     say("round " + std::to_string(round_.round) + " ends: " + f.text);
@@ -216,7 +231,80 @@ void Supervisor::open_logs() {
   if (attempt > 0) relay_.note_in_logs("[gzrun] restart " + std::to_string(attempt));
 }
 
-void Supervisor::start_workers() {
+bool Supervisor::can_move_in_place(const JobFailure& f) const {
+  using K = JobFailure::Kind;
+  if (!o_.in_place() || !o_.elastic || stopping_ || !failure_.empty() || all_reaped()) return false;
+  // A worker that finished means the job is ending; this node declared lost restarts its own.
+  if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& x) {
+        return !x.alive && WIFEXITED(x.status) && WEXITSTATUS(x.status) == 0;
+      }))
+    return false;
+  if (f.kind == K::admit) return true;
+  return f.kind == K::node_lost && f.node != round_.node_rank && round_.restarts < o_.max_restarts;
+}
+
+void Supervisor::move_in_place() {
+  move_pending_ = false;
+  const JobFailure jf = c_.monitor->failure();
+  std::string why;
+  try {
+    if (c_.cannot_continue) why = c_.cannot_continue(round_, jf);
+  } catch (const std::exception& e) {
+    why = std::string("cannot read the job's membership from the store: ") + e.what();
+  }
+  if (!why.empty()) {  // the normal path stops the workers and gives up with this reason
+    failure_ = jf.text;
+    collect_for_verdict();
+    begin_stop(SIGTERM);
+    return;
+  }
+  const RoundInfo old = round_;
+  RoundInfo next;
+  try {
+    c_.monitor->end_round();
+    next = c_.begin_round(c_.next_round(old, jf), [this] { return poll_interrupt(); });
+    if (next.job_done) GZ_THROW(Error, "the job ended while this node joined round ", old.round + 1);
+    // Each live worker's place in the new round: its gz group follows it (gz/store/round_move.h).
+    auto store = c_.store_client();
+    for (Worker& w : workers_) {
+      if (!w.alive) continue;
+      RoundMove m{next.round,
+                  next.run_id,
+                  next.node_rank * o_.nproc_per_node + w.local_rank,
+                  next.nnodes * o_.nproc_per_node,
+                  next.node_rank,
+                  next.nnodes,
+                  jf.text};
+      store->set(run_prefix(old.run_id) + "/" + round_move_key(w.rank), to_bytes(encode_round_move(m)));
+    }
+  } catch (const std::exception& e) {
+    fatal_ = std::string("cannot move the workers to the next round in place: ") + e.what();
+    failure_ = fatal_;
+    begin_stop(SIGTERM);
+    return;
+  }
+  round_ = next;
+  job_failure_seen_ = false;
+  c_.monitor->start_round(next.round, next.node_rank, next.nnodes);
+  enter_round();
+  std::map<int, int> moved;
+  for (Worker& w : workers_) {
+    const int rank = next.node_rank * o_.nproc_per_node + w.local_rank;
+    if (w.alive) moved[w.rank] = rank;
+    w.rank = rank;
+    if (w.alive) board_.add(WorkerView{rank, w.local_rank, w.pid, true, 0, false, false, 0});
+  }
+  relay_.relabel(moved);
+  replacements_.assign(static_cast<size_t>(o_.nproc_per_node), 0);
+  say("round " + std::to_string(next.round) + ": node " + std::to_string(next.node_rank) + " of " +
+      std::to_string(next.nnodes) + "; the local workers keep running as ranks " +
+      std::to_string(next.node_rank * o_.nproc_per_node) + "-" +
+      std::to_string((next.node_rank + 1) * o_.nproc_per_node - 1) + " (were " +
+      std::to_string(old.node_rank * o_.nproc_per_node) + "-" +
+      std::to_string((old.node_rank + 1) * o_.nproc_per_node - 1) + ")");
+}
+
+void Supervisor::enter_round() {
   attempt_ = AttemptInfo{};
   attempt_.attempt = round_.round;
   attempt_.run_id = round_.run_id;
@@ -230,6 +318,10 @@ void Supervisor::start_workers() {
                      round_.node_rank, round_.nnodes, round_.round);
   collected_ = false;
   report_.clear();
+}
+
+void Supervisor::start_workers() {
+  enter_round();
   for (int lr = 0; lr < o_.nproc_per_node; ++lr)
     if (!start_worker(lr, 0)) return;
 }
@@ -401,6 +493,7 @@ void Supervisor::on_signal(int sig) {
 Supervisor::Outcome Supervisor::run_attempt() {
   stopping_ = false;
   escalated_ = false;
+  move_pending_ = false;
   failure_.clear();
   workers_.clear();
   replacements_.assign(static_cast<size_t>(o_.nproc_per_node), 0);
@@ -440,6 +533,7 @@ Supervisor::Outcome Supervisor::run_attempt() {
         if (fds[i].revents) relay_.on_ready(fds[i]);
     }
     reap();
+    if (move_pending_) move_in_place();
     if (stopping_ && !escalated_ && Clock::now() >= kill_at_ && !all_reaped()) {
       for (const Worker& w : workers_)
         if (w.alive)

@@ -133,8 +133,19 @@ class Supervisor {
   int replaced() const;
   /// @brief Publish a failure of this node to the other nodes (multi-node only).
   void publish_local(int kind, const std::string& what);
-  /// @brief The job monitor learnt of a failure: report it and stop the local workers.
+  /// @brief The job monitor learnt of a failure: report it and stop the local workers (or,
+  /// --recovery in-place of an elastic job, move them to the next round: move_in_place()).
   void on_job_failure();
+  /// @brief Whether `f` (another node lost, or a node waiting for admission) is left by moving
+  /// the live local workers to the next round instead of stopping them.
+  bool can_move_in_place(const JobFailure& f) const;
+  /// @brief Join the next round and tell each live worker its new rank there (RoundMove in the
+  /// store); the workers keep running. Falls back to stopping them when the job cannot go on.
+  void move_in_place();
+  /// @brief This round's facts for the workers' environment (attempt_) and the board.
+  void enter_round();
+  bool move_pending_ = false;
+  std::string fatal_;  ///< a move failed for good: gzrun exits 1 with this reason
 
   // Flight-recorder verdict (dump_collector.h, verdict_report.h): before the workers are stopped,
   // ask them for dumps and send this node's report to the store (in the background); after the

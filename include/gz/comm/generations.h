@@ -3,10 +3,13 @@
 // each generation under its own store prefix, with unchanged ranks and size.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gz/comm/factory.h"
+#include "gz/store/round_move.h"
 
 namespace gz::comm {
 
@@ -17,9 +20,20 @@ namespace gz::comm {
 /// that this rank's predecessor (a process now lost) joined g, so the rank tries g + 1. A fresh
 /// process (the first start or a replacement) therefore joins the lowest generation its rank has
 /// not joined yet, and survivors the one after their own: they meet there without any other
-/// coordination. Ranks and size never change (a lost node is the launcher's restart path).
+/// coordination. Ranks and size change only when a mover (set_mover) places this process in
+/// another group: the launcher moved the job to a new round (a node lost or admitted).
 class Generations {
  public:
+  /// @brief This process's place after the launcher moved the job: rank, size and the new
+  /// group's store (its generations start again at 0).
+  struct Placement {
+    int rank = 0;
+    int size = 1;
+    std::shared_ptr<Store> store;
+  };
+  /// @brief Polled while a generation's members are awaited; a placement ends the wait there.
+  using Mover = std::function<std::optional<Placement>()>;
+
   /// @brief `base.store` is the group's store; every member passes the same one, and each
   /// generation's communicator is built from `base` on a prefix of it.
   explicit Generations(CommOptions base);
@@ -32,12 +46,23 @@ class Generations {
   CommPtr rejoin(const CommPtr& old, const std::string& why);
   /// @brief The generation of the last communicator returned (-1 before join()).
   int generation() const { return generation_; }
+  /// @brief Set before join(): where to look for a move while members are awaited.
+  void set_mover(Mover mover) { mover_ = std::move(mover); }
 
  private:
   CommPtr join_from(int first);
+  /// @brief True when every rank claimed its slot in generation g; false when the mover placed
+  /// this process elsewhere (base_ is the new group then). Throws TimeoutError at the timeout.
+  bool await_members(int g);
 
   CommOptions base_;
+  Mover mover_;
   int generation_ = -1;
 };
+
+/// @brief A mover that follows the launcher's moves of the job (RoundFollower): the group's
+/// store in the new run is `group` under the run's keys (as gz::init builds it in the first).
+Generations::Mover follow_moves(std::shared_ptr<RoundFollower> follower, const std::string& group,
+                                Duration timeout);
 
 }  // namespace gz::comm

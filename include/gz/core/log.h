@@ -13,6 +13,9 @@ enum class LogLevel { debug = 0, info = 1, warn = 2, error = 3 };
 LogLevel log_level();
 /// @brief Write one line atomically to stderr: "[gz <level> r<rank>] message".
 void log_line(LogLevel level, const std::string& message);
+/// @brief The rank this process's lines carry from now on (they carry $RANK until then): a worker
+/// that gzrun moved to a new round in place has another rank than its environment says.
+void set_log_rank(int rank);
 
 }  // namespace gz
 

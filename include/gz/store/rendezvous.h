@@ -62,9 +62,17 @@ struct InitOptions {
 /// process hosts it (keep the Rendezvous alive as long as the store is used).
 struct Rendezvous {
   WorldInfo world;
-  std::shared_ptr<Store> store;
+  std::shared_ptr<Store> store;  ///< the run's keys: `base` under run_prefix(GZ_RUN_ID)
+  std::shared_ptr<Store> base;   ///< the job's store itself (a later round's run is under it)
   std::shared_ptr<TcpStoreServer> server;
 };
+
+/// @brief The prefix of one run's keys (a launch or gzrun round: GZ_RUN_ID) in the job's store.
+inline std::string run_prefix(const std::string& run_id) { return "run/" + run_id; }
+
+/// @brief Collective over `run_store` (a run's keys): every rank of `w` announces itself and
+/// waits for all. Throws gz::TimeoutError at `deadline` naming the missing ranks and `where`.
+void meet(Store& run_store, const WorldInfo& w, Deadline deadline, const std::string& where);
 
 /// @brief Connect to (or host) the job's store. Collective: every rank calls it.
 Rendezvous rendezvous(const InitOptions& options, const Env& env);

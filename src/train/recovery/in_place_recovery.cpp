@@ -109,10 +109,14 @@ void Trainer::rejoin_and_restore(const std::string& why) {
     GZ_LOG(warn, "rank ", rank_, ": the last snapshot's write failed (", e.what(), ")");
   }
   comm::CommPtr fresh = impl_->regroup(why);
-  if (!fresh || fresh->rank() != rank_ || fresh->size() != world_)
-    GZ_THROW(Error, "in-place recovery: the new group has rank ", fresh ? fresh->rank() : -1, " of ",
-             fresh ? fresh->size() : 0, ", this rank was ", rank_, " of ", world_,
-             " (ranks must not change)");
+  if (!fresh) GZ_THROW(Error, "in-place recovery: the regroup returned no group");
+  if (fresh->rank() != rank_ || fresh->size() != world_) {
+    // The launcher moved the job to a new round (a node lost or admitted): the restore below
+    // re-plans the batches for the new world (elastic_batch), as a restarted worker's would.
+    GZ_LOG(warn, "rank ", rank_, " of ", world_, " continues as rank ", fresh->rank(), " of ", fresh->size());
+    rank_ = fresh->rank();
+    world_ = fresh->size();
+  }
   group_ = std::move(fresh);
   // From here on what a replacement's train() runs: the strategy (rank 0's parameters), then
   // the restore, the session and the callbacks' on_train_begin (collective ones included).

@@ -1,0 +1,86 @@
+// The move notice between gzrun and its live workers, and a worker following it.
+#include "gz/store/round_move.h"
+
+#include <sstream>
+
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/store/prefix_store.h"
+
+namespace gz {
+
+std::string round_move_key(int rank) { return "moved/" + std::to_string(rank); }
+
+std::string encode_round_move(const RoundMove& m) {
+  // The run id never holds a space (gzrun's "<pid>.<hex>-<round>"); the reason goes last.
+  std::ostringstream os;
+  os << "v1 " << m.round << ' ' << m.run_id << ' ' << m.rank << ' ' << m.world_size << ' ' << m.node_rank
+     << ' ' << m.num_nodes << ' ' << m.why;
+  return os.str();
+}
+
+RoundMove decode_round_move(const std::string& text) {
+  std::istringstream is(text);
+  std::string version;
+  RoundMove m;
+  is >> version >> m.round >> m.run_id >> m.rank >> m.world_size >> m.node_rank >> m.num_nodes;
+  if (!is || version != "v1" || m.run_id.empty() || m.world_size < 1 || m.rank < 0 ||
+      m.rank >= m.world_size || m.num_nodes < 1 || m.node_rank < 0 || m.node_rank >= m.num_nodes)
+    GZ_THROW(Error, "not a round move from gzrun: '", text.substr(0, 200), "'");
+  std::getline(is >> std::ws, m.why);
+  return m;
+}
+
+RoundFollower::RoundFollower(std::shared_ptr<Store> base, std::string run_id, WorldInfo world)
+    : base_(std::move(base)), run_id_(std::move(run_id)), world_(std::move(world)) {
+  if (!base_) GZ_THROW(InvalidArgument, "RoundFollower: no store");
+  run_ = std::make_shared<PrefixStore>(run_prefix(run_id_), base_);
+}
+
+std::optional<RoundMove> RoundFollower::poll() {
+  std::shared_ptr<Store> run;
+  int rank = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    run = run_;
+    rank = world_.rank;
+  }
+  const std::string key = round_move_key(rank);
+  if (!run->check({key})) return std::nullopt;
+  return decode_round_move(to_string(run->get(key)));
+}
+
+std::shared_ptr<Store> RoundFollower::follow(const RoundMove& m, Deadline deadline) {
+  auto run = std::make_shared<PrefixStore>(run_prefix(m.run_id), base_);
+  WorldInfo w;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    w = world_;
+  }
+  const int old_rank = w.rank;
+  const std::string old_run = run_id();
+  w.rank = m.rank;
+  w.world_size = m.world_size;
+  w.node_rank = m.node_rank;
+  w.num_nodes = m.num_nodes;
+  GZ_LOG(info, "rank ", old_rank, " of run ", old_run, " continues as rank ", m.rank, " of ", m.world_size,
+         " in run ", m.run_id, " (round ", m.round, ")");
+  meet(*run, w, deadline, "run " + m.run_id);
+  std::lock_guard<std::mutex> lock(mu_);
+  run_id_ = m.run_id;
+  world_ = w;
+  run_ = run;
+  return run;
+}
+
+std::string RoundFollower::run_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return run_id_;
+}
+
+int RoundFollower::rank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return world_.rank;
+}
+
+}  // namespace gz
