@@ -37,6 +37,13 @@ CommPtr Generations::rejoin(const CommPtr& old, const std::string& why) {
 
 CommPtr Generations::join_from(int first) {
   for (int moves = 0;; ++moves) {
+    // A move already written is followed before claiming anything here: a rank that claimed a
+    // slot and then left for the new round could complete this generation for peers that would
+    // then wait in it for ranks that never come.
+    if (moved()) {
+      first = 0;
+      continue;
+    }
     const std::string rank = std::to_string(base_.rank);
     int g = first;
     // 1 = the slot is ours; more = a lost predecessor of this rank joined g: its peers left it.
@@ -59,6 +66,19 @@ CommPtr Generations::join_from(int first) {
   }
 }
 
+bool Generations::moved() {
+  if (!mover_) return false;
+  std::optional<Placement> p = mover_();
+  if (!p) return false;
+  if (!p->store || p->rank < 0 || p->rank >= p->size)
+    GZ_THROW(Error, "Generations: invalid placement (rank ", p->rank, " of ", p->size, ")");
+  base_.rank = p->rank;
+  base_.size = p->size;
+  base_.store = std::move(p->store);
+  generation_ = -1;
+  return true;
+}
+
 bool Generations::await_members(int g) {
   std::vector<std::string> slots;
   for (int r = 0; r < base_.size; ++r)
@@ -67,17 +87,7 @@ bool Generations::await_members(int g) {
   auto pause = std::chrono::milliseconds(2);
   for (;;) {
     // A move first: the launcher ended this round, whoever is still awaited in it.
-    if (mover_) {
-      if (std::optional<Placement> p = mover_()) {
-        if (!p->store || p->rank < 0 || p->rank >= p->size)
-          GZ_THROW(Error, "Generations: invalid placement (rank ", p->rank, " of ", p->size, ")");
-        base_.rank = p->rank;
-        base_.size = p->size;
-        base_.store = std::move(p->store);
-        generation_ = -1;
-        return false;
-      }
-    }
+    if (moved()) return false;
     if (base_.store->check(slots)) return true;
     if (deadline.expired()) {
       std::string missing;

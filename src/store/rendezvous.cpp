@@ -426,8 +426,11 @@ void require_token(const std::string& host, int port, const std::string& token, 
 /// Every rank announces itself, the last one releases everyone. On timeout say who is missing.
 void meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string& where) {
   Stopwatch sw;
-  store.set("rdzv/rank/" + std::to_string(w.rank), to_bytes("1"));
-  if (store.add("rdzv/arrived", 1) == w.world_size) store.set("rdzv/done", to_bytes("1"));
+  // A rank counts once: a retried meet (a worker following gzrun's move again after a peer was
+  // lost) or a replacement of a rank must not release the others before everyone is there.
+  if (store.add("rdzv/rank/" + std::to_string(w.rank), 1) == 1 &&
+      store.add("rdzv/arrived", 1) == w.world_size)
+    store.set("rdzv/done", to_bytes("1"));
   try {
     store.wait({"rdzv/done"}, deadline);
   } catch (const TimeoutError&) {

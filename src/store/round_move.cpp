@@ -65,7 +65,7 @@ std::shared_ptr<Store> RoundFollower::follow(const RoundMove& m, Deadline deadli
   w.num_nodes = m.num_nodes;
   GZ_LOG(info, "rank ", old_rank, " of run ", old_run, " continues as rank ", m.rank, " of ", m.world_size,
          " in run ", m.run_id, " (round ", m.round, ")");
-  meet(*run, w, deadline, "run " + m.run_id);
+  meet(*run, w, deadline, "run " + m.run_id);  // counts this rank once, also when retried
   std::lock_guard<std::mutex> lock(mu_);
   run_id_ = m.run_id;
   world_ = w;

@@ -581,15 +581,22 @@ std::map<std::string, double> Trainer::train() {
   // However train() ends, no copy reads the live state after it: the caller may change it.
   const AtExit copies_finished([this] { finish_state_copies(); });
   impl_->clock.reset();
-  begin_training();
-  while (state_.step < state_.total_steps && !state_.should_stop) {
+  try {
+    begin_training();
+  } catch (const std::exception& e) {
+    // A peer lost while this process starts (a replacement meeting survivors that are lost in
+    // turn): the same recovery, which runs begin_training() again with the new group.
+    if (!recover_in_place(e)) throw;
+  }
+  for (bool evaluated = false; !evaluated;) {
     try {
-      train_epoch();
+      while (state_.step < state_.total_steps && !state_.should_stop) train_epoch();
+      if (impl_->last_eval_step != state_.step) run_eval();  // the final evaluation is collective too
+      evaluated = true;
     } catch (const std::exception& e) {
       if (!recover_in_place(e)) throw;
     }
   }
-  if (impl_->last_eval_step != state_.step) run_eval();
   for_each_callback([&](Callback& cb) { cb.on_train_end(*this); });
   finish_state_copies();       // counted in the checkpoints' and snapshots' time logged below
   finish_checkpoint_writes();  // the last checkpoint is on disk when train() returns

@@ -156,6 +156,57 @@ TEST_P(GenerationsTest, SurvivorsOfALostNodeFollowTheLaunchersMove) {
   EXPECT_EQ(done.load(), 3);
 }
 
+// An admission: nothing failed, the launcher wrote rank 0's move first (its gzrun was quicker)
+// and rank 0 left the old group; rank 1, failing on the abort, rejoins before its own move is
+// written. Rank 0 must not claim a slot of the old group on its way out, or rank 1 would find
+// that generation complete and wait in it for a rank 0 that never comes (a timeout). Mutation
+// check: claiming the slot before consulting the mover times this test out.
+TEST_P(GenerationsTest, ARankThatMovedNeverCompletesTheOldGeneration) {
+  auto base = std::make_shared<MemStore>();
+  auto run_store = [&](const std::string& run) {
+    return std::make_shared<PrefixStore>(run_prefix(run), base);
+  };
+  auto move = [&](int rank) {
+    RoundMove m{1, "job-1", rank, 3, 0, 2, "node admitted"};
+    run_store("job-0")->set(round_move_key(rank), to_bytes(encode_round_move(m)));
+  };
+  std::atomic<int> done{0};
+  run_ranks(3, [&](int rank, std::shared_ptr<Store>) {
+    if (rank == 2) {  // the admitted node's fresh process, and the launchers
+      move(0);
+      std::this_thread::sleep_for(500ms);
+      move(1);
+      WorldInfo w;
+      w.rank = 2;
+      w.world_size = 3;
+      meet(*run_store("job-1"), w, Deadline::after(20s), "test");
+      comm::CommOptions o = options(2, 3, base, GetParam());
+      o.store = std::make_shared<PrefixStore>("grp", run_store("job-1"));
+      comm::Generations fresh(o);
+      EXPECT_EQ(sum_of_ranks(*fresh.join()), 6.f);
+      ++done;
+      return;
+    }
+    comm::CommOptions o = options(rank, 2, base, GetParam());
+    o.store = std::make_shared<PrefixStore>("grp", run_store("job-0"));
+    o.timeout = 10s;
+    comm::Generations gens(o);
+    WorldInfo w;
+    w.rank = rank;
+    w.world_size = 2;
+    comm::CommPtr c = gens.join();  // before any move: generation 0 of the old run
+    auto follower = std::make_shared<RoundFollower>(base, "job-0", w);
+    gens.set_mover(comm::follow_moves(follower, "grp", 20s));
+    // Rank 0 rejoins at once (its move is there); rank 1 after rank 0 left.
+    if (rank == 1) std::this_thread::sleep_for(200ms);
+    c = gens.rejoin(c, "the launcher moved the job");
+    EXPECT_EQ(c->size(), 3);
+    EXPECT_EQ(sum_of_ranks(*c), 6.f);
+    ++done;
+  });
+  EXPECT_EQ(done.load(), 3);
+}
+
 TEST(RoundMove, EncodesAndRefusesWhatIsNotAMove) {
   RoundMove m{3, "4301.9f03c2a1-3", 5, 6, 2, 3, "node 1 (h1) lost: no heartbeat for 3.0 s"};
   RoundMove back = decode_round_move(encode_round_move(m));

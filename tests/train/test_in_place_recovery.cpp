@@ -83,11 +83,11 @@ struct Killed : std::runtime_error {
   Killed() : std::runtime_error("killed") {}
 };
 struct KillAt : Callback {
-  // `step` < 0: as its train() begins (after the restore's collectives: a replacement lost while
-  // the others are still recovering).
+  // `step` < 0: as its train() begins for the -step-th time (after the restore's collectives: -1,
+  // a replacement lost while the others are still recovering; -2, a survivor lost in its recovery).
   explicit KillAt(int64_t s) : step(s) {}
   void on_train_begin(Trainer& t) override {
-    if (step < 0) die(t);
+    if (step < 0 && ++begins == -step) die(t);
   }
   void on_step_begin(Trainer& t) override {
     if (t.state().step == step) die(t);
@@ -97,6 +97,7 @@ struct KillAt : Callback {
     throw Killed();
   }
   int64_t step;
+  int64_t begins = 0;
 };
 
 struct LauncherEnv {
@@ -118,9 +119,9 @@ struct Result {
 // One job of kWorld ranks; with `kill_rank` >= 0 that rank is lost as `kill_step` begins and
 // replaced; with `replacement_dies` its first replacement is lost too, while the others recover.
 Result run_job(const TrainConfig& c, Record& record, int kill_rank, int64_t kill_step,
-               bool replacement_dies = false) {
+               bool replacement_dies = false, int lost_in_recovery = -1) {
   std::vector<ModelPtr> nets;  // built here: the global generator is shared by the threads
-  for (int r = 0; r < kWorld + 2; ++r) {
+  for (int r = 0; r < 3 * kWorld; ++r) {  // a model per rank and incarnation (two replacements each)
     torch::manual_seed(99);
     nets.push_back(std::make_shared<gz::test::TinyNetImpl>());
   }
@@ -149,14 +150,17 @@ Result run_job(const TrainConfig& c, Record& record, int kill_rank, int64_t kill
   };
   gz::test::run_ranks(kWorld, [&](int rank, std::shared_ptr<gz::Store>) {
     try {
-      incarnation(rank, nets[static_cast<size_t>(rank)],
-                  rank == kill_rank ? std::optional<int64_t>(kill_step) : std::nullopt);
+      std::optional<int64_t> doomed;
+      if (rank == kill_rank) doomed = kill_step;
+      if (rank == lost_in_recovery) doomed = -2;
+      incarnation(rank, nets[static_cast<size_t>(rank)], doomed);
     } catch (const Killed&) {
       // gzrun's replacement: a fresh model, the same rank.
       try {
-        incarnation(rank, nets[kWorld], replacement_dies ? std::optional<int64_t>(-1) : std::nullopt);
+        incarnation(rank, nets[static_cast<size_t>(kWorld + rank)],
+                    replacement_dies ? std::optional<int64_t>(-1) : std::nullopt);
       } catch (const Killed&) {
-        incarnation(rank, nets[kWorld + 1], std::nullopt);
+        incarnation(rank, nets[static_cast<size_t>(2 * kWorld + rank)], std::nullopt);
       }
     }
   });
@@ -336,6 +340,26 @@ TEST(InPlaceRecovery, SurvivorsOfALostNodeContinueOnTheNewWorld) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-5, 1e-5)) << "final parameter " << i << " differs";
+}
+
+// Rank 1 is lost at step 6; while its replacement runs its first begin_training() (the restore),
+// survivor rank 2 is lost in its recovery. The replacement, which has not begun training, recovers
+// in place like the survivors instead of dying; rank 2's replacement meets them a generation later.
+// Mutation check: train() without recovery around its first begin_training() ends the replacement
+// with gz::Aborted (a lost peer it does not recover from).
+TEST(InPlaceRecovery, AReplacementStartingWhenAnotherPeerIsLostRecoversToo) {
+  LauncherEnv env;
+  TmpDir tmp;
+  Record reference, recovered;
+  const Result want = run_job(config(tmp.path / "ref"), reference, -1, 0);
+  const Result got = run_job(config(tmp.path / "job"), recovered, 1, 6, false, 2);
+  EXPECT_EQ(got.recoveries.at(0), 1);
+  EXPECT_EQ(got.recoveries.at(1), 1);  // the replacement's
+  for (auto& [step, ranks] : recovered.samples)
+    EXPECT_EQ(ranks, reference.samples[step]) << "step " << step << " read other samples";
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < want.params.size(); ++i)
+    EXPECT_TRUE(torch::equal(got.params[i], want.params[i])) << "final parameter " << i << " differs";
 }
 
 TEST(InPlaceRecovery, AConfigWithoutSnapshotsIsRefusedClearly) {

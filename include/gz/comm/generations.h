@@ -54,6 +54,8 @@ class Generations {
   /// @brief True when every rank claimed its slot in generation g; false when the mover placed
   /// this process elsewhere (base_ is the new group then). Throws TimeoutError at the timeout.
   bool await_members(int g);
+  /// @brief True when the mover placed this process elsewhere (base_ is the new group then).
+  bool moved();
 
   CommOptions base_;
   Mover mover_;

@@ -70,8 +70,9 @@ struct Rendezvous {
 /// @brief The prefix of one run's keys (a launch or gzrun round: GZ_RUN_ID) in the job's store.
 inline std::string run_prefix(const std::string& run_id) { return "run/" + run_id; }
 
-/// @brief Collective over `run_store` (a run's keys): every rank of `w` announces itself and
-/// waits for all. Throws gz::TimeoutError at `deadline` naming the missing ranks and `where`.
+/// @brief Collective over `run_store` (a run's keys): every rank of `w` announces itself (once,
+/// however often it calls) and waits for all. Throws gz::TimeoutError at `deadline` naming the missing ranks
+/// and `where`.
 void meet(Store& run_store, const WorldInfo& w, Deadline deadline, const std::string& where);
 
 /// @brief Connect to (or host) the job's store. Collective: every rank calls it.
