@@ -14,7 +14,7 @@ import pytest
 
 from conftest import PYTHON, env, gzrun
 
-STEPS, KILL_AT = 10, 5
+STEPS = 10
 ENV = {"GZ_TIMEOUT_S": 30}  # a hang fails in seconds, not in the default 300 s
 
 
@@ -40,24 +40,28 @@ def uninterrupted(tmp_path_factory):
     return final(r.out)
 
 
-@pytest.mark.parametrize("where,kill_at", [("after_update", 5), ("in_backward", 5), ("in_backward", 1)])
-def test_survivors_regroup_with_the_replacement(tmp_path, uninterrupted, where, kill_at):
-    r = gzrun("elastic_in_place.py", 3, STEPS, kill_at, where, extra_env={"GZ_ELASTIC_DIR": tmp_path, **ENV},
-              launcher_args=("--recovery", "in-place", "--max-restarts", "1"))
+# The last case kills rank 1 before the first commit, then its replacement too: two recoveries.
+@pytest.mark.parametrize("where,kill_at,again", [("after_update", 5, 0), ("in_backward", 5, 0), ("in_backward", 1, 7)])
+def test_survivors_regroup_with_the_replacement(tmp_path, uninterrupted, where, kill_at, again):
+    r = gzrun("elastic_in_place.py", 3, STEPS, kill_at, where, again, extra_env={"GZ_ELASTIC_DIR": tmp_path, **ENV},
+              launcher_args=("--recovery", "in-place", "--max-restarts", "2"))
     assert r.returncode == 0, r
-    assert len(re.findall(r"rank 1 .*replacing it in place", r.out)) == 1, r
+    kills = [k for k in (kill_at, again) if k]
+    assert len(re.findall(r"rank 1 .*replacing it in place", r.out)) == len(kills), r
     assert len(pids(r.out, 0)) == len(pids(r.out, 2)) == 1, ("the survivors keep their processes", r)
-    assert len(set(pids(r.out, 1))) == 2, ("rank 1 and its replacement", r)
-    # Steps 1..kill_at-1 were committed (commit c holds step c + 1); step kill_at was not, anywhere.
-    restored = kill_at - 2
-    if restored >= 0:
-        assert f"restored commit {restored} (from rank 0's memory)" in r.out, r
+    assert len(set(pids(r.out, 1))) == 1 + len(kills), ("rank 1 and its replacements", r)
+    # Steps 1..k-1 were committed (commit c holds step c + 1); step k was not, anywhere.
+    restored = [k - 2 for k in kills]
+    for c in restored:
+        if c >= 0:
+            assert f"restored commit {c} (from rank 0's memory)" in r.out, r
     for rank in range(3):  # every step committed once per rank: none redone, none skipped
         assert ran(r.out, rank) == list(range(1, STEPS + 1)), (rank, r)
     assert final(r.out) == uninterrupted, "the recovered run must end with the uninterrupted run's parameters"
-    m = re.search(r"recovered in place at commit (-?\d+).* in ([0-9.]+) s", r.out)
-    assert m and int(m.group(1)) == restored, r
-    print(f"{where} {kill_at}: rank 0 recovered in {m.group(2)} s; job {r.seconds:.1f} s")
+    found = re.findall(r"recovered in place at commit (-?\d+).* in ([0-9.]+) s \(regrouped in ([0-9.]+) s\)", r.out)
+    assert [int(c) for c, _, _ in found] == restored, r
+    print(f"{where} {kills}: rank 0 recovered in {', '.join(f'{t} s (regrouped in {g} s)' for _, t, g in found)}; "
+          f"job {r.seconds:.1f} s")
 
 
 def test_without_init_in_place_recovery_names_what_is_missing():

@@ -241,12 +241,13 @@ class State:
         t0 = time.monotonic()
         self._recoveries += 1
         _in_place.regroup(why)
+        met = time.monotonic() - t0  # mostly the replacement's start: Python, torch, hvd.init()
         if not self._resume():
             self.on_reset()
         if rank == 0:
             at = self._commits - 1
             print(f"guozhuang elastic: recovered in place at commit {at}{' (none yet)' if at < 0 else ''} in "
-                  f"{time.monotonic() - t0:.2f} s", flush=True)
+                  f"{time.monotonic() - t0:.2f} s (regrouped in {met:.2f} s)", flush=True)
 
     def _finish(self):
         if self._files is not None:
