@@ -15,6 +15,7 @@
 #include "gz_store.h"
 #include "horovod.h"
 #include "process_group.h"
+#include "recovery.h"
 
 namespace py = pybind11;
 using gz::python::GzBackendBase;
@@ -48,8 +49,9 @@ PYBIND11_MODULE(_C, m) {
   // The c10d base classes (ProcessGroup / Backend, Store, Work) are registered by torch.
   py::module::import("torch.distributed");
 
-  // gz::Error and its subclasses (TimeoutError, PeerError, Aborted, ...) derive from
-  // std::runtime_error: pybind11 raises them as RuntimeError with our message.
+  // gz::Error and its subclasses derive from std::runtime_error: pybind11 raises them as
+  // RuntimeError with our message; PeerError, TimeoutError and Aborted from _C's own functions as
+  // its subclass HorovodInternalError (recovery.cpp). torch's Work.wait() raises RuntimeError.
   py::class_<ProcessGroupGz, GzBackendBase, c10::intrusive_ptr<ProcessGroupGz>>(m, "ProcessGroupGz")
       .def(py::init([](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const std::string& backend) {
@@ -99,4 +101,5 @@ PYBIND11_MODULE(_C, m) {
         "Bytes of DDP buckets placed in the groups' shared buffers so far.");
   m.attr("torch_backend_api") = gz::python::kTorchBackendApi;
   gz::python::bind_horovod(m);
+  gz::python::bind_recovery(m);
 }

@@ -22,6 +22,10 @@ from .functions import (Adasum, Average, Max, Min, Product, Sum, allgather, allg
 from .optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters, join
 from . import elastic  # noqa: E402,F401  (hvd.elastic.run, hvd.elastic.TorchState)
 
+# A lost peer (gz::PeerError, TimeoutError, Aborted); a RuntimeError. hvd.elastic.run recovers
+# from it in place under gzrun --recovery in-place.
+HorovodInternalError = _C.HorovodInternalError
+
 
 def init(comm=None, process_sets=None):
     """Join the job: rendezvous from the launcher's environment (gzrun, torchrun, mpirun, srun; a lone
@@ -119,5 +123,5 @@ __all__ = [
     "allreduce_async", "allreduce_async_", "allgather", "allgather_async", "broadcast", "broadcast_",
     "broadcast_async", "broadcast_async_", "synchronize", "poll", "broadcast_object", "allgather_object",
     "barrier", "alltoall", "Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor",
-    "Average", "Sum", "Min", "Max", "Product", "Adasum", "comm_backend",
+    "Average", "Sum", "Min", "Max", "Product", "Adasum", "comm_backend", "HorovodInternalError",
 ]

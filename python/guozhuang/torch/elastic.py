@@ -11,27 +11,35 @@
 
     train(state)
 
-What differs from Horovod: a failed collective is not retried in the same process. gzrun restarts
-the workers (``--max-restarts``); ``commit()`` keeps the committed state in host memory and in a
+What differs from Horovod: by default a failed collective is not retried in the same process. gzrun
+restarts the workers (``--max-restarts``); ``commit()`` keeps the committed state in host memory and in a
 node-local file under /dev/shm (it outlives the process), and ``run`` starts by restoring the newest
 commit that any rank's node holds, sent to every rank from the lowest rank that has it, so a rank
 whose node was lost gets it over the network. One rank per node writes (the state is the same on
 every rank). The files belong to one job (GZ_RUN_ID without its restart count, as the C++ snapshots
 say it; else TORCHELASTIC_RUN_ID or GZ_ELASTIC_RUN_ID): a new job never restores an old job's
 state. With none of them set, commits stay in memory only. GZ_ELASTIC_DIR overrides /dev/shm.
+
+Under ``gzrun --recovery in-place`` (GZ_RECOVERY=in_place) it is Horovod's shape: gzrun replaces only
+the lost worker, and on a lost peer (HorovodInternalError) the survivors keep their processes: they
+regroup with the replacement (_in_place.py), the newest commit any rank holds (a survivor's memory,
+else a node's file) is restored and synced to every rank, and ``func`` runs again.
 """
 import copy
 import io
 import os
 import stat
+import time
 
 import torch
 
 from .. import _C
+from . import _in_place
 from .functions import allgather_object, barrier, broadcast_object
 from .optimizer import broadcast_optimizer_state, broadcast_parameters
 
 _KEEP = 2  # commits kept per rank: the newest is whole even if a write is cut short
+_NOTHING = -2  # what a rank holds with no state to offer: a fresh process whose node has no file
 
 
 def _job_id():
@@ -69,7 +77,9 @@ class _NodeFiles:
 
     def claim(self, round_):
         """The first rank of this round to claim the folder writes to it; it also removes the temp
-        files of writers killed in earlier rounds (nobody else writes here in this round)."""
+        files of writers killed in earlier rounds (nobody else writes here in this round). An
+        in-place recovery is a round of its own: the writer may be the worker that was lost."""
+        self.writer = False
         try:
             os.close(os.open(os.path.join(self.dir, f"writer-{round_}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         except FileExistsError:
@@ -126,6 +136,9 @@ class State:
     def __init__(self):
         self._reset_callbacks = []
         self._commits = 0
+        self._synced = False  # this process holds a synced state in memory (a survivor's)
+        self._recoveries = 0  # in-place regroups of the job so far (agreed at each _resume)
+        self._attempts = 0  # in-place recovery attempts since the last commit
         job = _job_id()
         self._files = _NodeFiles(job) if job else None
 
@@ -140,6 +153,7 @@ class State:
     def commit(self):
         """Save the state (memory, and the node's file when run by gzrun): a restart resumes here."""
         self.save()
+        self._attempts = 0  # training went on: a later loss is a new recovery
         if self._files is not None and self._files.writer:
             buf = io.BytesIO()
             torch.save({"commit": self._commits, "world": _C.hvd_size(), "state": self._payload()}, buf)
@@ -164,37 +178,76 @@ class State:
     def _load_payload(self, payload):
         raise NotImplementedError
 
+    def _held(self):
+        """The newest commit this rank can offer: in memory (a survivor's; -1 = the state synced at
+        the start, before any commit) or in its node's file, whichever is newer."""
+        memory = self._commits - 1 if self._synced else _NOTHING
+        disk = self._files.newest() if self._files is not None else -1
+        return max(memory, disk if disk >= 0 else _NOTHING)
+
     def _resume(self):
-        """At the start of run(): restore the newest commit any node holds, then make every rank equal."""
+        """At the start of run() and after an in-place regroup: restore the newest commit any rank
+        holds, then make every rank equal. Whether a commit was restored (on_reset was called)."""
+        held = allgather_object((self._held(), self._recoveries))
+        best = max(h for h, _ in held)
+        self._recoveries = max(r for _, r in held)
         if self._files is not None:
-            self._files.claim(os.environ.get("GZ_RESTART_COUNT", "0"))
-        newest = self._files.newest() if self._files is not None else -1
-        held = allgather_object(newest)
-        best = max(held)
-        if best < 0:
+            rnd = os.environ.get("GZ_RESTART_COUNT", "0")
+            self._files.claim(rnd if self._recoveries == 0 else f"{rnd}.{self._recoveries}")
+        if best == _NOTHING:
             self.sync(0)  # a fresh start: rank 0's initial state everywhere, as in Horovod
             self.save()
-            return
-        root = held.index(best)
-        error = None
-        if _C.hvd_rank() == root:
-            try:
-                snap = torch.load(io.BytesIO(self._files.read(best)), map_location="cpu", weights_only=False)
-                self._load_payload(snap["state"])
-                if snap["world"] != _C.hvd_size():
-                    print(f"guozhuang elastic: commit {best} was taken by {snap['world']} ranks, now "
-                          f"{_C.hvd_size()}", flush=True)
-            except Exception as e:  # noqa: BLE001 -- told to every rank below, then raised
-                error = f"rank {root} could not restore commit {best} from {self._files.dir}: {e}"
-        error = broadcast_object(error, root)  # the others must not wait in sync() for a root that failed
-        if error:
+            self._synced = True
+            return False
+        root = [h for h, _ in held].index(best)
+        error, source = broadcast_object(self._restore_as_root(best) if _C.hvd_rank() == root else None, root)
+        if error:  # the others must not wait in sync() for a root that failed
             raise RuntimeError("guozhuang elastic: " + error)
         self.sync(root)
         self.save()
+        self._synced = True
         self._commits = best + 1
+        if best < 0:
+            return False
         if _C.hvd_rank() == 0:
-            print(f"guozhuang elastic: restored commit {best} (from rank {root}'s node)", flush=True)
+            print(f"guozhuang elastic: restored commit {best} (from rank {root}'s {source})", flush=True)
         self.on_reset()
+        return True
+
+    def _restore_as_root(self, best):
+        """(error or None, where commit `best` came from): this rank's memory or its node's file."""
+        if self._synced and self._commits - 1 == best:
+            self.restore()
+            return None, "memory"
+        try:
+            snap = torch.load(io.BytesIO(self._files.read(best)), map_location="cpu", weights_only=False)
+            self._load_payload(snap["state"])
+            if snap["world"] != _C.hvd_size():
+                print(f"guozhuang elastic: commit {best} was taken by {snap['world']} ranks, now "
+                      f"{_C.hvd_size()}", flush=True)
+        except Exception as e:  # noqa: BLE001 -- told to every rank, then raised
+            return f"rank {_C.hvd_rank()} could not restore commit {best} from {self._files.dir}: {e}", None
+        return None, "node"
+
+    def _recover_in_place(self, why):
+        """One attempt: regroup with the replacement(s), restore and sync the newest commit."""
+        self._attempts += 1
+        rank = _C.hvd_rank()
+        if self._attempts > _in_place.ATTEMPTS:
+            raise RuntimeError(f"guozhuang elastic: rank {rank}: in-place recovery failed {_in_place.ATTEMPTS} "
+                               f"times without a commit in between; giving up (last: {why})")
+        print(f"guozhuang elastic: rank {rank}: {why}; recovering in place (attempt {self._attempts})",
+              flush=True)
+        t0 = time.monotonic()
+        self._recoveries += 1
+        _in_place.regroup(why)
+        met = time.monotonic() - t0  # mostly the replacement's start: Python, torch, hvd.init()
+        if not self._resume():
+            self.on_reset()
+        if rank == 0:
+            at = self._commits - 1
+            print(f"guozhuang elastic: recovered in place at commit {at}{' (none yet)' if at < 0 else ''} in "
+                  f"{time.monotonic() - t0:.2f} s (regrouped in {met:.2f} s)", flush=True)
 
     def _finish(self):
         if self._files is not None:
@@ -274,11 +327,26 @@ class TorchState(ObjectState):
 
 def run(func):
     """Decorator: ``func(state, ...)`` runs after the newest committed state (if any) was restored
-    and synced to every rank; when it returns, this rank's committed files are removed."""
+    and synced to every rank; when it returns, this rank's committed files are removed. Under
+    GZ_RECOVERY=in_place a lost peer (HorovodInternalError) is recovered from in place and ``func``
+    runs again (at most _in_place.ATTEMPTS times without a commit in between)."""
 
     def wrapper(state, *args, **kwargs):
-        state._resume()
-        result = func(state, *args, **kwargs)
+        if _in_place.enabled():
+            _in_place.check()
+        why = None
+        while True:
+            try:
+                if why is None:
+                    state._resume()
+                else:
+                    state._recover_in_place(why)
+                result = func(state, *args, **kwargs)
+                break
+            except _in_place.HorovodInternalError as e:
+                if not _in_place.enabled():
+                    raise
+                why = str(e)
         state._finish()
         return result
 

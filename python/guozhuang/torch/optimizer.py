@@ -17,6 +17,7 @@ from .compression import Compression, NoneCompressor
 from .functions import Average, Sum, allgather_async, broadcast_async_, broadcast_object, synchronize
 
 _last_optimizer = None  # weakref to the newest DistributedOptimizer: the one join() keeps stepping
+_optimizers = []  # weakrefs to every DistributedOptimizer, in creation order (_rebuild_cores)
 
 
 def _join_exchange(active, joining):
@@ -61,10 +62,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                       "use Compression.none, Compression.fp16 or Compression.bf16")
         self._gz_op = op
         self._gz_should_sync = True
-        self._gz_core = _C._GradientAverager([(n, p) for n, p in named if p.requires_grad], wire,
-                                             int(backward_passes_per_step))
+        self._gz_core_args = ([(n, p) for n, p in named if p.requires_grad], wire, int(backward_passes_per_step))
+        self._gz_core = _C._GradientAverager(*self._gz_core_args)
         global _last_optimizer
         _last_optimizer = weakref.ref(self)
+        _optimizers.append(_last_optimizer)
 
     def synchronize(self):
         """Wait until every gradient of this step is averaged over the ranks."""
@@ -111,6 +113,22 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._gz_setup(named_parameters, compression, backward_passes_per_step, op)
     return wrapped
+
+
+def _rebuild_cores():
+    """After the default group was replaced (in-place recovery): every live DistributedOptimizer
+    averages on the new group. Collective, in creation order: a replacement process builds its
+    optimizers in that order before hvd.elastic.run. Gradients are dropped, as a fresh process has
+    none."""
+    live = [o for o in (r() for r in _optimizers) if o is not None]
+    _optimizers[:] = [weakref.ref(o) for o in live]
+    for o in live:  # the old cores' hooks go before the new ones are installed
+        o._gz_core = None
+    for o in live:
+        o._gz_core = _C._GradientAverager(*o._gz_core_args)
+        for group in o.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
 
 def join(device=-1):

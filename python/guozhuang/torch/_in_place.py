@@ -1,0 +1,43 @@
+"""In-place recovery of the Horovod-mode default group (gzrun --recovery in-place): gzrun replaces
+only a lost worker (same rank, GZ_REPLACEMENT=n) and the survivors meet it in the group's next
+generation (gz::regroup(), include/gz/comm/generations.h), keeping their processes.
+hvd.elastic.run drives it (elastic.py); this module holds what touches the group.
+"""
+import os
+
+from .. import _C
+from .optimizer import _rebuild_cores
+
+# Attempts (generations) without a commit in between before a survivor gives up, as the C++
+# Trainer's kRecoveryAttempts: a replacement lost again while it joins is one more attempt.
+ATTEMPTS = 5
+
+HorovodInternalError = _C.HorovodInternalError
+
+
+def enabled():
+    """Whether gzrun replaces lost workers in place (its --recovery in-place sets GZ_RECOVERY)."""
+    return os.environ.get("GZ_RECOVERY", "") == "in_place"
+
+
+def check():
+    """Raise, naming what is missing, when the survivors could not regroup."""
+    if not _C.hvd_is_initialized():
+        raise RuntimeError("guozhuang elastic: in-place recovery (gzrun --recovery in-place) needs hvd.init() "
+                           "before hvd.elastic.run")
+    if not _C.hvd_can_regroup():
+        raise RuntimeError("guozhuang elastic: in-place recovery needs a default group that can be replaced: "
+                           "hvd.init() builds one when GZ_RECOVERY=in_place is set at that time (gzrun "
+                           "--recovery in-place sets it); use gzrun's default --recovery restart otherwise")
+
+
+def regroup(why):
+    """Abort the default group and join its next generation (collective with the other survivors
+    and the replacements; the group's timeout), then rebuild what averages on it. The one place
+    that replaces the group: a new rank or size after a lost node belongs here."""
+    rank, size = _C.hvd_rank(), _C.hvd_size()
+    new_rank, new_size = _C.hvd_regroup(why)
+    if (new_rank, new_size) != (rank, size):
+        raise RuntimeError(f"guozhuang elastic: the new group has rank {new_rank} of {new_size}, this rank was "
+                           f"{rank} of {size} (ranks must not change)")
+    _rebuild_cores()

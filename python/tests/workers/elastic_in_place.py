@@ -1,0 +1,61 @@
+"""hvd.elastic.run / TorchState under gzrun --recovery in-place. argv: STEPS KILL_AT WHERE [KILL_AGAIN].
+
+A small model in Horovod mode (SGD with momentum: the optimizer state matters), one commit per step;
+each step's data depends only on the step and the rank, so a recovered run must end with the
+parameters of an uninterrupted one. Each step ends with an all-reduce of the loss (a metric, as
+Horovod scripts log it) between the update and the commit. KILL_AT > 0: rank 1's first process
+(GZ_REPLACEMENT 0) SIGKILLs itself in step KILL_AT: WHERE "after_update" right after its update (the
+survivors fail in the metric's all-reduce with that step's update applied but not committed: they
+must restore their last commit); "in_backward" before its backward (the survivors fail in the
+gradients' all-reduce, their averaging in flight).
+KILL_AGAIN > 0: the replacement dies the same way in step KILL_AGAIN (a second recovery).
+Prints "PID <rank> <pid>" at the start, "RAN <rank> <step>" per committed step and rank 0
+"FINAL <hash of the parameters>".
+"""
+import hashlib
+import os
+import signal
+import sys
+
+import torch
+
+import guozhuang.torch as hvd
+
+steps, kill_at, where = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "after_update"
+hvd.init()
+print(f"PID {hvd.rank()} {os.getpid()}", flush=True)
+if hvd.rank() == 1 and os.environ.get("GZ_REPLACEMENT", "0") == "1":
+    kill_at = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+victim = hvd.rank() == 1 and os.environ.get("GZ_REPLACEMENT", "0") in ("0", "1") and kill_at > 0
+torch.manual_seed(1 + hvd.rank())  # different initial weights per rank: the sync must fix that
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                               named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, opt, step=0)
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < steps:
+        g = torch.Generator().manual_seed(1000 * state.step + hvd.rank())
+        x = torch.randn(16, 8, generator=g)
+        opt.zero_grad()
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        if victim and state.step + 1 == kill_at and where == "in_backward":
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss.backward()
+        opt.step()
+        if victim and state.step + 1 == kill_at and where == "after_update":
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.allreduce(loss.detach())
+        state.step += 1
+        state.commit()
+        print(f"RAN {hvd.rank()} {state.step}", flush=True)
+
+
+train(state)
+if hvd.rank() == 0:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    print("FINAL", h.hexdigest(), flush=True)
