@@ -51,6 +51,10 @@ CommPtr Generations::join_from(int first) {
       if (++g >= first + kMaxGenerations)
         GZ_THROW(Error, "Generations: rank ", base_.rank, " found no free slot in ", kMaxGenerations,
                  " generations from ", first);
+    // One counter per generation: waiting members ask one key, not every rank's slot.
+    const std::string gen = std::to_string(g);
+    if (base_.store->add("joined/" + gen, 1) == base_.size)
+      base_.store->set("complete/" + gen, to_bytes("1"));
     if (!await_members(g)) {
       first = 0;  // placed in another group: its generations start at 0
       if (moves >= kMaxGenerations) GZ_THROW(Error, "Generations: moved ", moves, " times without joining");
@@ -80,26 +84,24 @@ bool Generations::moved() {
 }
 
 bool Generations::await_members(int g) {
-  std::vector<std::string> slots;
-  for (int r = 0; r < base_.size; ++r)
-    slots.push_back("slots/" + std::to_string(g) + "/" + std::to_string(r));
+  const std::string complete = "complete/" + std::to_string(g);
   const Deadline deadline = Deadline::after(base_.timeout);
   auto pause = std::chrono::milliseconds(2);
   for (;;) {
     // A move first: the launcher ended this round, whoever is still awaited in it.
     if (moved()) return false;
-    if (base_.store->check(slots)) return true;
+    if (base_.store->check({complete})) return true;
     if (deadline.expired()) {
       std::string missing;
       for (int r = 0; r < base_.size; ++r)
-        if (!base_.store->check({slots[static_cast<size_t>(r)]}))
+        if (!base_.store->check({"slots/" + std::to_string(g) + "/" + std::to_string(r)}))
           missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       GZ_THROW(TimeoutError, "rank ", base_.rank, ": generation ", g, " of the group: rank(s) ", missing,
                " did not join within ", format_duration(base_.timeout),
                " (lost and neither replaced nor moved to a new round by the launcher)");
     }
     std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
 }
 

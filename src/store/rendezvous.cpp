@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <functional>
 #include <thread>
 
 #include "gz/core/error.h"
@@ -424,7 +425,8 @@ void require_token(const std::string& host, int port, const std::string& token, 
 }  // namespace
 
 /// Every rank announces itself, the last one releases everyone. On timeout say who is missing.
-void meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string& where) {
+bool meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string& where,
+          const std::function<bool()>& leave) {
   Stopwatch sw;
   // A rank counts once: a retried meet (a worker following gzrun's move again after a peer was
   // lost) or a replacement of a rank must not release the others before everyone is there.
@@ -432,7 +434,21 @@ void meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string
       store.add("rdzv/arrived", 1) == w.world_size)
     store.set("rdzv/done", to_bytes("1"));
   try {
-    store.wait({"rdzv/done"}, deadline);
+    if (!leave) {
+      store.wait({"rdzv/done"}, deadline);
+      return true;
+    }
+    // In slices, asking between them whether to give up on this run (the job moved on).
+    for (;;) {
+      const Deadline slice = Deadline::after(std::min(deadline.remaining(), Duration(200)));
+      try {
+        store.wait({"rdzv/done"}, slice);
+        return true;
+      } catch (const TimeoutError&) {
+        if (deadline.expired()) throw;
+      }
+      if (leave()) return false;
+    }
   } catch (const TimeoutError&) {
     std::string arrived = "?", missing, note;
     try {

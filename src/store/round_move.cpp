@@ -9,6 +9,10 @@
 
 namespace gz {
 
+namespace {
+const std::string kAcceptsPrefix = "accepts-moves/";
+}  // namespace
+
 std::string round_move_key(int rank) { return "moved/" + std::to_string(rank); }
 
 std::string encode_round_move(const RoundMove& m) {
@@ -50,28 +54,62 @@ std::optional<RoundMove> RoundFollower::poll() {
   return decode_round_move(to_string(run->get(key)));
 }
 
-std::shared_ptr<Store> RoundFollower::follow(const RoundMove& m, Deadline deadline) {
-  auto run = std::make_shared<PrefixStore>(run_prefix(m.run_id), base_);
-  WorldInfo w;
+std::shared_ptr<Store> RoundFollower::follow(RoundMove& m, Deadline deadline) {
+  for (;;) {
+    auto run = std::make_shared<PrefixStore>(run_prefix(m.run_id), base_);
+    WorldInfo w;
+    std::string old_run;
+    bool accepts = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      w = world_;
+      old_run = run_id_;
+      accepts = accepts_;
+    }
+    GZ_LOG(info, "rank ", w.rank, " of run ", old_run, " continues as rank ", m.rank, " of ", m.world_size,
+           " in run ", m.run_id, " (round ", m.round, ")");
+    w.rank = m.rank;
+    w.world_size = m.world_size;
+    w.node_rank = m.node_rank;
+    w.num_nodes = m.num_nodes;
+    // Announced before meeting: gzrun may move the job again while this rank waits here.
+    if (accepts) run->set(kAcceptsPrefix + std::to_string(m.rank), to_bytes("1"));
+    // A move out of this run while its ranks meet (a node lost or admitted meanwhile) is followed
+    // at once: the ranks it no longer has would never arrive.
+    std::optional<RoundMove> next;
+    const std::string next_key = round_move_key(m.rank);
+    const bool met = meet(*run, w, deadline, "run " + m.run_id, [&] {
+      if (!run->check({next_key})) return false;
+      next = decode_round_move(to_string(run->get(next_key)));
+      return true;
+    });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      run_id_ = m.run_id;
+      world_ = w;
+      run_ = run;
+    }
+    if (met) return run;
+    m = *next;
+  }
+}
+
+void RoundFollower::accept(bool on) {
+  std::shared_ptr<Store> run;
+  int rank = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    w = world_;
+    accepts_ = on;
+    run = run_;
+    rank = world_.rank;
   }
-  const int old_rank = w.rank;
-  const std::string old_run = run_id();
-  w.rank = m.rank;
-  w.world_size = m.world_size;
-  w.node_rank = m.node_rank;
-  w.num_nodes = m.num_nodes;
-  GZ_LOG(info, "rank ", old_rank, " of run ", old_run, " continues as rank ", m.rank, " of ", m.world_size,
-         " in run ", m.run_id, " (round ", m.round, ")");
-  meet(*run, w, deadline, "run " + m.run_id);  // counts this rank once, also when retried
-  std::lock_guard<std::mutex> lock(mu_);
-  run_id_ = m.run_id;
-  world_ = w;
-  run_ = run;
-  return run;
+  if (on)
+    run->set(kAcceptsPrefix + std::to_string(rank), to_bytes("1"));
+  else
+    run->delete_key(kAcceptsPrefix + std::to_string(rank));
 }
+
+std::string round_accepts_key(int rank) { return kAcceptsPrefix + std::to_string(rank); }
 
 std::string RoundFollower::run_id() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -42,7 +42,9 @@ class MoveWatcher {
  private:
   void run() {
     std::unique_lock<std::mutex> lock(mu_);
-    while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stop_; })) {
+    // Twice a second: an admission or a stopped node waits this long at most (one store
+    // request per worker and poll: light enough for a job's store).
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; })) {
       lock.unlock();
       check();
       lock.lock();
@@ -73,10 +75,11 @@ class MoveWatcher {
 };
 
 // gzrun --recovery in-place of an elastic job: the group follows gzrun's moves to new rounds.
-void follow_rounds(comm::Generations& gens, const Rendezvous& rdzv, const Env& env, Duration timeout) {
+std::shared_ptr<RoundFollower> follow_rounds(comm::Generations& gens, const Rendezvous& rdzv, const Env& env,
+                                             Duration timeout) {
   auto follower = std::make_shared<RoundFollower>(rdzv.base, env.get("GZ_RUN_ID", "0"), rdzv.world);
   gens.set_mover(comm::follow_moves(follower, kGroupPrefix, timeout));
-  detail::pg_state().watcher = std::make_shared<MoveWatcher>(follower);
+  return follower;
 }
 
 }  // namespace
@@ -102,12 +105,27 @@ void init(const ProcessGroupOptions& options) {
   // Elastic jobs under gzrun move their live workers to the next round (a node lost or admitted).
   const bool moves = gens && env.get("GZ_RECOVERY", "") == "in_place" && env.get("GZ_MIN_NODES") &&
                      rdzv->world.launcher == "gzrun";
+  // The mover before the first join: a node lost while this process starts moves it too.
+  std::shared_ptr<RoundFollower> follower =
+      moves ? follow_rounds(*gens, *rdzv, env, options.timeout) : nullptr;
   auto group = gens ? gens->join() : comm::create_communicator(co);
   init(group, rdzv->world.local_rank, rdzv->world.local_world_size);
   std::lock_guard<std::mutex> lock(detail::pg_state().mu);
   detail::pg_state().keep_alive = rdzv;
-  if (moves) follow_rounds(*gens, *rdzv, env, options.timeout);
   detail::pg_state().generations = std::move(gens);
+  detail::pg_state().follower = follower;
+  if (follower) detail::pg_state().watcher = std::make_shared<MoveWatcher>(follower);
+}
+
+bool accept_moves(bool on) {
+  std::shared_ptr<RoundFollower> follower;
+  {
+    std::lock_guard<std::mutex> lock(detail::pg_state().mu);
+    follower = detail::pg_state().follower;
+  }
+  if (!follower) return false;
+  follower->accept(on);
+  return true;
 }
 
 bool can_regroup() {

@@ -34,6 +34,7 @@ void shutdown() {
   st.group.reset();
   st.keep_alive.reset();
   st.generations.reset();
+  st.follower.reset();
   st.local_rank = 0;
   st.local_size = 1;
 }

@@ -9,6 +9,9 @@
 namespace gz::comm {
 class Generations;
 }
+namespace gz {
+class RoundFollower;
+}
 
 namespace gz::detail {
 
@@ -17,7 +20,8 @@ struct ProcessGroupState {
   comm::CommPtr group;
   std::shared_ptr<void> keep_alive;  // the Rendezvous (store + server) behind the group
   std::shared_ptr<comm::Generations> generations;  // set when regroup() may replace the group
-  std::shared_ptr<void> watcher;                   // polls gzrun's moves of the job (init.cpp); reads `group`
+  std::shared_ptr<RoundFollower> follower;  // gzrun's moves of an elastic in-place job (init.cpp)
+  std::shared_ptr<void> watcher;            // polls the follower's moves (init.cpp); reads `group`
   int local_rank = 0;
   int local_size = 1;
 };

@@ -90,8 +90,10 @@ Trainer::Trainer(TrainConfig config, comm::CommPtr group) : config_(std::move(co
     world_ = group_->size();
     // gzrun --recovery in-place: the default group's next generation replaces it.
     if (Env::from_process().get("GZ_RECOVERY", "") == "in_place" && gz::can_regroup() &&
-        group_ == gz::default_group())
+        group_ == gz::default_group()) {
       impl_->regroup = [](const std::string& why) { return gz::regroup(why); };
+      impl_->follows_moves = true;
+    }
   }
   if (config_.device == "cuda") {
     if (!torch::cuda::is_available()) GZ_THROW(InvalidArgument, "config device: cuda but CUDA is not available");
@@ -578,6 +580,16 @@ void Trainer::train_epoch() {
 std::map<std::string, double> Trainer::train() {
   setup();
   const FlagScope in_train(impl_->in_train);  // a save outside train() is on disk when it returns
+  // gzrun may move this worker to a new rank and world (an elastic job's node lost or admitted)
+  // while train() can recover from it; before and after, it stops and restarts the workers.
+  if (impl_->follows_moves) gz::accept_moves(true);
+  const AtExit moves_off([this] {
+    try {
+      if (impl_->follows_moves) gz::accept_moves(false);
+    } catch (const std::exception& e) {  // the store is gone: gzrun's moves fail the same way
+      GZ_LOG(warn, "rank ", rank_, ": cannot withdraw from gzrun's moves: ", e.what());
+    }
+  });
   // However train() ends, no copy reads the live state after it: the caller may change it.
   const AtExit copies_finished([this] { finish_state_copies(); });
   impl_->clock.reset();

@@ -74,6 +74,7 @@ struct Trainer::Impl {
   bool defer_state_copy = true;
   // In-place recovery (Trainer::set_regroup): the new group after a lost peer; empty = off.
   std::function<comm::CommPtr(const std::string&)> regroup;
+  bool follows_moves = false;  // regroup is gz's default group's: gzrun's moves (accept_moves)
   int64_t recoveries = 0;
   bool recovering = false;       // in rejoin_and_restore(): the live state may be a step's half
   bool simulated_crash = false;  // set_crash_at_step's exception is not a lost peer

@@ -207,6 +207,50 @@ TEST_P(GenerationsTest, ARankThatMovedNeverCompletesTheOldGeneration) {
   EXPECT_EQ(done.load(), 3);
 }
 
+// A move during a move: a node is lost (ranks 2, 3 of run job-0) and the launcher moves the
+// survivors to job-1 with an admitted node's rank 2, which never arrives (that node died before
+// its workers met); it moves them again, to job-2 with 2 ranks. The survivors, waiting in
+// job-1's rendezvous, must follow the second move at once, not after the 20 s timeout. Mutation
+// check: meet() without the move check (follow waiting for job-1 to complete) times this out.
+TEST_P(GenerationsTest, AMoveWhileFollowingAMoveIsFollowedAtOnce) {
+  auto base = std::make_shared<MemStore>();
+  auto run_store = [&](const std::string& run) {
+    return std::make_shared<PrefixStore>(run_prefix(run), base);
+  };
+  auto write_move = [&](const std::string& from, int old, const RoundMove& m) {
+    run_store(from)->set(round_move_key(old), to_bytes(encode_round_move(m)));
+  };
+  std::atomic<int> done{0};
+  run_ranks(5, [&](int rank, std::shared_ptr<Store>) {
+    if (rank == 4) {  // the launcher
+      std::this_thread::sleep_for(300ms);
+      for (int old : {0, 1}) write_move("job-0", old, {1, "job-1", old, 3, 0, 2, "node 1 lost"});
+      std::this_thread::sleep_for(500ms);  // the admitted node dies: the job moves on without it
+      for (int old : {0, 1}) write_move("job-1", old, {2, "job-2", old, 2, 0, 1, "node 1 lost"});
+      return;
+    }
+    comm::CommOptions o = options(rank, 4, base, GetParam());
+    o.store = std::make_shared<PrefixStore>("grp", run_store("job-0"));
+    comm::Generations gens(o);
+    WorldInfo w;
+    w.rank = rank;
+    w.world_size = 4;
+    gens.set_mover(comm::follow_moves(std::make_shared<RoundFollower>(base, "job-0", w), "grp", 20s));
+    comm::CommPtr c = gens.join();
+    if (rank >= 2) {
+      c->abort("node 1 was lost");
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    c = gens.rejoin(c, "lost node 1");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "waited for the admitted rank that never came";
+    EXPECT_EQ(c->size(), 2);
+    EXPECT_EQ(sum_of_ranks(*c), 3.f);
+    ++done;
+  });
+  EXPECT_EQ(done.load(), 2);
+}
+
 TEST(RoundMove, EncodesAndRefusesWhatIsNotAMove) {
   RoundMove m{3, "4301.9f03c2a1-3", 5, 6, 2, 3, "node 1 (h1) lost: no heartbeat for 3.0 s"};
   RoundMove back = decode_round_move(encode_round_move(m));

@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "gz/core/error.h"
+#include "gz/store/prefix_store.h"
 #include "gz/store/rendezvous.h"
 #include "gz/store/round_move.h"
 #include "gz/store/store.h"
@@ -75,9 +76,10 @@ int Supervisor::run_rounds() {
     if (mon) mon->start_round(r.round, r.node_rank, r.nnodes);
     Outcome out = run_attempt();
     r = round_;             // a move in place may have taken this node to a later round
-    if (!fatal_.empty()) {  // the move ended the round already (JobMonitor::end_round)
-      say("giving up: " + fatal_);
-      end_job(fatal_, false);
+    // A failed move ended the round already (JobMonitor::end_round); like a failed rendezvous
+    // it ends this node only: the other nodes see it lost and go on without it.
+    if (!fatal_.empty() && out != Outcome::interrupted) {
+      say("error: " + fatal_);
       return 1;
     }
     if (out == Outcome::success) {
@@ -218,7 +220,7 @@ void Supervisor::open_logs() {
   if (o_.log_dir.empty()) return;
   const int attempt = round_.round;
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
-    int rank = round_.node_rank * o_.nproc_per_node + lr;
+    int rank = rank_of(round_.node_rank, lr);
     std::string path = o_.log_dir + "/rank_" + std::to_string(rank) + ".log";
     int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (attempt == 0 ? O_TRUNC : 0);
     int fd = ::open(path.c_str(), flags, 0644);
@@ -231,56 +233,89 @@ void Supervisor::open_logs() {
   if (attempt > 0) relay_.note_in_logs("[gzrun] restart " + std::to_string(attempt));
 }
 
+bool Supervisor::any_finished() const {
+  return std::any_of(workers_.begin(), workers_.end(), [](const Worker& x) {
+    return !x.alive && WIFEXITED(x.status) && WEXITSTATUS(x.status) == 0;
+  });
+}
+
+int Supervisor::rank_of(int node_rank, int local_rank) const {
+  return node_rank * o_.nproc_per_node + local_rank;
+}
+
 bool Supervisor::can_move_in_place(const JobFailure& f) const {
   using K = JobFailure::Kind;
-  if (!o_.in_place() || !o_.elastic || stopping_ || !failure_.empty() || all_reaped()) return false;
-  // A worker that finished means the job is ending; this node declared lost restarts its own.
-  if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& x) {
-        return !x.alive && WIFEXITED(x.status) && WEXITSTATUS(x.status) == 0;
-      }))
+  if (!o_.in_place() || !o_.elastic || stopping_ || !failure_.empty() || all_reaped() || !c_.store_client)
     return false;
-  if (f.kind == K::admit) return true;
-  return f.kind == K::node_lost && f.node != round_.node_rank && round_.restarts < o_.max_restarts;
+  // A worker that finished means the job is ending; this node declared lost restarts its own.
+  if (any_finished()) return false;
+  if (f.kind != K::admit &&
+      !(f.kind == K::node_lost && f.node != round_.node_rank && round_.restarts < o_.max_restarts))
+    return false;
+  // Each live worker must follow moves now (gz::accept_moves: the Trainer, while it trains);
+  // a program that cannot adopt a new rank is stopped and restarted as before.
+  try {
+    PrefixStore run(run_prefix(round_.run_id), c_.store_client());
+    for (const Worker& w : workers_)
+      if (w.alive && !run.check({round_accepts_key(w.rank)})) return false;
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+void Supervisor::stop_for(const JobFailure& jf) {
+  if (failure_.empty()) failure_ = jf.text;
+  if (jf.kind != JobFailure::Kind::admit) collect_for_verdict();
+  if (!stopping_ && !all_reaped()) begin_stop(SIGTERM);
+}
+
+void Supervisor::tell_moves(const RoundInfo& old, const RoundInfo& next, const std::string& why) {
+  // The store may be slow to answer right after a node was lost: a few tries, each a fresh client.
+  for (int attempt = 1;; ++attempt) {
+    try {
+      PrefixStore run(run_prefix(old.run_id), c_.store_client());
+      for (const Worker& w : workers_) {
+        if (!w.alive) continue;
+        RoundMove m{next.round,
+                    next.run_id,
+                    rank_of(next.node_rank, w.local_rank),
+                    next.nnodes * o_.nproc_per_node,
+                    next.node_rank,
+                    next.nnodes,
+                    why};
+        run.set(round_move_key(w.rank), to_bytes(encode_round_move(m)));
+      }
+      return;
+    } catch (const std::exception&) {
+      if (attempt >= 3) throw;
+    }
+  }
 }
 
 void Supervisor::move_in_place() {
   move_pending_ = false;
   const JobFailure jf = c_.monitor->failure();
+  // Workers may have exited, or this node started stopping, since the failure was read.
+  if (!can_move_in_place(jf)) return stop_for(jf);
   std::string why;
   try {
     if (c_.cannot_continue) why = c_.cannot_continue(round_, jf);
   } catch (const std::exception& e) {
     why = std::string("cannot read the job's membership from the store: ") + e.what();
   }
-  if (!why.empty()) {  // the normal path stops the workers and gives up with this reason
-    failure_ = jf.text;
-    collect_for_verdict();
-    begin_stop(SIGTERM);
-    return;
-  }
+  if (!why.empty()) return stop_for(jf);  // the normal path gives up with this reason
   const RoundInfo old = round_;
   RoundInfo next;
   try {
     c_.monitor->end_round();
     next = c_.begin_round(c_.next_round(old, jf), [this] { return poll_interrupt(); });
     if (next.job_done) GZ_THROW(Error, "the job ended while this node joined round ", old.round + 1);
-    // Each live worker's place in the new round: its gz group follows it (gz/store/round_move.h).
-    auto store = c_.store_client();
-    for (Worker& w : workers_) {
-      if (!w.alive) continue;
-      RoundMove m{next.round,
-                  next.run_id,
-                  next.node_rank * o_.nproc_per_node + w.local_rank,
-                  next.nnodes * o_.nproc_per_node,
-                  next.node_rank,
-                  next.nnodes,
-                  jf.text};
-      store->set(run_prefix(old.run_id) + "/" + round_move_key(w.rank), to_bytes(encode_round_move(m)));
-    }
+    tell_moves(old, next, jf.text);
   } catch (const std::exception& e) {
     fatal_ = std::string("cannot move the workers to the next round in place: ") + e.what();
     failure_ = fatal_;
-    begin_stop(SIGTERM);
+    begin_stop(interrupt_sig_ ? interrupt_sig_ : SIGTERM);
     return;
   }
   round_ = next;
@@ -289,19 +324,21 @@ void Supervisor::move_in_place() {
   enter_round();
   std::map<int, int> moved;
   for (Worker& w : workers_) {
-    const int rank = next.node_rank * o_.nproc_per_node + w.local_rank;
+    const int rank = rank_of(next.node_rank, w.local_rank);
     if (w.alive) moved[w.rank] = rank;
     w.rank = rank;
     if (w.alive) board_.add(WorkerView{rank, w.local_rank, w.pid, true, 0, false, false, 0});
   }
+  for (const auto& [was, now] : moved)
+    relay_.note_in_log(was, "[gzrun] moved in place to round " + std::to_string(next.round) + " as rank " +
+                                std::to_string(now) + " (was rank " + std::to_string(was) + ")");
   relay_.relabel(moved);
   replacements_.assign(static_cast<size_t>(o_.nproc_per_node), 0);
   say("round " + std::to_string(next.round) + ": node " + std::to_string(next.node_rank) + " of " +
       std::to_string(next.nnodes) + "; the local workers keep running as ranks " +
-      std::to_string(next.node_rank * o_.nproc_per_node) + "-" +
-      std::to_string((next.node_rank + 1) * o_.nproc_per_node - 1) + " (were " +
-      std::to_string(old.node_rank * o_.nproc_per_node) + "-" +
-      std::to_string((old.node_rank + 1) * o_.nproc_per_node - 1) + ")");
+      std::to_string(rank_of(next.node_rank, 0)) + "-" + std::to_string(rank_of(next.node_rank + 1, -1)) +
+      " (were " + std::to_string(rank_of(old.node_rank, 0)) + "-" +
+      std::to_string(rank_of(old.node_rank + 1, -1)) + ")");
 }
 
 void Supervisor::enter_round() {
@@ -327,7 +364,7 @@ void Supervisor::start_workers() {
 }
 
 bool Supervisor::start_worker(int lr, int replacement) {
-  const int rank = round_.node_rank * o_.nproc_per_node + lr;
+  const int rank = rank_of(round_.node_rank, lr);
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   try {
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
@@ -364,10 +401,7 @@ bool Supervisor::replace_in_place(const Worker& w, const std::string& what) {
   if (replaced() >= o_.max_restarts || (c_.monitor && c_.monitor->failure().failed())) return false;
   // A worker that finished (exit 0) means the job is ending: a replacement would wait for peers
   // that are gone (a crash in teardown, after training): the round's normal failure path instead.
-  if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& x) {
-        return !x.alive && WIFEXITED(x.status) && WEXITSTATUS(x.status) == 0;
-      }))
-    return false;
+  if (any_finished()) return false;
   const int n = ++replacements_[static_cast<size_t>(w.local_rank)];
   say(what + "; replacing it in place (replacement " + std::to_string(replaced()) + " of " +
       std::to_string(o_.max_restarts) + "): the other workers keep running");

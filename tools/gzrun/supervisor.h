@@ -144,6 +144,14 @@ class Supervisor {
   void move_in_place();
   /// @brief This round's facts for the workers' environment (attempt_) and the board.
   void enter_round();
+  /// @brief The job failure `jf` stops this node's workers (the normal path, no move).
+  void stop_for(const JobFailure& jf);
+  /// @brief Write each live worker its place in `next` among `old`'s run keys (RoundMove).
+  void tell_moves(const RoundInfo& old, const RoundInfo& next, const std::string& why);
+  /// @brief Whether a worker of this round exited 0 (the job is ending).
+  bool any_finished() const;
+  /// @brief The global rank of `local_rank` on node `node_rank`.
+  int rank_of(int node_rank, int local_rank) const;
   bool move_pending_ = false;
   std::string fatal_;  ///< a move failed for good: gzrun exits 1 with this reason
 

@@ -2,6 +2,7 @@
 // (gzrun, torchrun, OpenMPI, MPICH/PMI, SLURM), so one program starts the same under each.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,9 +72,11 @@ struct Rendezvous {
 inline std::string run_prefix(const std::string& run_id) { return "run/" + run_id; }
 
 /// @brief Collective over `run_store` (a run's keys): every rank of `w` announces itself (once,
-/// however often it calls) and waits for all. Throws gz::TimeoutError at `deadline` naming the missing ranks
-/// and `where`.
-void meet(Store& run_store, const WorldInfo& w, Deadline deadline, const std::string& where);
+/// however often it calls) and waits for all. With `leave`, asked every 200 ms while waiting:
+/// true gives up (returns false; the count stays). Throws gz::TimeoutError at `deadline` naming
+/// the missing ranks and `where`.
+bool meet(Store& run_store, const WorldInfo& w, Deadline deadline, const std::string& where,
+          const std::function<bool()>& leave = {});
 
 /// @brief Connect to (or host) the job's store. Collective: every rank calls it.
 Rendezvous rendezvous(const InitOptions& options, const Env& env);

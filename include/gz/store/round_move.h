@@ -27,6 +27,9 @@ struct RoundMove {
 
 /// @brief The key, among the old round's run keys, of the move of the worker that was `rank`.
 std::string round_move_key(int rank);
+/// @brief The key, among a run's keys, by which the worker of `rank` says it follows moves now
+/// (RoundFollower::accept): gzrun moves a node's workers only when each of them set it.
+std::string round_accepts_key(int rank);
 /// @brief One line; decode_round_move() reads it back.
 std::string encode_round_move(const RoundMove& m);
 /// @brief Throws gz::Error naming the text when it is not a move.
@@ -42,9 +45,15 @@ class RoundFollower {
   /// @brief The move out of the current run, if the launcher wrote one (one store check).
   std::optional<RoundMove> poll();
   /// @brief Make `m` (from poll()) the current run and meet its other ranks there (collective
-  /// with them, and with the new round's fresh processes, which meet in gz::rendezvous()).
-  /// Returns the new run's store. Throws gz::TimeoutError when they do not meet by `deadline`.
-  std::shared_ptr<Store> follow(const RoundMove& m, Deadline deadline);
+  /// with them, and with the new round's fresh processes, which meet in gz::rendezvous()); a
+  /// move out of that run while they meet is followed in turn, and `m` is then that move.
+  /// Returns the final run's store.
+  /// Throws gz::TimeoutError when they do not meet by `deadline` (the current run stays the one
+  /// it left: a retry's poll() finds the same move, and meet() counts this rank once).
+  std::shared_ptr<Store> follow(RoundMove& m, Deadline deadline);
+  /// @brief Whether this worker can adopt a new rank and world now; announced in the current
+  /// run's keys (round_accepts_key) and in every run it follows into.
+  void accept(bool on);
   /// @brief The current run's id and this worker's rank in it.
   std::string run_id() const;
   int rank() const;
@@ -55,6 +64,7 @@ class RoundFollower {
   std::string run_id_;
   WorldInfo world_;
   std::shared_ptr<Store> run_;
+  bool accepts_ = false;
 };
 
 }  // namespace gz

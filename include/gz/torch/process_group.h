@@ -33,11 +33,19 @@ void init(comm::CommPtr group, int local_rank = -1, int local_size = -1);
 /// @brief In-place recovery: abort the default group (peers still in its ops get gz::Aborted
 /// naming `why`) and replace it by its next generation, with the same ranks and size, which the
 /// other survivors and the launcher's replacements of the lost processes join (collective over
-/// them; gz/comm/generations.h). Returns the new default group. Throws gz::Error unless init()
-/// built the group regroupable, and gz::TimeoutError when the members do not meet in time.
+/// them; gz/comm/generations.h); or, when gzrun moved an elastic job to a new round (see
+/// accept_moves()), by that round's group, with the rank and size gzrun gave this process. Returns the new
+/// default group. Throws gz::Error unless init() built the group regroupable, and gz::TimeoutError when the
+/// members do not meet in time.
 comm::CommPtr regroup(const std::string& why);
 /// @brief Whether regroup() can replace the default group.
 bool can_regroup();
+/// @brief Elastic jobs under gzrun --recovery in-place: whether this process adopts a new rank
+/// and world size now, when gzrun moves the job to a new round (a node lost or admitted) and
+/// regroup() returns a group of another shape. gzrun moves a node's workers only while each of
+/// them said yes, and stops and restarts them otherwise. The Trainer says yes while it trains.
+/// Returns false (and does nothing) when the default group does not follow moves.
+bool accept_moves(bool on);
 /// @brief Drop the default group and the rendezvous store. Safe to call when not initialized.
 void shutdown();
 /// @brief Whether init() succeeded and shutdown() was not called since.

@@ -116,6 +116,7 @@ void Trainer::rejoin_and_restore(const std::string& why) {
     GZ_LOG(warn, "rank ", rank_, " of ", world_, " continues as rank ", fresh->rank(), " of ", fresh->size());
     rank_ = fresh->rank();
     world_ = fresh->size();
+    plan_steps(impl_->plan.reference_global_batch);  // the restore plans again from what it loads
   }
   group_ = std::move(fresh);
   // From here on what a replacement's train() runs: the strategy (rank 0's parameters), then
