@@ -151,12 +151,12 @@ void Trainer::load_shards(const CheckpointInfo& info) {
     load_sharded_whole(*model_, s.optimizer(), dir, expect);  // zero_stage 0: the whole state, here
 }
 
-std::string Trainer::shard_bytes(std::vector<std::string>* held) {
+std::function<std::string()> Trainer::snapshot_shard(std::vector<std::string>* held) {
   ShardedCheckpointMeta meta;
   meta.step = state_.step;
   auto& s = *impl_->strategy;
-  if (auto* z3 = fsdp_hooks(s)) return z3->fsdp().save_shard_bytes(s.optimizer(), meta, held);
-  if (auto* zero = zero_optimizer(s)) return zero->save_shard_bytes(meta, held);
+  if (auto* z3 = fsdp_hooks(s)) return z3->fsdp().snapshot_shard(s.optimizer(), meta, held);
+  if (auto* zero = zero_optimizer(s)) return zero->snapshot_shard(meta, held);
   GZ_THROW(InvalidArgument, "shard snapshots need zero_stage 1, 2 or 3 (mode ", config_.mode, ", zero_stage ",
            config_.zero_stage, ")");
 }

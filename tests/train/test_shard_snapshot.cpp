@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "../../src/torch/torch_compat.h"  // the optimizer's state of a parameter
 #include "gz/comm/shm.h"
@@ -19,6 +20,7 @@
 #include "gz/torch/fully_shard.h"  // gz::run_unit
 #include "gz/torch/zero_redundancy_optimizer.h"
 #include "gz/train/callback.h"
+#include "gz/train/checkpoint.h"
 #include "gz/train/models/shard_units.h"
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
@@ -160,10 +162,27 @@ struct LauncherEnv {  // gzrun's environment for round `round` of job `job`
 // Node n's snapshot folder: ranks 2n and 2n + 1.
 fs::path node_dir(const fs::path& base, int node) { return base / ("node" + std::to_string(node)); }
 
+// Holds every shard snapshot's serialization up (CheckpointTestHooks::in_state_copy) and crashes
+// every rank at the end of step `at`, before that step's snapshot: the newest is step at - 1's,
+// serialized and sent while step `at` ran.
+struct SlowSerializationThenCrash : Callback {
+  explicit SlowSerializationThenCrash(int64_t at) : at(at) {}
+  void on_train_begin(Trainer& t) override {
+    CheckpointTestHooks h;
+    h.in_state_copy = [] { std::this_thread::sleep_for(std::chrono::milliseconds(150)); };
+    t.checkpoints().set_test_hooks(h);
+  }
+  void on_step_end(Trainer& t) override {
+    if (t.state().step == at) GZ_THROW(gz::Aborted, "rank ", t.rank(), ": crash at the end of step ", at);
+  }
+  bool changes_training_state() const override { return false; }
+  int64_t at;
+};
+
 // One launch of `world` ranks, 2 a node; returns rank 0's final whole parameters (empty after a
-// crash).
+// crash). `crash`, when set, makes a callback that crashes the run (gz::Aborted expected).
 std::vector<torch::Tensor> launch(const TrainConfig& c, const fs::path& nodes, int64_t crash_at, Probe& probe,
-                                  int world = kWorld) {
+                                  int world = kWorld, const std::function<CallbackPtr()>& crash = {}) {
   std::vector<torch::Tensor> out;
   std::vector<ModelPtr> nets;
   for (int r = 0; r < world; ++r) {
@@ -180,13 +199,14 @@ std::vector<torch::Tensor> launch(const TrainConfig& c, const fs::path& nodes, i
     t.set_model(nets[static_cast<size_t>(rank)]);
     t.set_snapshot_local_world(kPerNode);
     t.add_callback(std::shared_ptr<Probe>(&probe, [](Probe*) {}));
+    if (crash) t.add_callback(crash());
     if (crash_at > 0) t.set_crash_at_step(crash_at);
     t.train();
     t.gather_model();  // stage 3: the parameters are whole until the next forward
     if (rank == 0)
       for (auto& p : t.model()->parameters()) out.push_back(p.detach().clone());
   };
-  if (crash_at > 0)
+  if (crash_at > 0 || crash)
     EXPECT_THROW(gz::test::run_ranks(world, body), gz::Aborted);
   else
     gz::test::run_ranks(world, body);
@@ -283,6 +303,28 @@ TEST(ShardSnapshot, Stage3RestartRestoresEveryShardBitForBit) { crash_and_resume
 
 TEST(ShardSnapshot, Stage3ANodesWipedFolderIsRestoredFromTheBuddies) {
   crash_and_resume(3, "z3w", 5, [](const fs::path& nodes) { fs::remove_all(node_dir(nodes, 0)); });
+}
+
+// A shard snapshot is copied on the training thread and serialized and sent on the exchange's
+// thread while the next step runs (held up 150 ms here, past that step's update): the snapshot
+// still holds its own step. Mutation check: no copy (shard_archive() writing the live tensors,
+// `own` without its clone) restores a state that differs from step 5's, at stage 1 and 3.
+TEST(ShardSnapshot, ASlowSerializationStillHoldsItsStep) {
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("zero_stage " + std::to_string(stage));
+    TmpDir tmp("slow" + std::to_string(stage));
+    Probe crashed(5), resumed(5);
+    TrainConfig c = config(tmp.path, stage);
+    {
+      LauncherEnv job("5400", 0);
+      launch(c, tmp.path / "nodes", -1, crashed, kWorld,
+             [] { return std::make_shared<SlowSerializationThenCrash>(6); });
+    }
+    LauncherEnv job("5400", 1);
+    launch(c, tmp.path / "nodes", -1, resumed);
+    for (int r = 0; r < kWorld; ++r)
+      expect_same(crashed.after_step[r], resumed.at_begin[r], "rank " + std::to_string(r));
+  }
 }
 
 // Rank 0's shard gone from its own node and from its buddy's (rank 2 on node 1): the restart

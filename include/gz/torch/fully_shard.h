@@ -167,12 +167,13 @@ class FullyShardedDataParallel {
   /// and stage; the next forward() or unshard() gathers them. Collective: every rank installs or
   /// none does.
   void load_sharded(torch::optim::Optimizer& opt, const std::string& dir, const ShardedCheckpointMeta& expect = {});
-  /// @brief Not collective: this rank's shards and their state in `opt` as bytes, in the format
-  /// of its shard file with its own manifest (in-memory snapshots); `params` (optional) receives
-  /// the names of the parameters the shards hold.
-  std::string save_shard_bytes(torch::optim::Optimizer& opt, const ShardedCheckpointMeta& meta,
-                               std::vector<std::string>* params = nullptr);
-  /// @brief Collective: every rank's shards from its own save_shard_bytes() of a job of this world
+  /// @brief Not collective: copies this rank's shards and their state in `opt` now; the function
+  /// returned serializes the copy (any thread, while training goes on) in the format of its shard
+  /// file with its own manifest (in-memory snapshots). `params` (optional) receives the names of
+  /// the parameters the shards hold.
+  std::function<std::string()> snapshot_shard(torch::optim::Optimizer& opt, const ShardedCheckpointMeta& meta,
+                                              std::vector<std::string>* params = nullptr);
+  /// @brief Collective: every rank's shards from its own snapshot_shard() bytes of a job of this world
   /// size; all or nothing, like load_sharded(). `where` names the bytes in errors.
   void load_shard_bytes(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& where,
                         const ShardedCheckpointMeta& expect = {});

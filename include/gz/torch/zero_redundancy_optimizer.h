@@ -6,6 +6,7 @@
 #include <torch/serialize/archive.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -109,11 +110,13 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// (1-3), then the parameters are all-gathered. A missing, corrupt or foreign manifest or shard
   /// is refused with gz::Error before anything changes.
   void load_sharded(const std::string& dir, const ShardedCheckpointMeta& expect = {});
-  /// @brief Not collective: this rank's blocks and state as bytes, in the format of its shard file
-  /// with its own manifest (in-memory snapshots). `params` (optional) receives the names of the
+  /// @brief Not collective: copies this rank's blocks and state now; the function returned
+  /// serializes the copy (any thread, while training goes on) in the format of its shard file with
+  /// its own manifest (in-memory snapshots). `params` (optional) receives the names of the
   /// parameters the shards hold.
-  std::string save_shard_bytes(const ShardedCheckpointMeta& meta, std::vector<std::string>* params = nullptr);
-  /// @brief Collective: every rank's blocks from its own save_shard_bytes() of a job of this world
+  std::function<std::string()> snapshot_shard(const ShardedCheckpointMeta& meta,
+                                              std::vector<std::string>* params = nullptr);
+  /// @brief Collective: every rank's blocks from its own snapshot_shard() bytes of a job of this world
   /// size, then the parameters are all-gathered; all or nothing, like load_sharded(). `where` names
   /// the bytes in errors.
   void load_shard_bytes(const std::string& bytes, const std::string& where,

@@ -197,6 +197,11 @@ class Trainer {
   // same local rank of the next node. Both collective (the copy is sent point-to-point).
   void setup_shard_snapshots(const std::string& dir, const std::string& run);
   void take_shard_snapshot();
+  // Waits for the last snapshot's serialization and buddy exchange; rethrows its failure.
+  void wait_shard_exchange();
+  // The exchange itself (on the exchange group's progress thread): `mine` to the buddy, the
+  // buddy's shard back, both to the writers.
+  static void exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int rank, std::string mine);
   bool restore_shard_snapshot();
   // Reads (or receives from its buddy) this rank's shard snapshot of `step`; nullopt on every
   // rank when any rank could not read its part.
@@ -223,9 +228,10 @@ class Trainer {
   std::string save_sharded_checkpoint();
   void write_shards(const std::string& dir);
   void load_shards(const CheckpointInfo& info);
-  // This rank's shard in the sharded checkpoint's per-rank format, as bytes (`held`: the names of
-  // the parameters it holds), and its load from such bytes (collective at zero_stage >= 1).
-  std::string shard_bytes(std::vector<std::string>* held);
+  // This rank's shard copied, and a function that serializes the copy in the sharded checkpoint's
+  // per-rank format (`held`: the names of the parameters it holds); the load of such bytes
+  // (collective at zero_stage >= 1).
+  std::function<std::string()> snapshot_shard(std::vector<std::string>* held);
   void load_shard_bytes(const std::string& bytes, const std::string& where, int64_t step);
   // Collective: an all-reduce of per-rank failure flags. If any rank failed, every rank throws: a
   // failing rank its own exception, the others a gz::Error quoting the lowest failing rank's.

@@ -40,14 +40,14 @@ std::vector<std::string> shard_param_names(const zero::ShardSet& set) {
 
 }  // namespace
 
-std::string ZeroRedundancyOptimizer::save_shard_bytes(const ShardedCheckpointMeta& meta,
-                                                      std::vector<std::string>* params) {
+std::function<std::string()> ZeroRedundancyOptimizer::snapshot_shard(const ShardedCheckpointMeta& meta,
+                                                                     std::vector<std::string>* params) {
   auto& im = *impl_;
   im.wait_gathers();
   im.rebind_params();
   const auto set = shard_set(im, *this);
   if (params) *params = shard_param_names(set);
-  return zero::shard_bytes(set, meta);
+  return zero::shard_snapshot(set, meta);
 }
 
 void ZeroRedundancyOptimizer::load_shard_bytes(const std::string& bytes, const std::string& where,

@@ -116,6 +116,27 @@ bool shard_sends_first(int rank, int per_node) { return (rank / per_node) % 2 ==
 
 }  // namespace
 
+// On the exchange group's progress thread: this rank's payload to its buddy, the buddy's from the
+// previous node, both to the writers. A failed write turns that writer off for the run.
+void Trainer::exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int rank, std::string mine) {
+  Stopwatch clock;
+  std::string held;
+  if (im.buddy_to >= 0)
+    held = exchange_bytes(*im.snapshot_comm, &mine, im.buddy_to, im.buddy_from,
+                          shard_sends_first(rank, im.snapshot_local_world));
+  for (auto [writer, off, bytes] : {std::tuple{im.snapshot_writer.get(), &im.own_writes_off, &mine},
+                                    std::tuple{im.held_writer.get(), &im.held_writes_off, &held}}) {
+    if (!writer || *off || bytes->empty()) continue;
+    try {
+      writer->submit(h, std::move(*bytes));  // waits for this writer's previous write
+    } catch (const std::exception& e) {
+      *off = true;
+      GZ_LOG(warn, "rank ", rank, ": ", e.what(), "; its snapshots are off for the rest of this run");
+    }
+  }
+  im.shard_exchange_ns += static_cast<int64_t>(clock.seconds() * 1e9);
+}
+
 void Trainer::setup_shard_snapshots(const std::string& dir, const std::string& run) {
   auto& im = *impl_;
   int per_node = im.snapshot_local_world > 0 ? im.snapshot_local_world
@@ -134,6 +155,11 @@ void Trainer::setup_shard_snapshots(const std::string& dir, const std::string& r
            " snapshots: ", per_node < world_ ? "nodes of unequal rank counts" : "one node",
            ": each rank's shard is kept on its own node only (losing the node loses the snapshot)");
   }
+  if (group_ && world_ > 1) {  // collective: before anything that may end this setup early
+    std::vector<int> all(static_cast<size_t>(world_));
+    std::iota(all.begin(), all.end(), 0);
+    im.snapshot_comm = group_->new_group(all);
+  }
   try {
     im.snapshots->hold_run_lock();  // every rank of the run: another job leaves our files alone
   } catch (const std::exception& e) {
@@ -144,6 +170,7 @@ void Trainer::setup_shard_snapshots(const std::string& dir, const std::string& r
   }
   im.snapshot_writer = std::make_unique<SnapshotWriter>(*im.snapshots);
   if (im.held_snapshots) im.held_writer = std::make_unique<SnapshotWriter>(*im.held_snapshots);
+
   if (rank_ % per_node == 0)
     if (const int n = im.snapshots->remove_other_runs(); n > 0)
       GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir);
@@ -153,49 +180,56 @@ void Trainer::take_shard_snapshot() {
   gz::ScopedPhase phase(gz::Phase::checkpoint);  // this rank's own time, not training
   Stopwatch clock;
   auto& im = *impl_;
+  Stopwatch waiting;
+  wait_shard_exchange();  // one exchange at a time; a peer lost in the last one fails this step
+  im.snapshot_wait_seconds += waiting.seconds();
   const SnapshotHeader h{state_.step, state_.epoch, world_, snapshot_fingerprint()};
-  std::string mine;  // empty: this rank has nothing to send (its buddy then writes nothing)
+  // On this thread only the copy: the shard's tensors (serialized later) and the rest's archive
+  // (buffers, counters, RNG, scaler: small, written now).
+  std::function<std::string()> shard;  // null: nothing to send (the buddy then writes nothing)
+  std::string rest;
   try {
     std::vector<std::string> held;
-    std::string shard = shard_bytes(&held);
-    TrainingState rest = live_state();  // what the shards do not hold, as a sharded checkpoint's state.pt
-    rest.optimizer = nullptr;
+    shard = snapshot_shard(&held);
+    TrainingState state = live_state();  // what the shards do not hold, as a sharded checkpoint's state.pt
+    state.optimizer = nullptr;
     const std::set<std::string> in_shard(held.begin(), held.end());
-    rest.model.erase(
-        std::remove_if(rest.model.begin(), rest.model.end(),
+    state.model.erase(
+        std::remove_if(state.model.begin(), state.model.end(),
                        [&](const NamedTensor& t) { return !t.buffer && in_shard.count(t.name); }),
-        rest.model.end());
+        state.model.end());
     torch::serialize::OutputArchive root;
-    write_training_state(rest, root);
+    write_training_state(state, root);
     root.write("gz_sharded_params", c10::IValue(join_lines(held)));
-    std::string bytes;
-    root.save_to([&bytes](const void* p, size_t n) {
-      bytes.append(static_cast<const char*>(p), n);
+    root.save_to([&rest](const void* p, size_t n) {
+      rest.append(static_cast<const char*>(p), n);
       return n;
     });
-    mine = frame_shard_payload(bytes, shard);
   } catch (const std::exception& e) {
-    if (!im.shard_snapshot_failed_logged)
+    shard = nullptr;
+    if (!im.shard_snapshot_failed_logged.exchange(true))
       GZ_LOG(warn, "rank ", rank_, ": its shard snapshot of step ", state_.step, " failed: ", e.what());
-    im.shard_snapshot_failed_logged = true;
   }
-  // The copy for the buddy: every rank takes part (a rank that skipped would leave its peers
-  // waiting until the op timeout); a peer lost here fails training like any collective.
-  std::string held;
-  if (im.buddy_to >= 0)
-    held = exchange_bytes(*group_, &mine, im.buddy_to, im.buddy_from,
-                          shard_sends_first(rank_, im.snapshot_local_world));
-  for (auto [writer, bytes] : {std::pair{&im.snapshot_writer, &mine}, std::pair{&im.held_writer, &held}}) {
-    if (!*writer || bytes->empty()) continue;
-    try {
-      (*writer)->submit(h, std::move(*bytes));  // waits for this writer's previous write
-    } catch (const std::exception& e) {
-      GZ_LOG(warn, "rank ", rank_, ": ", e.what(), "; its snapshots are off for the rest of this run");
-      writer->reset();
-    }
-  }
+  auto job = [&im, h, rank = rank_, shard = std::move(shard), rest = std::move(rest),
+              slow = im.checkpoints->test_hooks().in_state_copy] {
+    if (slow) slow();  // a test holds the serialization up while the next steps run
+    exchange_shard_snapshot(im, h, rank, shard ? frame_shard_payload(rest, shard()) : std::string());
+  };
+  // Every rank takes part in the exchange (a rank that skipped it would leave its buddy waiting
+  // until the op timeout); on the exchange's own group it runs beside the next steps.
+  if (im.snapshot_comm)
+    im.shard_exchange.work = im.snapshot_comm->submit(std::move(job));
+  else
+    job();
   im.snapshot_seconds += clock.seconds();
   ++im.snapshots_taken;
+}
+
+void Trainer::wait_shard_exchange() {
+  auto work = std::move(impl_->shard_exchange.work);
+  if (!work) return;
+  work->wait_finished();  // bounded by the deadline of each op inside (a chunk, a write)
+  work->wait();           // its failure: a peer lost while sending
 }
 
 bool Trainer::restore_shard_snapshot() {

@@ -163,6 +163,11 @@ void Trainer::submit_capture(const TrainingState& live, const SnapshotHeader& he
 }
 
 void Trainer::finish_snapshots(bool completed) {
+  try {
+    wait_shard_exchange();  // zero_stage > 0: the last shard's copy to its buddy
+  } catch (const std::exception& e) {
+    GZ_LOG(warn, "rank ", rank_, ": the last shard snapshot's exchange failed: ", e.what());
+  }
   if (!impl_->snapshot_writer) return;
   for (auto* writer : {impl_->held_writer.get(), impl_->snapshot_writer.get()}) {
     if (!writer) continue;
@@ -183,7 +188,12 @@ void Trainer::finish_snapshots(bool completed) {
            " s on the training thread (", 1e3 * impl_->snapshot_seconds / n, " ms each, ",
            1e3 * impl_->snapshot_wait_seconds / n, " of it waiting for the writer); the writer thread: ",
            1e3 * writer_seconds / static_cast<double>(std::max<int64_t>(1, writes)),
-           " ms per write (archive, hash, file)");
+           " ms per write (archive, hash, file)",
+           impl_->shard_snapshots
+               ? detail::concat("; the exchange's thread (zero_stage ", config_.zero_stage,
+                                ": serializing the shard, the buddy copy): ",
+                                1e-6 * static_cast<double>(impl_->shard_exchange_ns) / n, " ms per snapshot")
+               : std::string());
   }
 }
 
