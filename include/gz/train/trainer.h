@@ -199,9 +199,9 @@ class Trainer {
   void take_shard_snapshot();
   // Waits for the last snapshot's serialization and buddy exchange; rethrows its failure.
   void wait_shard_exchange();
-  // The exchange itself (on the exchange group's progress thread): `mine` to the buddy, the
-  // buddy's shard back, both to the writers.
-  static void exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int rank, std::string mine);
+  // The exchange itself (on the exchange group's progress thread): `payload` to this rank's
+  // writer and to the buddy, the buddy's shard back to the other writer.
+  static void exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int rank, std::string payload);
   bool restore_shard_snapshot();
   // Reads (or receives from its buddy) this rank's shard snapshot of `step`; nullopt on every
   // rank when any rank could not read its part.

@@ -116,23 +116,30 @@ bool shard_sends_first(int rank, int per_node) { return (rank / per_node) % 2 ==
 
 }  // namespace
 
-// On the exchange group's progress thread: this rank's payload to its buddy, the buddy's from the
-// previous node, both to the writers. A failed write turns that writer off for the run.
-void Trainer::exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int rank, std::string mine) {
+// On the exchange group's progress thread: this rank's payload to its writer first (its own copy
+// does not depend on a peer), then to its buddy; the buddy's from the previous node to the other
+// writer. A failed write turns that writer off for the run.
+void Trainer::exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int rank, std::string payload) {
   Stopwatch clock;
-  std::string held;
-  if (im.buddy_to >= 0)
-    held = exchange_bytes(*im.snapshot_comm, &mine, im.buddy_to, im.buddy_from,
-                          shard_sends_first(rank, im.snapshot_local_world));
-  for (auto [writer, off, bytes] : {std::tuple{im.snapshot_writer.get(), &im.own_writes_off, &mine},
-                                    std::tuple{im.held_writer.get(), &im.held_writes_off, &held}}) {
-    if (!writer || *off || bytes->empty()) continue;
+  auto write = [&](SnapshotWriter* writer, std::atomic<bool>& off, SnapshotWriter::PayloadFn bytes) {
+    if (!writer || off) return;
     try {
-      writer->submit(h, std::move(*bytes));  // waits for this writer's previous write
+      writer->submit(h, std::move(bytes));  // waits while this writer's previous one still waits
     } catch (const std::exception& e) {
-      *off = true;
+      off = true;
       GZ_LOG(warn, "rank ", rank, ": ", e.what(), "; its snapshots are off for the rest of this run");
     }
+  };
+  // Shared with the writer, which copies it into its own buffer while the exchange sends it.
+  const auto mine = std::make_shared<const std::string>(std::move(payload));
+  if (!mine->empty())
+    write(im.snapshot_writer.get(), im.own_writes_off, [mine](std::string& out) { out = *mine; });
+  if (im.buddy_to >= 0) {
+    auto held = std::make_shared<std::string>(
+        exchange_bytes(*im.snapshot_comm, mine.get(), im.buddy_to, im.buddy_from,
+                       shard_sends_first(rank, im.snapshot_local_world)));
+    if (!held->empty())
+      write(im.held_writer.get(), im.held_writes_off, [held](std::string& out) { out.swap(*held); });
   }
   im.shard_exchange_ns += static_cast<int64_t>(clock.seconds() * 1e9);
 }
