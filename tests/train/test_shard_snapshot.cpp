@@ -35,6 +35,13 @@ namespace {
 
 constexpr int kWorld = 4, kPerNode = 2;
 
+// The job's shape: `world` ranks, `per_node` a node; `shm_chunk` > 0 shrinks the shm slots (and
+// so the point-to-point ones) so that a shard's send waits for its receiver.
+struct Shape {
+  int world = kWorld, per_node = kPerNode;
+  size_t shm_chunk = 0;
+};
+
 // Two units at stage 3 (fc1 its own), and a buffer the training changes.
 struct NetImpl : ModelImpl, ShardUnits {
   NetImpl() {
@@ -179,10 +186,11 @@ struct SlowSerializationThenCrash : Callback {
   int64_t at;
 };
 
-// One launch of `world` ranks, 2 a node; returns rank 0's final whole parameters (empty after a
-// crash). `crash`, when set, makes a callback that crashes the run (gz::Aborted expected).
+// One launch of `shape`; returns rank 0's final whole parameters (empty after a crash). `crash`,
+// when set, makes a callback that crashes the run (gz::Aborted expected).
 std::vector<torch::Tensor> launch(const TrainConfig& c, const fs::path& nodes, int64_t crash_at, Probe& probe,
-                                  int world = kWorld, const std::function<CallbackPtr()>& crash = {}) {
+                                  const Shape& shape = {}, const std::function<CallbackPtr()>& crash = {}) {
+  const int world = shape.world, per_node = shape.per_node;
   std::vector<torch::Tensor> out;
   std::vector<ModelPtr> nets;
   for (int r = 0; r < world; ++r) {
@@ -192,12 +200,13 @@ std::vector<torch::Tensor> launch(const TrainConfig& c, const fs::path& nodes, i
   auto body = [&](int rank, std::shared_ptr<gz::Store> store) {
     gz::comm::ShmOptions so;
     so.timeout = std::chrono::seconds(30);
+    so.chunk_bytes = shape.shm_chunk;
     auto group = gz::comm::create_shm_communicator(rank, world, store, so);
     TrainConfig mine = c;
-    mine.snapshot_dir = node_dir(nodes, rank / kPerNode).string();
+    mine.snapshot_dir = node_dir(nodes, rank / per_node).string();
     Trainer t(mine, group);
     t.set_model(nets[static_cast<size_t>(rank)]);
-    t.set_snapshot_local_world(kPerNode);
+    t.set_snapshot_local_world(per_node);
     t.add_callback(std::shared_ptr<Probe>(&probe, [](Probe*) {}));
     if (crash) t.add_callback(crash());
     if (crash_at > 0) t.set_crash_at_step(crash_at);
@@ -254,7 +263,9 @@ std::vector<fs::path> shard_files(const fs::path& dir, int rank) {
 // rank must continue from exactly its state at the crash, and the run end where the
 // uninterrupted one does.
 void crash_and_resume(int stage, const std::string& tag, int64_t crash_at,
-                      const std::function<void(const fs::path& nodes)>& between = {}) {
+                      const std::function<void(const fs::path& nodes)>& between = {},
+                      const Shape& shape = {}) {
+  const int world = shape.world, per_node = shape.per_node;
   TmpDir tmp(tag);
   Probe reference(crash_at), crashed(crash_at), resumed(crash_at);
   TrainConfig c = config(tmp.path, stage), ref = c;
@@ -262,23 +273,24 @@ void crash_and_resume(int stage, const std::string& tag, int64_t crash_at,
   std::vector<torch::Tensor> uninterrupted, final_params;
   {
     LauncherEnv job("5000", 0);
-    uninterrupted = launch(ref, tmp.path / "ref_nodes", -1, reference);
+    uninterrupted = launch(ref, tmp.path / "ref_nodes", -1, reference, shape);
   }
   {
     LauncherEnv job("5100", 0);
-    launch(c, tmp.path / "nodes", crash_at, crashed);
+    launch(c, tmp.path / "nodes", crash_at, crashed, shape);
   }
-  for (int r = 0; r < kWorld; ++r)  // own copy on its node, the buddy's on the next
-    ASSERT_EQ(shard_files(node_dir(tmp.path / "nodes", r / kPerNode), r).size() +
-                  shard_files(node_dir(tmp.path / "nodes", 1 - r / kPerNode), r).size(),
+  const int nodes = world / per_node;
+  for (int r = 0; r < world; ++r)  // own copy on its node, the buddy's on the next
+    ASSERT_EQ(shard_files(node_dir(tmp.path / "nodes", r / per_node), r).size() +
+                  shard_files(node_dir(tmp.path / "nodes", (r / per_node + 1) % nodes), r).size(),
               4u)
         << "rank " << r << ": 2 generations, own and buddy's";
   if (between) between(tmp.path / "nodes");
   {
     LauncherEnv job("5100", 1);  // gzrun's restart of the same job
-    final_params = launch(c, tmp.path / "nodes", -1, resumed);
+    final_params = launch(c, tmp.path / "nodes", -1, resumed, shape);
   }
-  for (int r = 0; r < kWorld; ++r)
+  for (int r = 0; r < world; ++r)
     expect_same(crashed.after_step[r], resumed.at_begin[r], "rank " + std::to_string(r));
   ASSERT_EQ(final_params.size(), uninterrupted.size());
   for (size_t i = 0; i < final_params.size(); ++i)
@@ -305,6 +317,16 @@ TEST(ShardSnapshot, Stage3ANodesWipedFolderIsRestoredFromTheBuddies) {
   crash_and_resume(3, "z3w", 5, [](const fs::path& nodes) { fs::remove_all(node_dir(nodes, 0)); });
 }
 
+// Three nodes of one rank at stage 2, point-to-point slots of 1 KiB (a shard's send waits for its
+// receiver): an odd ring (node 2 sends to node 0, which sends first as well) neither deadlocks
+// taking the snapshots nor restoring them, and node 1's wiped shard comes back from node 2.
+// Mutation check: every rank sending first (shard_sends_first() always true) deadlocks the first
+// exchange until the 30 s op timeout and fails.
+TEST(ShardSnapshot, Stage2OnThreeNodesRestoresAWipedNodeFromItsBuddy) {
+  crash_and_resume(
+      2, "z2n3", 5, [](const fs::path& nodes) { fs::remove_all(node_dir(nodes, 1)); }, Shape{3, 1, 1024});
+}
+
 // A shard snapshot is copied on the training thread and serialized and sent on the exchange's
 // thread while the next step runs (held up 150 ms here, past that step's update): the snapshot
 // still holds its own step. Mutation check: no copy (shard_archive() writing the live tensors,
@@ -317,7 +339,7 @@ TEST(ShardSnapshot, ASlowSerializationStillHoldsItsStep) {
     TrainConfig c = config(tmp.path, stage);
     {
       LauncherEnv job("5400", 0);
-      launch(c, tmp.path / "nodes", -1, crashed, kWorld,
+      launch(c, tmp.path / "nodes", -1, crashed, {},
              [] { return std::make_shared<SlowSerializationThenCrash>(6); });
     }
     LauncherEnv job("5400", 1);
@@ -367,7 +389,7 @@ TEST(ShardSnapshot, AnotherWorldSizeFallsBackToTheDiskCheckpoint) {
   testing::internal::CaptureStderr();
   {
     LauncherEnv job("5300", 1);
-    launch(c, tmp.path / "nodes", -1, resumed, 2);  // node 0 alone
+    launch(c, tmp.path / "nodes", -1, resumed, Shape{2, 2, 0});  // node 0 alone
   }
   const std::string log = testing::internal::GetCapturedStderr();
   for (int r = 0; r < 2; ++r) EXPECT_EQ(resumed.at_begin[r].step, 10) << "rank " << r;
