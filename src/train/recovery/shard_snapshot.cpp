@@ -170,14 +170,11 @@ void Trainer::setup_shard_snapshots(const std::string& dir, const std::string& r
   try {
     im.snapshots->hold_run_lock();  // every rank of the run: another job leaves our files alone
   } catch (const std::exception& e) {
-    GZ_LOG(warn, "rank ", rank_, ": ", e.what(),
-           "; this rank writes no snapshots (restarts use the disk "
-           "checkpoint)");
+    GZ_LOG(warn, "rank ", rank_, ": ", e.what(), "; this rank writes no snapshots");
     return;
   }
   im.snapshot_writer = std::make_unique<SnapshotWriter>(*im.snapshots);
   if (im.held_snapshots) im.held_writer = std::make_unique<SnapshotWriter>(*im.held_snapshots);
-
   if (rank_ % per_node == 0)
     if (const int n = im.snapshots->remove_other_runs(); n > 0)
       GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir);
@@ -220,7 +217,13 @@ void Trainer::take_shard_snapshot() {
   auto job = [&im, h, rank = rank_, shard = std::move(shard), rest = std::move(rest),
               slow = im.checkpoints->test_hooks().in_state_copy] {
     if (slow) slow();  // a test holds the serialization up while the next steps run
-    exchange_shard_snapshot(im, h, rank, shard ? frame_shard_payload(rest, shard()) : std::string());
+    std::string payload;
+    try {
+      if (shard) payload = frame_shard_payload(rest, shard());
+    } catch (const std::exception& e) {  // still exchanged (empty): the buddy waits for it
+      GZ_LOG(warn, "rank ", rank, ": its shard snapshot of step ", h.step, " failed: ", e.what());
+    }
+    exchange_shard_snapshot(im, h, rank, std::move(payload));
   };
   // Every rank takes part in the exchange (a rank that skipped it would leave its buddy waiting
   // until the op timeout); on the exchange's own group it runs beside the next steps.
