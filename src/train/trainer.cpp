@@ -119,6 +119,7 @@ void Trainer::set_datasets(DatasetPtr train, DatasetPtr test) {
 void Trainer::add_callback(CallbackPtr callback) { user_callbacks_.push_back(std::move(callback)); }
 void Trainer::set_default_callbacks(bool on) { default_callbacks_ = on; }
 void Trainer::set_crash_at_step(int64_t step) { crash_at_step_ = step; }
+void Trainer::set_snapshot_local_world(int ranks_per_node) { impl_->snapshot_local_world = ranks_per_node; }
 void Trainer::set_regroup(std::function<comm::CommPtr(const std::string&)> regroup) {
   impl_->regroup = std::move(regroup);
 }
@@ -508,6 +509,7 @@ void Trainer::begin_training() {
   agree_on_resumed_step();  // before anything that depends on the step (Horovod's after_load)
   // Snapshots newer than this run's start (another run's, or refused) would outrank its own.
   if (impl_->snapshot_writer && !restored_snapshot_) impl_->snapshots->remove_snapshots();
+  if (impl_->held_snapshots && !restored_snapshot_) impl_->held_snapshots->remove_snapshots();
   if (c.log_samples) {
     // One id per launch, the same on every rank (rank 0's clock), naming this session's sample logs.
     const auto now = std::chrono::system_clock::now().time_since_epoch();
@@ -560,7 +562,8 @@ void Trainer::train_epoch() {
     for_each_callback([&](Callback& cb) { cb.on_step_end(*this); });
     // Not at an epoch's last step: restoring it would skip that epoch's end (evaluation,
     // on_epoch_end, its checkpoint), which runs after this point.
-    if (impl_->snapshot_writer && state_.step % c.snapshot_every == 0 &&
+    // zero_stage > 0: every rank takes part in the buddy exchange, writer or not.
+    if ((impl_->snapshot_writer || impl_->shard_snapshots) && state_.step % c.snapshot_every == 0 &&
         static_cast<size_t>(state_.epoch_samples) != plan.end())
       take_snapshot();
     if (state_.step == crash_at_step_) {

@@ -3,10 +3,12 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 
 #include "comm_algorithms.h"
+#include "gz/comm/communicator.h"
 #include "gz/core/deadline.h"
 #include "gz/torch/grad_scaler.h"
 #include "gz/train/checkpoint.h"
@@ -68,6 +70,27 @@ struct Trainer::Impl {
   double snapshot_seconds = 0;       // spent on the training thread (copying, waiting)
   double snapshot_wait_seconds = 0;  // of it, waiting for the writer (a capture, the queue)
   int64_t snapshots_taken = 0;
+  // zero_stage > 0 (shard_snapshot.cpp): `snapshots` holds this rank's shard (every rank has a
+  // writer); held_snapshots the copy of rank buddy_from's (the same local rank, previous node).
+  // Every rank sends its shard to buddy_to. -1: one node, no buddy.
+  bool shard_snapshots = false;
+  int snapshot_local_world = 0;  // set_snapshot_local_world(); 0: the launcher's
+  int buddy_to = -1, buddy_from = -1;
+  std::unique_ptr<SnapshotStore> held_snapshots;
+  std::unique_ptr<SnapshotWriter> held_writer;
+  std::atomic<bool> shard_snapshot_failed_logged{false};
+  std::atomic<bool> own_writes_off{false}, held_writes_off{false};  // a write failed: off for the run
+  std::atomic<int64_t> shard_exchange_ns{0};                        // the exchange's thread, in all
+  // The exchange's own group (of all ranks): its progress thread serializes the shard copy and
+  // sends it while the training thread goes on. Declared after the writers it hands payloads to,
+  // and `shard_exchange` after the group: destroyed first, it waits for the exchange in flight.
+  comm::CommPtr snapshot_comm;
+  struct PendingWork {
+    comm::WorkPtr work;
+    ~PendingWork() {
+      if (work) work->wait_finished();
+    }
+  } shard_exchange;
   // GZ_DEFER_STATE_COPY (default 1): a background checkpoint's or snapshot's copy of the
   // parameters and optimizer state runs alongside the next step; 0 copies on the training thread
   // (for a model whose forward changes its own parameters, and for A/B benchmarks).

@@ -151,6 +151,29 @@ void Trainer::load_shards(const CheckpointInfo& info) {
     load_sharded_whole(*model_, s.optimizer(), dir, expect);  // zero_stage 0: the whole state, here
 }
 
+std::function<std::string()> Trainer::snapshot_shard(std::vector<std::string>* held) {
+  ShardedCheckpointMeta meta;
+  meta.step = state_.step;
+  auto& s = *impl_->strategy;
+  if (auto* z3 = fsdp_hooks(s)) return z3->fsdp().snapshot_shard(s.optimizer(), meta, held);
+  if (auto* zero = zero_optimizer(s)) return zero->snapshot_shard(meta, held);
+  GZ_THROW(InvalidArgument, "shard snapshots need zero_stage 1, 2 or 3 (mode ", config_.mode, ", zero_stage ",
+           config_.zero_stage, ")");
+}
+
+void Trainer::load_shard_bytes(const std::string& bytes, const std::string& where, int64_t step) {
+  ShardedCheckpointMeta expect;
+  expect.step = step;
+  auto& s = *impl_->strategy;
+  if (auto* z3 = fsdp_hooks(s))
+    z3->fsdp().load_shard_bytes(s.optimizer(), bytes, where, expect);  // collective
+  else if (auto* zero = zero_optimizer(s))
+    zero->load_shard_bytes(bytes, where, expect);  // collective
+  else
+    GZ_THROW(InvalidArgument, "shard snapshots need zero_stage 1, 2 or 3 (zero_stage ", config_.zero_stage,
+             ")");
+}
+
 void Trainer::export_checkpoint(const std::string& src, const std::string& out) {
   if (world_ != 1)
     GZ_THROW(InvalidArgument, "export_checkpoint: run it in one process (mode single), not ", world_);

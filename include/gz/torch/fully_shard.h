@@ -167,6 +167,16 @@ class FullyShardedDataParallel {
   /// and stage; the next forward() or unshard() gathers them. Collective: every rank installs or
   /// none does.
   void load_sharded(torch::optim::Optimizer& opt, const std::string& dir, const ShardedCheckpointMeta& expect = {});
+  /// @brief Not collective: copies this rank's shards and their state in `opt` now; the function
+  /// returned serializes the copy (any thread, while training goes on) in the format of its shard
+  /// file with its own manifest (in-memory snapshots). `params` (optional) receives the names of
+  /// the parameters the shards hold.
+  std::function<std::string()> snapshot_shard(torch::optim::Optimizer& opt, const ShardedCheckpointMeta& meta,
+                                              std::vector<std::string>* params = nullptr);
+  /// @brief Collective: every rank's shards from its own snapshot_shard() bytes of a job of this world
+  /// size; all or nothing, like load_sharded(). `where` names the bytes in errors.
+  void load_shard_bytes(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& where,
+                        const ShardedCheckpointMeta& expect = {});
 
   /// @brief Units, root first: each one's name (the module's name, "" for the root), parameter
   /// count and padded flat size.

@@ -6,6 +6,7 @@
 #include <torch/serialize/archive.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -109,6 +110,17 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// (1-3), then the parameters are all-gathered. A missing, corrupt or foreign manifest or shard
   /// is refused with gz::Error before anything changes.
   void load_sharded(const std::string& dir, const ShardedCheckpointMeta& expect = {});
+  /// @brief Not collective: copies this rank's blocks and state now; the function returned
+  /// serializes the copy (any thread, while training goes on) in the format of its shard file with
+  /// its own manifest (in-memory snapshots). `params` (optional) receives the names of the
+  /// parameters the shards hold.
+  std::function<std::string()> snapshot_shard(const ShardedCheckpointMeta& meta,
+                                              std::vector<std::string>* params = nullptr);
+  /// @brief Collective: every rank's blocks from its own snapshot_shard() bytes of a job of this world
+  /// size, then the parameters are all-gathered; all or nothing, like load_sharded(). `where` names
+  /// the bytes in errors.
+  void load_shard_bytes(const std::string& bytes, const std::string& where,
+                        const ShardedCheckpointMeta& expect = {});
 
   /// @brief The wrapped optimizer; its parameters are this rank's blocks (flat, one per bucket).
   torch::optim::Optimizer& local_optimizer();
@@ -127,6 +139,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   struct Impl;
 
  private:
+  void gather_loaded();  // after a load: every rank's blocks all-gathered into the parameters
   std::shared_ptr<Impl> impl_;
 };
 

@@ -59,7 +59,8 @@ struct CheckpointTestHooks {
   std::function<void(const std::string& dir)> in_background_write;
   /// @brief Called on the thread that copies the live parameters and optimizer state for a
   /// background checkpoint write or a snapshot, before it copies (a test slows it down: the next
-  /// optimizer step must wait for it).
+  /// optimizer step must wait for it); at zero_stage > 0, on the thread that serializes a shard
+  /// snapshot's copy and sends it to the buddy, before it serializes.
   std::function<void()> in_state_copy;
 };
 

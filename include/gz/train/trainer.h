@@ -58,6 +58,10 @@ class Trainer {
   void set_default_callbacks(bool on);
   /// @brief Test hook: throw gz::Aborted right after this optimizer step (simulated crash; no save).
   void set_crash_at_step(int64_t step);
+  /// @brief Test hook: ranks per node for the buddy copies of zero_stage > 0 snapshots (rank r's
+  /// shard is copied to rank r + n); threads as ranks have no launcher to say it. 0: the launcher's
+  /// (gz::local_size()), else the whole world (one node).
+  void set_snapshot_local_world(int ranks_per_node);
   /// @brief Recover in place: when training fails because a peer was lost or stopped (gz::PeerError,
   /// gz::TimeoutError, gz::Aborted from the group), this rank does not end train(): it aborts the
   /// group, takes the one `regroup` returns (same ranks and size, shared with the launcher's
@@ -189,6 +193,20 @@ class Trainer {
   // `lacks`: this rank's node does not hold `step` (it receives it from `source`).
   std::optional<std::string> read_snapshot(int64_t step, int source, bool all_hold, bool lacks);
   void finish_snapshots(bool completed);
+  // zero_stage > 0 (src/train/recovery/shard_snapshot.cpp): every rank's shard, a copy on the
+  // same local rank of the next node. Both collective (the copy is sent point-to-point).
+  void setup_shard_snapshots(const std::string& dir, const std::string& run);
+  void take_shard_snapshot();
+  // Waits for the last snapshot's serialization and buddy exchange; rethrows its failure.
+  void wait_shard_exchange();
+  // The exchange itself (on the exchange group's progress thread): `payload` to this rank's
+  // writer and to the buddy, the buddy's shard back to the other writer.
+  static void exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int rank, std::string payload);
+  bool restore_shard_snapshot();
+  // Reads (or receives from its buddy) this rank's shard snapshot of `step`; nullopt on every
+  // rank when any rank could not read its part.
+  std::optional<std::string> fetch_shard_snapshot(int64_t step, const std::vector<int64_t>& own_ranks);
+  void apply_shard_snapshot(const std::string& payload, int64_t step);
   // Wait for the background copies of the live state (StateCapture::capture_deferred) still
   // running: before anything changes parameters or optimizer state. Adds the wait to the
   // checkpoints' or snapshots' time on the training thread.
@@ -210,6 +228,11 @@ class Trainer {
   std::string save_sharded_checkpoint();
   void write_shards(const std::string& dir);
   void load_shards(const CheckpointInfo& info);
+  // This rank's shard copied, and a function that serializes the copy in the sharded checkpoint's
+  // per-rank format (`held`: the names of the parameters it holds); the load of such bytes
+  // (collective at zero_stage >= 1).
+  std::function<std::string()> snapshot_shard(std::vector<std::string>* held);
+  void load_shard_bytes(const std::string& bytes, const std::string& where, int64_t step);
   // Collective: an all-reduce of per-rank failure flags. If any rank failed, every rank throws: a
   // failing rank its own exception, the others a gz::Error quoting the lowest failing rank's.
   void agree(std::exception_ptr error, const std::string& what);

@@ -48,4 +48,30 @@ void FullyShardedDataParallel::load_sharded(torch::optim::Optimizer& opt, const 
   im.mark_stale();  // whole units hold the old parameters: gathered again before any use
 }
 
+std::function<std::string()> FullyShardedDataParallel::snapshot_shard(torch::optim::Optimizer& opt,
+                                                                      const ShardedCheckpointMeta& meta,
+                                                                      std::vector<std::string>* params) {
+  auto& im = *impl_;
+  GZ_CHECK_ARG(!im.in_forward, "FullyShardedDataParallel: snapshot_shard() inside forward()");
+  restore_optimizer(opt);
+  const auto set = shard_set(im, opt);
+  if (params) {
+    params->clear();
+    for (const auto& g : set.groups) params->insert(params->end(), g.params.begin(), g.params.end());
+  }
+  return zero::shard_snapshot(set, meta);
+}
+
+void FullyShardedDataParallel::load_shard_bytes(torch::optim::Optimizer& opt, const std::string& bytes,
+                                                const std::string& where,
+                                                const ShardedCheckpointMeta& expect) {
+  auto& im = *impl_;
+  GZ_CHECK_ARG(!im.in_forward, "FullyShardedDataParallel: load_shard_bytes() inside forward()");
+  restore_optimizer(opt);
+  auto set = shard_set(im, opt);
+  zero::load_shard_bytes_collective(set, im.group.get(), bytes, where, expect,
+                                    "FullyShardedDataParallel::load_shard_bytes");
+  im.mark_stale();
+}
+
 }  // namespace gz

@@ -117,21 +117,28 @@ uint64_t save_hashed(torch::serialize::OutputArchive& a, const std::string& path
   return hash.digest();
 }
 
-uint64_t write_shard(const ShardSet& set, const ShardedCheckpointMeta& meta, int64_t id,
-                     const fs::path& file) {
+// This rank's shard file's content: its blocks and their state; the options go into rank 0's file
+// (and, with `snapshot`, into every rank's: a shard snapshot is restored from its own bytes; the
+// tensors are then copies, so the archive may be saved while training goes on).
+torch::serialize::OutputArchive shard_archive(const ShardSet& set, const ShardedCheckpointMeta& meta,
+                                              int64_t id, bool snapshot) {
+  auto own = [snapshot](const torch::Tensor& t) {
+    auto flat = owned_flat(t);
+    return snapshot && flat.data_ptr() == t.data_ptr() ? flat.clone() : flat;  // a view: copied
+  };
   torch::serialize::OutputArchive a;
   a.write("gz_meta", torch::tensor({kShardedVersion, int64_t(set.rank), int64_t(set.world), meta.step, id},
                                    torch::kInt64));
   a.write("gz_job", c10::IValue(meta.job));
   for (size_t k = 0; k < set.groups.size(); ++k) {
     const auto& g = set.groups[k];
-    a.write(key_of(k, "param"), owned_flat(g.block));
+    a.write(key_of(k, "param"), own(g.block));
     auto* st = find_state(*set.state_opt, g.key);
     if (!st) continue;
     for (auto& [name, t] : state_fields(*st).tensors)
-      if (t->defined()) a.write(key_of(k, std::string("state_") + name), owned_flat(*t));
+      if (t->defined()) a.write(key_of(k, std::string("state_") + name), own(*t));
   }
-  if (set.rank == 0 && set.options_opt) {
+  if ((set.rank == 0 || snapshot) && set.options_opt) {
     auto& groups = set.options_opt->param_groups();
     for (size_t g = 0; g < groups.size(); ++g) {
       torch::serialize::OutputArchive o;
@@ -139,6 +146,12 @@ uint64_t write_shard(const ShardSet& set, const ShardedCheckpointMeta& meta, int
       a.write("opt" + std::to_string(g), o);
     }
   }
+  return a;
+}
+
+uint64_t write_shard(const ShardSet& set, const ShardedCheckpointMeta& meta, int64_t id,
+                     const fs::path& file) {
+  auto a = shard_archive(set, meta, id, false);
   uint64_t sum = 0;
   write_atomic(file, [&](const std::string& tmp) { sum = save_hashed(a, tmp); });
   return sum;
@@ -167,8 +180,8 @@ json group_json(const ShardSet& set, size_t k) {
   return out;
 }
 
-void write_manifest(const ShardSet& set, const ShardedCheckpointMeta& meta, int64_t id,
-                    const std::vector<int64_t>& written, const fs::path& dir) {
+json manifest_json(const ShardSet& set, const ShardedCheckpointMeta& meta, int64_t id,
+                   const std::vector<int64_t>& written) {
   json shards = json::array();
   for (int r = 0; r < set.world; ++r)
     shards.push_back({{"file", shard_file_name(r, set.world)},
@@ -177,15 +190,19 @@ void write_manifest(const ShardSet& set, const ShardedCheckpointMeta& meta, int6
   json groups = json::array();
   for (size_t k = 0; k < set.groups.size(); ++k) groups.push_back(group_json(set, k));
   const size_t opt_groups = set.options_opt ? set.options_opt->param_groups().size() : 0;
-  const json m = {{"format", kShardedFormat},
-                  {"world", set.world},
-                  {"step", meta.step},
-                  {"job", meta.job},
-                  {"save_id", id},
-                  {"shards", shards},
-                  {"groups", groups},
-                  {"optimizer_groups", opt_groups}};
-  const std::string text = m.dump(1) + "\n";
+  return {{"format", kShardedFormat},
+          {"world", set.world},
+          {"step", meta.step},
+          {"job", meta.job},
+          {"save_id", id},
+          {"shards", shards},
+          {"groups", groups},
+          {"optimizer_groups", opt_groups}};
+}
+
+void write_manifest(const ShardSet& set, const ShardedCheckpointMeta& meta, int64_t id,
+                    const std::vector<int64_t>& written, const fs::path& dir) {
+  const std::string text = manifest_json(set, meta, id, written).dump(1) + "\n";
   write_atomic(dir / kShardedManifest, [&](const std::string& tmp) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << text;
@@ -249,6 +266,23 @@ void save_shards(const ShardSet& set, comm::Communicator* group, const std::stri
   if (manifest_failed)
     GZ_THROW(Error, "sharded checkpoint ", dir, ": rank 0 could not write the manifest",
              error.empty() ? "" : ": " + error);
+}
+
+std::function<std::string()> shard_snapshot(const ShardSet& set, const ShardedCheckpointMeta& meta) {
+  // The manifest is this rank's view (its own state fields and step); the other shards' sizes and
+  // checksums are unknown here and never read: a shard snapshot is restored on its own rank.
+  const int64_t id = std::max<int64_t>(0, meta.step);
+  auto a = std::make_shared<torch::serialize::OutputArchive>(shard_archive(set, meta, id, true));
+  const std::vector<int64_t> unknown(2 * static_cast<size_t>(set.world), 0);
+  a->write("gz_manifest", c10::IValue(manifest_json(set, meta, id, unknown).dump()));
+  return [a] {
+    std::string out;
+    a->save_to([&out](const void* data, size_t n) {
+      out.append(static_cast<const char*>(data), n);
+      return n;
+    });
+    return out;
+  };
 }
 
 }  // namespace zero

@@ -47,6 +47,19 @@ struct ShardSet {
 void save_shards(const ShardSet& set, comm::Communicator* group, const std::string& dir,
                  const ShardedCheckpointMeta& meta);
 
+/// @brief Not collective: this rank's shard for an in-memory snapshot, copied now (its blocks and
+/// state tensors); the function returned serializes the copy, on any thread, while training goes
+/// on: the archive its shard file would hold (the options included, whatever the rank) and, under
+/// "gz_manifest", the manifest as this rank sees it (the other shards' sizes unknown: restored by
+/// load_shard_bytes_collective() on this rank of a job of the same world size only).
+std::function<std::string()> shard_snapshot(const ShardSet& set, const ShardedCheckpointMeta& meta);
+
+/// @brief load_shards_collective() from every rank's own shard_bytes() (same world and layout).
+/// `where` names the bytes in errors.
+void load_shard_bytes_collective(ShardSet& set, comm::Communicator* group, const std::string& bytes,
+                                 const std::string& where, const ShardedCheckpointMeta& expect,
+                                 const std::string& who);
+
 /// @brief Not collective: this rank's blocks and their state from a checkpoint of any world size;
 /// nothing changes when it throws. `before_install` (optional) runs once everything is read, before
 /// anything changes: a collective caller agrees with its peers there.

@@ -64,6 +64,20 @@ std::string file_checksum(const std::string& file) {
 class ShardReader {
  public:
   explicit ShardReader(const Manifest& m) : m_(m), files_(static_cast<size_t>(m.world)) {}
+  /// @brief Shard `s` is the archive `a` (a shard snapshot's bytes, already loaded), which also
+  /// holds the options.
+  ShardReader(const Manifest& m, int s, std::unique_ptr<torch::serialize::InputArchive> a,
+              const std::string& where)
+      : ShardReader(m) {
+    if (s < 0 || s >= m.world)
+      GZ_THROW(Error, where, ": rank ", s, " is outside the manifest's world ", m.world);
+    check_meta(*a, s, where);
+    files_[static_cast<size_t>(s)] = std::move(a);
+    options_shard_ = s;
+  }
+
+  /// @brief The shard whose archive holds the optimizer's options.
+  int options_shard() const { return options_shard_; }
 
   torch::serialize::InputArchive& archive(int s) {
     auto& slot = files_[static_cast<size_t>(s)];
@@ -73,21 +87,13 @@ class ShardReader {
       GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file,
                " is corrupt or from another save (its checksum differs from the manifest's)");
     auto a = std::make_unique<torch::serialize::InputArchive>();
-    torch::Tensor meta;
-    c10::IValue job;
     try {
       a->load_from(file, torch::Device(torch::kCPU));  // a GPU save consolidates on a CPU-only host
-      a->read("gz_meta", meta);
-      a->read("gz_job", job);
     } catch (const c10::Error& e) {
       GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": cannot read shard file ", file,
                " (corrupt?): ", e.what_without_backtrace());
     }
-    auto v = meta.to(torch::kInt64);
-    if (v.numel() != 5 || v[0].item<int64_t>() != kShardedVersion || v[1].item<int64_t>() != s ||
-        v[2].item<int64_t>() != m_.world || v[4].item<int64_t>() != m_.id || job.toStringRef() != m_.job)
-      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file,
-               " belongs to another save (rank, world, save id or job differ from the manifest's)");
+    check_meta(*a, s, "shard file " + file);
     slot = std::move(a);
     return *slot;
   }
@@ -126,8 +132,26 @@ class ShardReader {
   }
 
  private:
+  void check_meta(torch::serialize::InputArchive& a, int s, const std::string& what) const {
+    torch::Tensor meta;
+    c10::IValue job;
+    try {
+      a.read("gz_meta", meta);
+      a.read("gz_job", job);
+    } catch (const c10::Error& e) {
+      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": cannot read ", what,
+               " (corrupt?): ", e.what_without_backtrace());
+    }
+    auto v = meta.to(torch::kInt64);
+    if (v.numel() != 5 || v[0].item<int64_t>() != kShardedVersion || v[1].item<int64_t>() != s ||
+        v[2].item<int64_t>() != m_.world || v[4].item<int64_t>() != m_.id || job.toStringRef() != m_.job)
+      GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": ", what,
+               " belongs to another save (rank, world, save id or job differ from the manifest's)");
+  }
+
   const Manifest& m_;
   std::vector<std::unique_ptr<torch::serialize::InputArchive>> files_;
+  int options_shard_ = 0;
 };
 
 struct OldParam {
@@ -235,8 +259,9 @@ std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> stage_options(const
              " optimizer parameter group(s), this optimizer ", groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     torch::serialize::InputArchive in;
-    if (!rd.archive(0).try_read("opt" + std::to_string(g), in))
-      GZ_THROW(Error, "sharded checkpoint ", m.dir, ": shard 0 has no options of parameter group ", g);
+    if (!rd.archive(rd.options_shard()).try_read("opt" + std::to_string(g), in))
+      GZ_THROW(Error, "sharded checkpoint ", m.dir, ": shard ", rd.options_shard(),
+               " has no options of parameter group ", g);
     auto o = groups[g].options().clone();
     try {
       o->serialize(in);
@@ -251,17 +276,18 @@ std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> stage_options(const
 
 }  // namespace
 
-void load_shards(ShardSet& set, const std::string& dir, const ShardedCheckpointMeta& expect,
-                 const std::function<void()>& before_install) {
-  const Manifest m = parse_manifest(dir);
+namespace {
+
+// Stages everything from `rd`, then (after `before_install`) installs it.
+void load_from(ShardSet& set, const Manifest& m, const ShardedCheckpointMeta& expect, ShardReader& rd,
+               const std::function<void()>& before_install) {
   check_expected(m, expect);
   const auto where = index_params(m);
-  ShardReader rd(m);
   std::vector<Staged> staged;
   for (auto& g : set.groups) staged.push_back(stage_group(g, set.rank, m, where, rd));
   std::vector<StatePtr> states(set.groups.size());
   for (size_t k = 0; k < set.groups.size(); ++k)
-    if (staged[k].has_state) states[k] = make_state(set.groups[k], staged[k], *set.state_opt, dir);
+    if (staged[k].has_state) states[k] = make_state(set.groups[k], staged[k], *set.state_opt, m.dir);
   auto options = stage_options(set, m, rd);
   if (before_install) before_install();
   // Everything read: install it.
@@ -280,9 +306,10 @@ void load_shards(ShardSet& set, const std::string& dir, const ShardedCheckpointM
     set.options_opt->param_groups()[g].set_options(std::move(options[g]));
 }
 
-void load_shards_collective(ShardSet& set, comm::Communicator* group, const std::string& dir,
-                            const ShardedCheckpointMeta& expect, const std::string& who) {
-  if (!group) return load_shards(set, dir, expect);
+// `load(before_install)` on every rank of `group`, all or nothing (load_shards_collective()).
+void all_or_nothing(const ShardSet& set, comm::Communicator* group, const std::string& what,
+                    const std::string& who, const std::function<void(const std::function<void()>&)>& load) {
+  if (!group) return load(nullptr);
   bool agreed = false;
   // Each rank offers its own number when it failed, the world size when not: the minimum names
   // the lowest failed rank.
@@ -291,11 +318,11 @@ void load_shards_collective(ShardSet& set, comm::Communicator* group, const std:
     agreed = true;
     group->allreduce(&lowest, 1, DType::i64, comm::ReduceOp::min);
     if (ok && lowest < set.world)
-      GZ_THROW(Error, who, " on rank ", set.rank, ": rank ", lowest, " could not load ", dir,
+      GZ_THROW(Error, who, " on rank ", set.rank, ": rank ", lowest, " could not load ", what,
                " (its error says why); nothing was loaded");
   };
   try {
-    load_shards(set, dir, expect, [&] { agree(true); });
+    load([&] { agree(true); });
   } catch (...) {
     if (!agreed) {
       try {
@@ -305,6 +332,40 @@ void load_shards_collective(ShardSet& set, comm::Communicator* group, const std:
     }
     throw;
   }
+}
+
+}  // namespace
+
+void load_shards(ShardSet& set, const std::string& dir, const ShardedCheckpointMeta& expect,
+                 const std::function<void()>& before_install) {
+  const Manifest m = parse_manifest(dir);
+  ShardReader rd(m);
+  load_from(set, m, expect, rd, before_install);
+}
+
+void load_shards_collective(ShardSet& set, comm::Communicator* group, const std::string& dir,
+                            const ShardedCheckpointMeta& expect, const std::string& who) {
+  all_or_nothing(set, group, dir, who,
+                 [&](const std::function<void()>& before) { load_shards(set, dir, expect, before); });
+}
+
+void load_shard_bytes_collective(ShardSet& set, comm::Communicator* group, const std::string& bytes,
+                                 const std::string& where, const ShardedCheckpointMeta& expect,
+                                 const std::string& who) {
+  all_or_nothing(set, group, where, who, [&](const std::function<void()>& before) {
+    auto a = std::make_unique<torch::serialize::InputArchive>();
+    c10::IValue text;
+    try {
+      a->load_from(bytes.data(), bytes.size(), torch::Device(torch::kCPU));
+      a->read("gz_manifest", text);
+    } catch (const c10::Error& e) {
+      GZ_THROW(Error, where, ": not a shard snapshot (corrupt?): ", e.what_without_backtrace());
+    }
+    const Manifest m = parse_manifest_text(text.toStringRef(), where, "its manifest");
+    if (m.world != set.world) GZ_THROW(Error, where, " is of world ", m.world, ", this job's is ", set.world);
+    ShardReader rd(m, set.rank, std::move(a), where);
+    load_from(set, m, expect, rd, before);
+  });
 }
 
 }  // namespace zero

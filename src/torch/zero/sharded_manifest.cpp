@@ -132,22 +132,24 @@ Manifest parse_manifest(const std::string& dir) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
+  return parse_manifest_text(text.str(), dir, path.string());
+}
+
+Manifest parse_manifest_text(const std::string& text, const std::string& dir, const std::string& where) {
   json j;
   try {
-    j = json::parse(text.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {
-    GZ_THROW(Error, "sharded checkpoint ", dir, ": corrupt manifest ", path.string(), ": ", e.what());
+    GZ_THROW(Error, "sharded checkpoint ", dir, ": corrupt manifest ", where, ": ", e.what());
   }
   if (!j.is_object() || !j.contains("format") || j["format"] != kShardedFormat)
-    GZ_THROW(Error, "sharded checkpoint ", dir, ": ", path.string(), " is not a ", kShardedFormat,
-             " manifest");
+    GZ_THROW(Error, "sharded checkpoint ", dir, ": ", where, " is not a ", kShardedFormat, " manifest");
   try {
     return parse_json(j, dir);
   } catch (const FieldError& e) {
-    GZ_THROW(Error, "sharded checkpoint ", dir, ": corrupt manifest ", path.string(), ": \"", e.field, "\" ",
-             e.what);
+    GZ_THROW(Error, "sharded checkpoint ", dir, ": corrupt manifest ", where, ": \"", e.field, "\" ", e.what);
   } catch (const json::exception& e) {  // a type the checks above did not foresee
-    GZ_THROW(Error, "sharded checkpoint ", dir, ": corrupt manifest ", path.string(), ": ", e.what());
+    GZ_THROW(Error, "sharded checkpoint ", dir, ": corrupt manifest ", where, ": ", e.what());
   }
 }
 

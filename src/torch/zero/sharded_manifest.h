@@ -45,5 +45,8 @@ struct Manifest {
 /// @brief Reads and checks `dir`/manifest.json. Throws gz::Error naming the directory and the field
 /// when it is missing, not JSON, of another format, or holds a value out of range.
 Manifest parse_manifest(const std::string& dir);
+/// @brief The same checks on a manifest's text (a shard snapshot carries its own); `dir` and `where`
+/// name it in errors.
+Manifest parse_manifest_text(const std::string& text, const std::string& dir, const std::string& where);
 
 }  // namespace gz::zero

@@ -32,7 +32,34 @@ zero::ShardSet shard_set(ZeroRedundancyOptimizer::Impl& im, torch::optim::Optimi
   return set;
 }
 
+std::vector<std::string> shard_param_names(const zero::ShardSet& set) {
+  std::vector<std::string> out;
+  for (const auto& g : set.groups) out.insert(out.end(), g.params.begin(), g.params.end());
+  return out;
+}
+
 }  // namespace
+
+std::function<std::string()> ZeroRedundancyOptimizer::snapshot_shard(const ShardedCheckpointMeta& meta,
+                                                                     std::vector<std::string>* params) {
+  auto& im = *impl_;
+  im.wait_gathers();
+  im.rebind_params();
+  const auto set = shard_set(im, *this);
+  if (params) *params = shard_param_names(set);
+  return zero::shard_snapshot(set, meta);
+}
+
+void ZeroRedundancyOptimizer::load_shard_bytes(const std::string& bytes, const std::string& where,
+                                               const ShardedCheckpointMeta& expect) {
+  auto& im = *impl_;
+  im.wait_gathers();
+  im.rebind_params();
+  auto set = shard_set(im, *this);
+  zero::load_shard_bytes_collective(set, im.group.get(), bytes, where, expect,
+                                    "ZeroRedundancyOptimizer::load_shard_bytes");
+  gather_loaded();
+}
 
 void ZeroRedundancyOptimizer::save_sharded(const std::string& dir, const ShardedCheckpointMeta& meta) {
   auto& im = *impl_;
@@ -48,6 +75,11 @@ void ZeroRedundancyOptimizer::load_sharded(const std::string& dir, const Sharded
   auto set = shard_set(im, *this);
   // Every rank installs its blocks or none does: the all-gather below needs them all.
   zero::load_shards_collective(set, im.group.get(), dir, expect, "ZeroRedundancyOptimizer::load_sharded");
+  gather_loaded();
+}
+
+void ZeroRedundancyOptimizer::gather_loaded() {
+  auto& im = *impl_;
   im.consolidated.clear();
   im.consolidated_at = -1;
   // Every rank has its blocks: all-gather them into the whole parameters.

@@ -38,7 +38,7 @@ void Trainer::check_in_place_recovery() const {
   else if (c.resume_from_checkpoint != "auto")
     missing = "resume_from_checkpoint: auto (how a replacement restores)";
   else if (c.zero_stage > 0)
-    missing = "zero_stage 0 (a ZeRO shard has no snapshot yet)";
+    missing = "zero_stage 0 (not tested with ZeRO shards: restarts restore their snapshots)";
   else if (snapshot_run_id(Env::from_process()).empty())
     missing =
         "a launcher's run id (GZ_RUN_ID or TORCHELASTIC_RUN_ID: a replacement finds the snapshots by it)";

@@ -26,18 +26,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kMagic[8] = {'G', 'Z', 'S', 'N', 'A', 'P', '2', '\0'};
+constexpr char kMagic[8] = {'G', 'Z', 'S', 'N', 'A', 'P', '3', '\0'};
 
-// On disk: magic, step, epoch, world, fingerprint, run, payload bytes, payload hash (host byte
-// order: a snapshot never leaves its node as a file).
+// On disk: magic, step, epoch, world, fingerprint, run, payload bytes, payload hash, owner rank
+// (-1: the whole state) (host byte order: a snapshot never leaves its node as a file).
 struct FileHeader {
   char magic[8];
   int64_t step, epoch, world;
   uint64_t fingerprint, run, payload_bytes, payload_hash;
+  int64_t rank;
 };
-
-// "snap-<step, 12 digits>-<run, 16 hex digits>.bin"
-constexpr size_t kNameSize = 38;
 
 // Four independent multiply-xor lanes: a few GB/s, enough to tell a damaged payload.
 uint64_t payload_hash(const std::string& data) {
@@ -198,14 +196,25 @@ std::string snapshot_run_id(const Env& env) {
   return torchrun.empty() || torchrun == "none" ? std::string() : "torchrun:" + torchrun;
 }
 
-SnapshotStore::SnapshotStore(std::string dir, int keep, uint64_t run)
-    : dir_(std::move(dir)), keep_(std::max(1, keep)), run_(run) {}
+SnapshotStore::SnapshotStore(std::string dir, int keep, uint64_t run, int owner)
+    : dir_(std::move(dir)), keep_(std::max(1, keep)), run_(run), owner_(std::max(-1, owner)) {}
+
+namespace {
+// "snap-<step, 12 digits>-<run, 16 hex digits>.bin", a rank's shard "...-r<rank, 6 digits>.bin".
+std::string file_name(int64_t step, uint64_t run, int64_t owner) {
+  char name[64];
+  if (owner < 0)
+    std::snprintf(name, sizeof name, "snap-%012lld-%016llx.bin", static_cast<long long>(step),
+                  static_cast<unsigned long long>(run));
+  else
+    std::snprintf(name, sizeof name, "snap-%012lld-%016llx-r%06lld.bin", static_cast<long long>(step),
+                  static_cast<unsigned long long>(run), static_cast<long long>(owner));
+  return name;
+}
+}  // namespace
 
 std::string SnapshotStore::path(int64_t step) const {
-  char name[kNameSize + 2];
-  std::snprintf(name, sizeof name, "snap-%012lld-%016llx.bin", static_cast<long long>(step),
-                static_cast<unsigned long long>(run_));
-  return (fs::path(dir_) / name).string();
+  return (fs::path(dir_) / file_name(step, run_, owner_)).string();
 }
 
 void SnapshotStore::write(const SnapshotHeader& header, const std::string& payload) const {
@@ -221,6 +230,7 @@ void SnapshotStore::write(const SnapshotHeader& header, const std::string& paylo
   h.run = run_;
   h.payload_bytes = payload.size();
   h.payload_hash = payload_hash(payload);
+  h.rank = owner_;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) throw SystemError("create snapshot " + tmp, errno);
   try {
@@ -260,11 +270,11 @@ std::vector<int64_t> SnapshotStore::steps() const {
   }
   for (auto& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() != kNameSize || name.rfind("snap-", 0) != 0) continue;
+    if (name.rfind("snap-", 0) != 0) continue;
     const int64_t step = std::atoll(name.c_str() + 5);
-    if (name != fs::path(path(step)).filename().string()) continue;  // another run's
+    if (name != file_name(step, run_, owner_)) continue;  // another run's, or another owner's
     auto h = read_header(entry.path().string());
-    if (h && h->step == step && h->run == run_) out.push_back(h->step);
+    if (h && h->step == step && h->run == run_ && h->rank == owner_) out.push_back(h->step);
   }
   std::sort(out.rbegin(), out.rend());
   return out;
@@ -278,6 +288,9 @@ std::string SnapshotStore::read(int64_t step, uint64_t fingerprint, SnapshotHead
     GZ_THROW(InvalidArgument, "snapshot ", file, " is of step ", h->step, ", not ", step, ": refused");
   if (h->run != run_)
     GZ_THROW(InvalidArgument, "snapshot ", file, " of step ", step, " was written by another run: refused");
+  if (h->rank != owner_)
+    GZ_THROW(InvalidArgument, "snapshot ", file, " of step ", step, " holds rank ", h->rank, "'s state, not ",
+             owner_, "'s: refused");
   if (h->fingerprint != fingerprint)
     GZ_THROW(InvalidArgument, "snapshot ", file, " of step ", step,
              " was written by another config (fingerprint ", h->fingerprint, ", this run's ", fingerprint,
@@ -286,8 +299,14 @@ std::string SnapshotStore::read(int64_t step, uint64_t fingerprint, SnapshotHead
   std::string payload = all.substr(sizeof(FileHeader));
   if (payload.size() != h->payload_bytes || payload_hash(payload) != h->payload_hash)
     GZ_THROW(Error, "snapshot ", file, " is damaged (its payload does not match its hash): refused");
-  if (header) *header = SnapshotHeader{h->step, h->epoch, h->world, h->fingerprint, h->run};
+  if (header) *header = SnapshotHeader{h->step, h->epoch, h->world, h->fingerprint, h->run, h->rank};
   return payload;
+}
+
+std::optional<SnapshotHeader> SnapshotStore::header(int64_t step) const {
+  const auto h = read_header(path(step));
+  if (!h) return std::nullopt;
+  return SnapshotHeader{h->step, h->epoch, h->world, h->fingerprint, h->run, h->rank};
 }
 
 void SnapshotStore::remove_snapshots() const {
@@ -349,7 +368,8 @@ int SnapshotStore::remove_other_runs() const {
     }
     if (name.rfind("snap-", 0) != 0) continue;
     const auto h = read_header(entry.path().string());
-    if (h && h->run == run_ && name == fs::path(path(h->step)).filename().string()) continue;
+    // This run's files of every owner (the ranks of a ZeRO job share the node's folder).
+    if (h && h->run == run_ && name == file_name(h->step, run_, h->rank)) continue;
     // A live job sharing the folder (a sweep); a file of this run under a wrong name goes.
     if (h && h->run != run_ && run_alive(dir_, h->run)) continue;
     if (fs::remove(entry.path(), ec)) ++removed;

@@ -64,13 +64,6 @@ void Trainer::setup_snapshots() {
   const auto& c = config_;
   check_in_place_recovery();  // what in-place recovery restores are these snapshots
   if (c.snapshot_every <= 0) return;
-  if (c.zero_stage > 0) {
-    // A ZeRO rank's optimizer state is its own shard: it would need a copy on another node.
-    if (is_main())
-      GZ_LOG(warn, "snapshot_every is ignored with zero_stage ", c.zero_stage,
-             ": restarts use disk checkpoints");
-    return;
-  }
   std::string dir = c.snapshot_dir;
   if (dir.empty()) {
     std::error_code ec;
@@ -80,6 +73,9 @@ void Trainer::setup_snapshots() {
     dir = detail::concat("/dev/shm/gz-snapshots-", ::getuid(), "/", name);
   }
   const std::string run = snapshot_run(group_, rank_), job = run.substr(0, run.find('#'));
+  // A ZeRO rank's parameters (stage 3) and optimizer state are its own shard: every rank writes
+  // its own, with a copy on another node (shard_snapshot.cpp).
+  if (c.zero_stage > 0) return setup_shard_snapshots(dir, run);
   impl_->snapshots = std::make_unique<SnapshotStore>(dir, 2, stable_hash(run));
   // In ddp/horovod/dp every rank holds the same model and optimizer state after a step, so one
   // copy per node is enough and every other node holds the same one: losing a node loses none.
@@ -106,6 +102,7 @@ void Trainer::take_snapshot() {
   // The training thread's share of a snapshot (a copy, else the archive) is this rank's own time,
   // not training: the straggler report must not charge it to the node's local rank 0 as an
   // unexplained delay.
+  if (impl_->shard_snapshots) return take_shard_snapshot();
   gz::ScopedPhase phase(gz::Phase::checkpoint);
   Stopwatch clock;
   const SnapshotHeader h{state_.step, state_.epoch, world_, snapshot_fingerprint()};
@@ -166,13 +163,24 @@ void Trainer::submit_capture(const TrainingState& live, const SnapshotHeader& he
 }
 
 void Trainer::finish_snapshots(bool completed) {
-  if (!impl_->snapshot_writer) return;
   try {
-    impl_->snapshot_writer->flush();
+    wait_shard_exchange();  // zero_stage > 0: the last shard's copy to its buddy
   } catch (const std::exception& e) {
-    GZ_LOG(warn, "rank ", rank_, ": ", e.what());
+    GZ_LOG(warn, "rank ", rank_, ": the last shard snapshot's exchange failed: ", e.what());
   }
-  if (completed) impl_->snapshots->remove_all();  // the run is done: free the node's memory
+  if (!impl_->snapshot_writer) return;
+  for (auto* writer : {impl_->held_writer.get(), impl_->snapshot_writer.get()}) {
+    if (!writer) continue;
+    try {
+      writer->flush();
+    } catch (const std::exception& e) {
+      GZ_LOG(warn, "rank ", rank_, ": ", e.what());
+    }
+  }
+  if (completed) {  // the run is done: free the node's memory
+    if (impl_->held_snapshots) impl_->held_snapshots->remove_snapshots();
+    impl_->snapshots->remove_all();
+  }
   if (is_main() && impl_->snapshots_taken > 0) {
     const auto [writer_seconds, writes] = impl_->snapshot_writer->work();
     const double n = static_cast<double>(impl_->snapshots_taken);
@@ -180,7 +188,12 @@ void Trainer::finish_snapshots(bool completed) {
            " s on the training thread (", 1e3 * impl_->snapshot_seconds / n, " ms each, ",
            1e3 * impl_->snapshot_wait_seconds / n, " of it waiting for the writer); the writer thread: ",
            1e3 * writer_seconds / static_cast<double>(std::max<int64_t>(1, writes)),
-           " ms per write (archive, hash, file)");
+           " ms per write (archive, hash, file)",
+           impl_->shard_snapshots
+               ? detail::concat("; the exchange's thread (zero_stage ", config_.zero_stage,
+                                ": serializing the shard, the buddy copy): ",
+                                1e-6 * static_cast<double>(impl_->shard_exchange_ns) / n, " ms per snapshot")
+               : std::string());
   }
 }
 
@@ -220,6 +233,7 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
 }
 
 bool Trainer::restore_snapshot() {
+  if (impl_->shard_snapshots) return restore_shard_snapshot();
   Stopwatch clock;
   const auto held = impl_->snapshots->steps();
   const int64_t mine = held.empty() ? -1 : held.front();

@@ -24,10 +24,11 @@ struct SnapshotHeader {
   int64_t world = 0;         ///< ranks of the job that wrote it
   uint64_t fingerprint = 0;  ///< hash of the config fields that shape the state (snapshot_fingerprint)
   uint64_t run = 0;          ///< stable_hash of the run's id (the store's, set when written)
+  int64_t rank = -1;         ///< whose shard (zero_stage > 0), -1: the whole state (the store's)
 };
 
 /// @brief Snapshots of one run on one node under `dir`: snap-<step>-<run>.bin, the newest `keep`
-/// generations.
+/// generations; a store of rank r's shards (zero_stage > 0, `owner` r) snap-<step>-<run>-r<r>.bin.
 ///
 /// A snapshot is written to a temp file and renamed into place, so the newest complete one is
 /// always readable, also after a SIGKILL in the middle of a write. A file carries its header, the
@@ -39,7 +40,9 @@ class SnapshotStore {
  public:
   /// @brief `run`: stable_hash() of the run's id (snapshot_run_id()), the same on every rank and
   /// across the launcher's restarts of the run.
-  SnapshotStore(std::string dir, int keep, uint64_t run);
+  /// `owner`: the rank whose shard state this store holds (its own, or a buddy's copy); -1: the
+  /// whole state (zero_stage 0).
+  SnapshotStore(std::string dir, int keep, uint64_t run, int owner = -1);
   const std::string& dir() const { return dir_; }
 
   /// @brief Write one snapshot atomically, then delete all but the newest `keep`. Throws
@@ -52,6 +55,9 @@ class SnapshotStore {
   /// job with this `fingerprint` (a snapshot of another config is refused: gz::InvalidArgument
   /// saying so) and whole (size, hash: gz::Error). `header` receives its header.
   std::string read(int64_t step, uint64_t fingerprint, SnapshotHeader* header = nullptr) const;
+  /// @brief The header of this store's snapshot of `step` (payload not checked); none when it is
+  /// missing or not a snapshot.
+  std::optional<SnapshotHeader> header(int64_t step) const;
   /// @brief Remove this run's snapshot files (a run that did not restore one starts clean).
   void remove_snapshots() const;
   /// @brief Remove this run's snapshots and run lock, and the folder when nothing else is left in
@@ -69,11 +75,13 @@ class SnapshotStore {
   /// @brief Path of this run's snapshot of `step`.
   std::string path(int64_t step) const;
   uint64_t run() const { return run_; }
+  int owner() const { return owner_; }
 
  private:
   std::string dir_;
   int keep_;
   uint64_t run_;
+  int owner_;
   std::shared_ptr<const int> run_lock_;  // the locked descriptor, closed with the last copy
 };
 

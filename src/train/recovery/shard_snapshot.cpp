@@ -1,0 +1,364 @@
+// In-memory snapshots at zero_stage > 0: every rank's own shard, with a copy on a buddy rank on
+// another node. Rank r's shard (its block of the parameters and optimizer state, in its sharded
+// checkpoint file's format, plus what every rank holds alike: buffers, counters, RNG, scaler) is
+// written to its node's snapshot folder and sent point-to-point to rank (r + ranks per node) %
+// world, the same local rank of the next node (a ring over nodes), which writes it as "held for
+// r". Losing any one node then loses no shard. The restore picks the newest step for which every
+// rank's shard is on some node, and each shard goes to its rank from its own file or its buddy.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <set>
+
+#include "../trainer_impl.h"
+#include "gz/core/error.h"
+#include "gz/core/log.h"
+#include "gz/core/phase.h"
+#include "gz/torch/process_group.h"
+#include "gz/train/recovery/chunked_broadcast.h"
+#include "gz/train/recovery/snapshot_store.h"
+
+namespace gz::train {
+
+namespace {
+
+constexpr int kShardGenerations = 2;     // per store: this rank's shard, and the buddy's copy
+constexpr size_t kShardStepsListed = 4;  // steps per store a rank reports at a restore (>= kShardGenerations)
+
+// The payload: the rest's archive size (8 bytes), the rest (a state.pt of what the shards do not
+// hold, and the names of the parameters they do), then the shard's bytes.
+std::string frame_shard_payload(const std::string& rest, const std::string& shard) {
+  std::string out(sizeof(uint64_t), '\0');
+  const uint64_t n = rest.size();
+  std::memcpy(out.data(), &n, sizeof n);
+  out.reserve(out.size() + rest.size() + shard.size());
+  out += rest;
+  out += shard;
+  return out;
+}
+
+std::pair<std::string, std::string> unframe_shard_payload(const std::string& payload,
+                                                          const std::string& name) {
+  uint64_t n = 0;
+  if (payload.size() >= sizeof n) std::memcpy(&n, payload.data(), sizeof n);
+  if (payload.size() < sizeof n || n > payload.size() - sizeof n)
+    GZ_THROW(Error, name, " is not a shard snapshot (its sizes do not add up)");
+  return {payload.substr(sizeof n, n), payload.substr(sizeof n + n)};
+}
+
+std::string join_lines(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += n + '\n';
+  return out;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+    out.push_back(text.substr(at, nl - at));
+  return out;
+}
+
+// Which steps of which rank's shard each node holds, summed over the ranks (each fills its own
+// cells). Row q: the steps (+1; 0 = none) q's own folder holds, then those q's buddy holds for q,
+// then the largest other world size a file of q's was written by (an elastic resize).
+struct ShardTable {
+  static constexpr size_t kOwn = 0, kBuddy = kShardStepsListed, kOther = 2 * kShardStepsListed,
+                          kRow = kOther + 1;
+  explicit ShardTable(int world) : world(world), cells(static_cast<size_t>(world) * kRow, 0.0) {}
+  double& cell(int q, size_t i) { return cells[static_cast<size_t>(q) * kRow + i]; }
+  double cell(int q, size_t i) const { return cells[static_cast<size_t>(q) * kRow + i]; }
+
+  void list(const SnapshotStore* store, int owner, size_t column, int this_world) {
+    if (!store) return;
+    size_t i = 0;
+    for (int64_t step : store->steps()) {
+      const auto h = store->header(step);
+      if (h && h->world != this_world)
+        cell(owner, kOther) = std::max(cell(owner, kOther), static_cast<double>(h->world));
+      else if (h && i < kShardStepsListed)
+        cell(owner, column + i++) = static_cast<double>(step + 1);
+    }
+  }
+  bool holds(int q, size_t column, int64_t step) const {
+    for (size_t i = 0; i < kShardStepsListed; ++i)
+      if (static_cast<int64_t>(cell(q, column + i)) - 1 == step) return true;
+    return false;
+  }
+  std::vector<int64_t> steps() const {  // every step listed, newest first
+    std::vector<int64_t> out;
+    for (int q = 0; q < world; ++q)
+      for (size_t i = 0; i < kOther; ++i)
+        if (const auto v = static_cast<int64_t>(cell(q, i)); v > 0) out.push_back(v - 1);
+    std::sort(out.rbegin(), out.rend());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+  int other_world() const {
+    double w = 0;
+    for (int q = 0; q < world; ++q) w = std::max(w, cell(q, kOther));
+    return static_cast<int>(w);
+  }
+  std::vector<int> missing(int64_t step) const {  // ranks whose shard of `step` no node holds
+    std::vector<int> out;
+    for (int q = 0; q < world; ++q)
+      if (!holds(q, kOwn, step) && !holds(q, kBuddy, step)) out.push_back(q);
+    return out;
+  }
+  int world;
+  std::vector<double> cells;
+};
+
+// Node index parity: even nodes send first in a ring of exchanges (exchange_bytes()).
+bool shard_sends_first(int rank, int per_node) { return (rank / per_node) % 2 == 0; }
+
+}  // namespace
+
+// On the exchange group's progress thread: this rank's payload to its writer first (its own copy
+// does not depend on a peer), then to its buddy; the buddy's from the previous node to the other
+// writer. A failed write turns that writer off for the run.
+void Trainer::exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int rank, std::string payload) {
+  Stopwatch clock;
+  auto write = [&](SnapshotWriter* writer, std::atomic<bool>& off, SnapshotWriter::PayloadFn bytes) {
+    if (!writer || off) return;
+    try {
+      writer->submit(h, std::move(bytes));  // waits while this writer's previous one still waits
+    } catch (const std::exception& e) {
+      off = true;
+      GZ_LOG(warn, "rank ", rank, ": ", e.what(), "; its snapshots are off for the rest of this run");
+    }
+  };
+  // Shared with the writer, which copies it into its own buffer while the exchange sends it.
+  const auto mine = std::make_shared<const std::string>(std::move(payload));
+  if (!mine->empty())
+    write(im.snapshot_writer.get(), im.own_writes_off, [mine](std::string& out) { out = *mine; });
+  if (im.buddy_to >= 0) {
+    auto held = std::make_shared<std::string>(
+        exchange_bytes(*im.snapshot_comm, mine.get(), im.buddy_to, im.buddy_from,
+                       shard_sends_first(rank, im.snapshot_local_world)));
+    if (!held->empty())
+      write(im.held_writer.get(), im.held_writes_off, [held](std::string& out) { out.swap(*held); });
+  }
+  im.shard_exchange_ns += static_cast<int64_t>(clock.seconds() * 1e9);
+}
+
+void Trainer::setup_shard_snapshots(const std::string& dir, const std::string& run) {
+  auto& im = *impl_;
+  int per_node = im.snapshot_local_world > 0 ? im.snapshot_local_world
+                                             : (gz::is_initialized() ? gz::local_size() : world_);
+  per_node = std::clamp(per_node, 1, world_);
+  im.snapshot_local_world = per_node;
+  im.shard_snapshots = true;  // on every rank alike: the buddy exchange is collective
+  im.snapshots = std::make_unique<SnapshotStore>(dir, kShardGenerations, stable_hash(run), rank_);
+  if (per_node < world_ && world_ % per_node == 0) {
+    im.buddy_to = (rank_ + per_node) % world_;
+    im.buddy_from = (rank_ - per_node + world_) % world_;
+    im.held_snapshots =
+        std::make_unique<SnapshotStore>(dir, kShardGenerations, stable_hash(run), im.buddy_from);
+  } else if (is_main()) {
+    GZ_LOG(warn, "zero_stage ", config_.zero_stage,
+           " snapshots: ", per_node < world_ ? "nodes of unequal rank counts" : "one node",
+           ": each rank's shard is kept on its own node only (losing the node loses the snapshot)");
+  }
+  if (group_ && world_ > 1) {  // collective: before anything that may end this setup early
+    std::vector<int> all(static_cast<size_t>(world_));
+    std::iota(all.begin(), all.end(), 0);
+    im.snapshot_comm = group_->new_group(all);
+  }
+  try {
+    im.snapshots->hold_run_lock();  // every rank of the run: another job leaves our files alone
+  } catch (const std::exception& e) {
+    GZ_LOG(warn, "rank ", rank_, ": ", e.what(), "; this rank writes no snapshots");
+    return;
+  }
+  im.snapshot_writer = std::make_unique<SnapshotWriter>(*im.snapshots);
+  if (im.held_snapshots) im.held_writer = std::make_unique<SnapshotWriter>(*im.held_snapshots);
+  if (rank_ % per_node == 0)
+    if (const int n = im.snapshots->remove_other_runs(); n > 0)
+      GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir);
+}
+
+void Trainer::take_shard_snapshot() {
+  gz::ScopedPhase phase(gz::Phase::checkpoint);  // this rank's own time, not training
+  Stopwatch clock;
+  auto& im = *impl_;
+  Stopwatch waiting;
+  wait_shard_exchange();  // one exchange at a time; a peer lost in the last one fails this step
+  im.snapshot_wait_seconds += waiting.seconds();
+  const SnapshotHeader h{state_.step, state_.epoch, world_, snapshot_fingerprint()};
+  // On this thread only the copy: the shard's tensors (serialized later) and the rest's archive
+  // (buffers, counters, RNG, scaler: small, written now).
+  std::function<std::string()> shard;  // null: nothing to send (the buddy then writes nothing)
+  std::string rest;
+  try {
+    std::vector<std::string> held;
+    shard = snapshot_shard(&held);
+    TrainingState state = live_state();  // what the shards do not hold, as a sharded checkpoint's state.pt
+    state.optimizer = nullptr;
+    const std::set<std::string> in_shard(held.begin(), held.end());
+    state.model.erase(
+        std::remove_if(state.model.begin(), state.model.end(),
+                       [&](const NamedTensor& t) { return !t.buffer && in_shard.count(t.name); }),
+        state.model.end());
+    torch::serialize::OutputArchive root;
+    write_training_state(state, root);
+    root.write("gz_sharded_params", c10::IValue(join_lines(held)));
+    root.save_to([&rest](const void* p, size_t n) {
+      rest.append(static_cast<const char*>(p), n);
+      return n;
+    });
+  } catch (const std::exception& e) {
+    shard = nullptr;
+    if (!im.shard_snapshot_failed_logged.exchange(true))
+      GZ_LOG(warn, "rank ", rank_, ": its shard snapshot of step ", state_.step, " failed: ", e.what());
+  }
+  auto job = [&im, h, rank = rank_, shard = std::move(shard), rest = std::move(rest),
+              slow = im.checkpoints->test_hooks().in_state_copy] {
+    if (slow) slow();  // a test holds the serialization up while the next steps run
+    std::string payload;
+    try {
+      if (shard) payload = frame_shard_payload(rest, shard());
+    } catch (const std::exception& e) {  // still exchanged (empty): the buddy waits for it
+      GZ_LOG(warn, "rank ", rank, ": its shard snapshot of step ", h.step, " failed: ", e.what());
+    }
+    exchange_shard_snapshot(im, h, rank, std::move(payload));
+  };
+  // Every rank takes part in the exchange (a rank that skipped it would leave its buddy waiting
+  // until the op timeout); on the exchange's own group it runs beside the next steps.
+  if (im.snapshot_comm)
+    im.shard_exchange.work = im.snapshot_comm->submit(std::move(job));
+  else
+    job();
+  im.snapshot_seconds += clock.seconds();
+  ++im.snapshots_taken;
+}
+
+void Trainer::wait_shard_exchange() {
+  auto work = std::move(impl_->shard_exchange.work);
+  if (!work) return;
+  work->wait_finished();  // bounded by the deadline of each op inside (a chunk, a write)
+  work->wait();           // its failure: a peer lost while sending
+}
+
+bool Trainer::restore_shard_snapshot() {
+  Stopwatch clock;
+  auto& im = *impl_;
+  ShardTable table(world_);
+  table.list(im.snapshots.get(), rank_, ShardTable::kOwn, world_);
+  table.list(im.held_snapshots.get(), im.buddy_from, ShardTable::kBuddy, world_);
+  allreduce_sum(table.cells);
+  const std::vector<int64_t> steps = table.steps();
+  if (steps.empty()) {
+    if (table.other_world() > 0 && is_main())
+      GZ_LOG(warn, "zero_stage ", config_.zero_stage, " snapshots here were written by ", table.other_world(),
+             " ranks, this run has ", world_,
+             ": shard snapshots restore at the same world size only; "
+             "using the disk checkpoint");
+    return false;
+  }
+  // The newest step every rank's shard of which some node holds (its own, or its buddy's).
+  auto complete =
+      std::find_if(steps.begin(), steps.end(), [&](int64_t s) { return table.missing(s).empty(); });
+  if (complete != steps.begin() && is_main()) {
+    std::string ranks;
+    for (int q : table.missing(steps.front())) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+    GZ_LOG(warn, "the zero_stage ", config_.zero_stage, " snapshot of step ", steps.front(),
+           " lacks the shard of rank(s) ", ranks, " (neither its node nor its buddy's holds it)",
+           complete == steps.end() ? std::string(": using the disk checkpoint")
+                                   : detail::concat(": restoring step ", *complete));
+  }
+  if (complete == steps.end()) return false;
+  const int64_t step = *complete;
+  int64_t disk = -1;
+  if (is_main())
+    if (auto latest = im.checkpoints->latest()) disk = latest->step;
+  disk = broadcast_value(disk);
+  if (disk > step) {
+    if (is_main())
+      GZ_LOG(info, "the disk checkpoint of step ", disk, " is newer than the snapshot of step ", step);
+    return false;
+  }
+  std::vector<int64_t> own(static_cast<size_t>(world_));
+  for (int q = 0; q < world_; ++q)
+    own[static_cast<size_t>(q)] = table.holds(q, ShardTable::kOwn, step) ? 1 : 0;
+  auto payload = fetch_shard_snapshot(step, own);
+  if (!payload) return false;
+  apply_shard_snapshot(*payload, step);
+  if (is_main()) {
+    const auto sent = world_ - std::accumulate(own.begin(), own.end(), int64_t{0});
+    GZ_LOG(info, "restored the zero_stage ", config_.zero_stage, " snapshot of step ", step, " in ",
+           clock.seconds(), " s: ", world_ - sent, " of ", world_, " shard(s) from their rank's node, ", sent,
+           " sent by their buddy; disk checkpoint: ", disk < 0 ? std::string("none") : std::to_string(disk));
+  }
+  return true;
+}
+
+std::optional<std::string> Trainer::fetch_shard_snapshot(int64_t step,
+                                                         const std::vector<int64_t>& own_ranks) {
+  auto& im = *impl_;
+  const bool have_own = own_ranks[static_cast<size_t>(rank_)] != 0;
+  // This rank sends its buddy_from's copy when that rank's node lost its own.
+  const bool send = im.buddy_from >= 0 && !own_ranks[static_cast<size_t>(im.buddy_from)];
+  std::string payload, copy, message;
+  bool ok = true;
+  try {
+    auto read = [&](const SnapshotStore& store) {
+      SnapshotHeader h;
+      std::string bytes = store.read(step, snapshot_fingerprint(), &h);
+      if (h.world != world_)
+        GZ_THROW(InvalidArgument, "snapshot ", store.path(step), " is of world ", h.world, ", not ", world_);
+      return bytes;
+    };
+    if (have_own) payload = read(*im.snapshots);
+    if (send) copy = read(*im.held_snapshots);
+  } catch (const std::exception& e) {
+    ok = false;
+    message = e.what();
+  }
+  std::vector<double> failed{ok ? 0.0 : 1.0};
+  allreduce_sum(failed);
+  if (failed[0] > 0) {
+    if (!ok) GZ_LOG(warn, "rank ", rank_, ": ", message);
+    if (is_main())
+      GZ_LOG(warn, "the zero_stage ", config_.zero_stage, " snapshot of step ", step,
+             " could not be read on ", failed[0], " rank(s): using the disk checkpoint");
+    return std::nullopt;
+  }
+  if (im.buddy_to >= 0) {
+    // Node n sends to n - 1: the ring of the take, reversed; even nodes send first again.
+    std::string got =
+        exchange_bytes(*group_, send ? &copy : nullptr, im.buddy_from, have_own ? -1 : im.buddy_to,
+                       shard_sends_first(rank_, im.snapshot_local_world));
+    if (!have_own) payload = std::move(got);
+  }
+  return payload;
+}
+
+void Trainer::apply_shard_snapshot(const std::string& payload, int64_t step) {
+  const std::string name = detail::concat("rank ", rank_, "'s shard snapshot of step ", step);
+  std::exception_ptr error;
+  std::pair<std::string, std::string> parts;
+  try {
+    parts = unframe_shard_payload(payload, name);
+    torch::serialize::InputArchive root;
+    root.load_from(parts.first.data(), parts.first.size());
+    c10::IValue names;
+    if (!root.try_read("gz_sharded_params", names)) GZ_THROW(Error, name, " lists no sharded parameters");
+    const auto held = split_lines(names.toStringRef());
+    CheckpointInfo info;
+    info.dir = impl_->snapshots->dir();
+    info.step = step;
+    apply_state(root, info, name, &held);
+  } catch (const c10::Error& e) {
+    error =
+        std::make_exception_ptr(Error(detail::concat(name, " cannot be read: ", e.what_without_backtrace())));
+  } catch (...) {  // apply_state()'s gz::Error names the snapshot already
+    error = std::current_exception();
+  }
+  agree(error, "restoring the shard snapshots of step " + std::to_string(step));
+  load_shard_bytes(parts.second, name, step);  // collective: every rank installs or none does
+}
+
+}  // namespace gz::train
