@@ -9,13 +9,19 @@ survivors fail in the metric's all-reduce with that step's update applied but no
 must restore their last commit); "in_backward" before its backward (the survivors fail in the
 gradients' all-reduce, their averaging in flight).
 KILL_AGAIN > 0: the replacement dies the same way in step KILL_AGAIN (a second recovery).
-Prints "PID <rank> <pid>" at the start, "RAN <rank> <step>" per committed step and rank 0
-"FINAL <hash of the parameters>".
+The learning rate is Horovod's base rate times hvd.size(), set again by a reset callback (Horovod's
+contract: register_reset_callbacks is where a script adapts to the world it now has); a reset prints
+"RESET <rank> <size> <lr>".
+Prints "PID <rank> <pid>" at the start, "RAN <rank> <step>" and "COMMIT <step> <rank> <size> <pid>"
+per committed step, rank 0 "FINAL <hash of the parameters>" and every rank "PARAMS <rank> <hash>".
+GZ_TEST_STEP_SLEEP (seconds, default 0): a pause after each commit, so that a job outlives a node's
+loss and return (tests/launcher/multihost_elastic.sh pynode, where the kill comes from outside).
 """
 import hashlib
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -28,10 +34,28 @@ if hvd.rank() == 1 and os.environ.get("GZ_REPLACEMENT", "0") == "1":
     kill_at = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 victim = hvd.rank() == 1 and os.environ.get("GZ_REPLACEMENT", "0") in ("0", "1") and kill_at > 0
 torch.manual_seed(1 + hvd.rank())  # different initial weights per rank: the sync must fix that
+pause = float(os.environ.get("GZ_TEST_STEP_SLEEP", "0"))
+BASE_LR = 0.05 / 3
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=BASE_LR * hvd.size(), momentum=0.9),
                                named_parameters=model.named_parameters())
 state = hvd.elastic.TorchState(model, opt, step=0)
+
+
+def on_reset():
+    for group in opt.param_groups:
+        group["lr"] = BASE_LR * hvd.size()
+    print(f"RESET {hvd.rank()} {hvd.size()} {opt.param_groups[0]['lr']:.6f}", flush=True)
+
+
+state.register_reset_callbacks([on_reset])
+
+
+def params_hash():
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
 
 
 @hvd.elastic.run
@@ -51,11 +75,12 @@ def train(state):
         state.step += 1
         state.commit()
         print(f"RAN {hvd.rank()} {state.step}", flush=True)
+        print(f"COMMIT {state.step} {hvd.rank()} {hvd.size()} {os.getpid()}", flush=True)
+        if pause:
+            time.sleep(pause)
 
 
 train(state)
 if hvd.rank() == 0:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-    print("FINAL", h.hexdigest(), flush=True)
+    print("FINAL", params_hash(), flush=True)
+print(f"PARAMS {hvd.rank()} {params_hash()}", flush=True)
