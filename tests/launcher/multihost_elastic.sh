@@ -54,7 +54,9 @@
 #               the COMMIT lines: every step committed on one world only (none redone on another),
 #               by every rank of it once (the step in flight at a move may be committed by some
 #               ranks only), worlds 6 -> 4 -> 6, each restored commit the newest one, the reset
-#               callbacks saw sizes 4 and 6, and all 6 final ranks hold the same parameters.
+#               callbacks saw sizes 4 and 6, all 6 final ranks hold the same parameters, and rank
+#               0's parameters after every step follow a one-process replay of the same steps with
+#               the gradients averaged over that step's world at lr = base x world (within 1e-5).
 #               Mutation (by hand): _in_place.regroup refusing a changed rank or size (as before
 #               this scenario) -> the survivors raise, gzrun stops them: "survivor ... gone".
 # Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR. Exit 77 (skip) without namespaces.
@@ -398,6 +400,7 @@ if [ "$scenario" = pynode ]; then
   for p in $survivors; do kill -0 "$p" 2>/dev/null || gone_ones+=" $p"; done
   [ -z "$gone_ones" ] || fail "survivor worker(s)$gone_ones are gone after the loss: stopped or failed"
   # Round 1 trains on 4 ranks for a while, then host 2 comes back (an empty /dev/shm).
+  wait_for 30 "a step committed on 4 ranks" commits 4 0
   first4=$(grep -h -o 'COMMIT [0-9]* [0-9]* 4 ' "$dir"/host*.log | awk '{print $2}' | sort -n | head -n 1)
   wait_for 60 "round 1 to commit 10 steps on 4 ranks" commits 4 $((first4 + 10))
   t1=$(now_ns)
@@ -432,18 +435,21 @@ if [ "$scenario" = pynode ]; then
   [ "$(lines 'of 6 continues as rank [0-9] of 4$')" = 4 ] && [ "$(lines 'of 4 continues as rank [0-9] of 6$')" = 4 ] ||
     fail "expected 4 moves 6 -> 4 and 4 moves 4 -> 6: $(grep -h 'continues as rank' "$dir"/host*.log)"
   # The commits across the job's history (the logs of both host 2 instances included).
-  audit=$(grep -h -o 'COMMIT [0-9]* [0-9]* [0-9]* [0-9]*\|restored commit [0-9]* (from rank [0-9]*.s [a-z]*)\|RESET [0-9]* [0-9]* [0-9.]*\|PARAMS [0-9]* [0-9a-f]*' \
+  audit=$(grep -h -o 'COMMIT [0-9]* [0-9]* [0-9]* [0-9]*\|restored commit [0-9]* (from rank [0-9]*.s [a-z]*)\|RESET [0-9]* [0-9]* [0-9.]*\|PARAMS [0-9]* [0-9a-f]*\|PSUM [0-9]* [0-9.e+-]* [0-9]*' \
     "$dir"/host*.log | /usr/bin/python3 -c '
+import subprocess
 import sys
 from collections import defaultdict
 steps, want, lost = defaultdict(list), int(sys.argv[1]), {int(p) for p in sys.argv[2].split(",") if p}
-by_pid, restored, resets, params, commits = defaultdict(list), [], defaultdict(list), [], []
+by_pid, restored, resets, params, commits, psums = defaultdict(list), [], defaultdict(list), [], [], []
 for line in sys.stdin:
     w = line.split()
     if w[0] == "COMMIT":
         commits.append(tuple(map(int, w[1:])))
     elif w[0] == "restored":
         restored.append((int(w[2]), w[-1].rstrip(")")))
+    elif w[0] == "PSUM":
+        psums.append((int(w[1]), float(w[2]), int(w[3])))
     elif w[0] == "RESET":
         resets[int(w[2])].append(float(w[3]))
     else:
@@ -486,9 +492,21 @@ if any(abs(lr - 0.05 / 3 * n) > 1e-6 for n, v in resets.items() for lr in v):
     die(f"reset callbacks set lr {dict(resets)}: expected base x size")
 if len(params) != 6 or len(set(params)) != 1:
     die(f"final parameters of {len(params)} ranks, {len(set(params))} distinct (expected 6 equal)")
+# The same steps in one process, each averaged over its world (elastic_in_place.py replay): rank
+# 0 parameter sums must follow it (float rounding differs with the reduction order: 1e-5).
+job = {s: v for s, v, p in psums if p not in lost or s <= restored[0][0] + 1}
+out = subprocess.run([sys.executable, sys.argv[3], "replay", ",".join(map(str, seq))], capture_output=True,
+                     text=True, check=True).stdout
+ref = {int(w[1]): float(w[2]) for w in (line.split() for line in out.splitlines())}
+off = [(s, job[s], ref[s]) for s in sorted(job) if abs(job[s] - ref[s]) > 1e-5 * abs(ref[s])]
+if off or len(job) < want - 2:
+    die(f"rank 0 parameter sums differ from a replay of the worlds {segments} at {len(off)} step(s), "
+        f"first (step, job, replay): {off[:1]}; {len(job)} of {want} steps reported")
+dev = max(abs(job[s] - ref[s]) / abs(ref[s]) for s in job)
 print(f"{want} steps each committed on one world (6 -> 4 -> 6, the last before each move at step(s) {ends}), "
-      f"restored commits {[c for c, _ in restored]} from memory, resets at sizes 4 and 6, 6 ranks end equal")
-' $steps "$lost" 2>&1) || fail "$audit"
+      f"restored commits {[c for c, _ in restored]} from memory, resets at sizes 4 and 6, 6 ranks end equal, "
+      f"rank 0 parameter sums within {dev:.1e} of a one-process replay of those worlds")
+' $steps "$lost" "$PY_WORKER" 2>&1) || fail "$audit"
   echo "PASS: pynode: 3 hosts x 2 Python ranks, host 2 lost whole: the 4 survivors kept their pids and continued" \
     "as ranks of 4 $recover_ms ms after the kill (bound $bound ms; ${rec_line##*] }); host 2 back: admitted in" \
     "place $admit_ms ms after its gzrun started (survivors kept their pids, world 6); finished in $total_ms ms; $audit"

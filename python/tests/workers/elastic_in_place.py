@@ -16,6 +16,10 @@ Prints "PID <rank> <pid>" at the start, "RAN <rank> <step>" and "COMMIT <step> <
 per committed step, rank 0 "FINAL <hash of the parameters>" and every rank "PARAMS <rank> <hash>".
 GZ_TEST_STEP_SLEEP (seconds, default 0): a pause after each commit, so that a job outlives a node's
 loss and return (tests/launcher/multihost_elastic.sh pynode, where the kill comes from outside).
+Rank 0 also prints "PSUM <step> <sum of |parameters|> <pid>" per commit; `elastic_in_place.py replay
+WORLDS` (no hvd, one process: WORLDS = the world size of each step, comma-separated) trains the same
+steps with the gradients averaged over each step's world and prints the PSUM lines the job should
+have printed: a check that the averaging, the learning rate and the restore followed every move.
 """
 import hashlib
 import os
@@ -25,7 +29,49 @@ import time
 
 import torch
 
-import guozhuang.torch as hvd
+BASE_LR = 0.05 / 3  # Horovod's convention: lr = base x hvd.size()
+
+
+def make_model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def step_loss(model, step, rank):
+    """Step `step`'s (0-based) loss on `rank`'s data, which depends on nothing else."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 8, generator=g)
+    return ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+
+
+def psum(model):
+    return sum(float(p.detach().double().abs().sum()) for p in model.parameters())
+
+
+def replay(worlds):
+    """One process: step s averages the gradients of ranks 0..worlds[s]-1, as the job's group did."""
+    torch.manual_seed(1)  # rank 0's initial weights: the job synced them from rank 0
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=BASE_LR * worlds[0], momentum=0.9)
+    for step, n in enumerate(worlds):
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        for rank in range(n):
+            model.zero_grad()
+            step_loss(model, step, rank).backward()
+            for g, p in zip(grads, model.parameters()):
+                g += p.grad
+        for g, p in zip(grads, model.parameters()):
+            p.grad = g / n
+        for group in opt.param_groups:
+            group["lr"] = BASE_LR * n
+        opt.step()
+        print(f"PSUM {step + 1} {psum(model):.9g}", flush=True)
+
+
+if sys.argv[1] == "replay":
+    replay([int(n) for n in sys.argv[2].split(",")])
+    sys.exit(0)
+
+import guozhuang.torch as hvd  # noqa: E402 -- not needed (nor on the path) for a replay
 
 steps, kill_at, where = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "after_update"
 hvd.init()
@@ -35,8 +81,7 @@ if hvd.rank() == 1 and os.environ.get("GZ_REPLACEMENT", "0") == "1":
 victim = hvd.rank() == 1 and os.environ.get("GZ_REPLACEMENT", "0") in ("0", "1") and kill_at > 0
 torch.manual_seed(1 + hvd.rank())  # different initial weights per rank: the sync must fix that
 pause = float(os.environ.get("GZ_TEST_STEP_SLEEP", "0"))
-BASE_LR = 0.05 / 3
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+model = make_model()
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=BASE_LR * hvd.size(), momentum=0.9),
                                named_parameters=model.named_parameters())
 state = hvd.elastic.TorchState(model, opt, step=0)
@@ -61,10 +106,8 @@ def params_hash():
 @hvd.elastic.run
 def train(state):
     while state.step < steps:
-        g = torch.Generator().manual_seed(1000 * state.step + hvd.rank())
-        x = torch.randn(16, 8, generator=g)
         opt.zero_grad()
-        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        loss = step_loss(model, state.step, hvd.rank())
         if victim and state.step + 1 == kill_at and where == "in_backward":
             os.kill(os.getpid(), signal.SIGKILL)
         loss.backward()
@@ -76,6 +119,8 @@ def train(state):
         state.commit()
         print(f"RAN {hvd.rank()} {state.step}", flush=True)
         print(f"COMMIT {state.step} {hvd.rank()} {hvd.size()} {os.getpid()}", flush=True)
+        if hvd.rank() == 0:
+            print(f"PSUM {state.step} {psum(model):.9g} {os.getpid()}", flush=True)
         if pause:
             time.sleep(pause)
 
