@@ -364,7 +364,7 @@ fi
 if [ "$scenario" = pynode ]; then
   # 200 steps with a 0.1 s pause each: the job outlives the loss (~HB + 1 s) and the return.
   steps=200 nproc=2 max_restarts=1 gzrun_args=(--recovery in-place) nnodes=2:3
-  program=(/usr/bin/python3 "$PY_WORKER" $steps 0)
+  program=(/usr/bin/python3 "$PY_WORKER" "$steps" 0)
   penv=(PYTHONPATH="$PY_PATH" GZ_TEST_STEP_SLEEP=0.1 OMP_NUM_THREADS=1)
   commits() {  # SIZE MIN: some rank committed a step >= MIN on a world of SIZE
     grep -h -o "COMMIT [0-9]* [0-9]* $1 " "$dir"/host*.log 2>/dev/null |
