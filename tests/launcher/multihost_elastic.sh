@@ -59,7 +59,8 @@
 #               the gradients averaged over that step's world at lr = base x world (within 1e-5).
 #               Mutation (by hand): _in_place.regroup refusing a changed rank or size (as before
 #               this scenario) -> the survivors raise, gzrun stops them: "survivor ... gone".
-# Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR. Exit 77 (skip) without namespaces.
+# Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR; pynode: PY_STEPS (200), PY_STEP_SLEEP
+# (0.1 s). Exit 77 (skip) without namespaces.
 set -uo pipefail
 [ $# = 7 ] || { echo "usage: multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO" >&2; exit 2; }
 cluster=$1 gzrun=$2 worker=$3 gztrain=$4 config=$5 checker=$6 scenario=$7
@@ -362,10 +363,11 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
 fi
 
 if [ "$scenario" = pynode ]; then
-  # 200 steps with a 0.1 s pause each: the job outlives the loss (~HB + 1 s) and the return.
-  steps=200 nproc=2 max_restarts=1 gzrun_args=(--recovery in-place) nnodes=2:3
+  # 200 steps with a 0.1 s pause each: the job outlives the loss (~HB + 1 s) and the return. A
+  # shorter pause (PY_STEP_SLEEP, with more PY_STEPS) makes the kill land inside a step more often.
+  steps=${PY_STEPS:-200} nproc=2 max_restarts=1 gzrun_args=(--recovery in-place) nnodes=2:3
   program=(/usr/bin/python3 "$PY_WORKER" "$steps" 0)
-  penv=(PYTHONPATH="$PY_PATH" GZ_TEST_STEP_SLEEP=0.1 OMP_NUM_THREADS=1)
+  penv=(PYTHONPATH="$PY_PATH" GZ_TEST_STEP_SLEEP="${PY_STEP_SLEEP:-0.1}" OMP_NUM_THREADS=1)
   commits() {  # SIZE MIN: some rank committed a step >= MIN on a world of SIZE
     grep -h -o "COMMIT [0-9]* [0-9]* $1 " "$dir"/host*.log 2>/dev/null |
       awk -v m="$2" '$2 >= m { f = 1 } END { exit !f }'
