@@ -82,3 +82,11 @@ def test_a_folder_others_can_write_or_a_symlink_is_refused(tmp_path):
     shared.symlink_to(tmp_path / "elsewhere")
     p = lone(tmp_path)
     assert p.returncode != 0 and "not a private folder" in p.stdout, p.stdout
+
+
+def test_ranks_started_in_different_rounds_agree_on_one_writer(tmp_path):
+    """A moved survivor (its old GZ_RESTART_COUNT) and a fresh worker on one node: one writer.
+    Mutation (run): claiming with this rank's own GZ_RESTART_COUNT gives 2 writers."""
+    r = gzrun("elastic_writer.py", 2, extra_env={"GZ_ELASTIC_DIR": tmp_path})
+    assert r.returncode == 0, r
+    assert r.out.count("WRITERS 1") == 2, r

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
+#include <utility>
 
 #include "gz/core/error.h"
 #include "gz/core/phase.h"
@@ -41,6 +43,10 @@ struct DistributedOptimizer::Impl {
   std::vector<int> passes;                    // backward passes seen per tensor this step
   horovod::Submissions subs;
   comm::WorkPtr loop;  // the step's background loop; guarded by subs.mu
+  // A submit that failed in a hook (an aborted group), rethrown by synchronize(); guarded by
+  // subs.mu. Thrown in the hook, it would fail backward(), where Python's autograd turns it into
+  // a plain RuntimeError: in-place recovery must see gz::Aborted, from the step.
+  std::exception_ptr submit_error;
   int last_cycles = 0;
   bool last_replayed = false;
   Timeline* timeline = Timeline::process();  // GZ_TIMELINE: per-step events, else null
@@ -104,7 +110,13 @@ void DistributedOptimizer::Impl::on_ready(size_t index) {
     subs.submitted[index] = 1;
     wake = ++subs.count == params.size();
     wake = subs.schedule.submitted(index) || wake;
-    if (!loop) loop = group->submit([this] { run_step(); });
+    if (!loop && !submit_error) {
+      try {
+        loop = group->submit([this] { run_step(); });
+      } catch (...) {
+        submit_error = std::current_exception();
+      }
+    }
   }
   // The loop waits out its cycle time (or, replaying, for its next group); only the last gradient
   // of the step or of a replayed group cuts that short.
@@ -179,13 +191,14 @@ void DistributedOptimizer::synchronize() {
   ScopedPhase waiting(Phase::comm);  // the exposed wait for this step's gradient reductions
   auto& im = *impl_;
   comm::WorkPtr loop;
+  std::exception_ptr err;
   {
     std::lock_guard<std::mutex> lock(im.subs.mu);
     loop = im.loop;
+    err = std::exchange(im.submit_error, nullptr);
     im.subs.closing = true;  // no more gradients this step: a replayed group still incomplete never will be
   }
   im.subs.cv.notify_all();
-  std::exception_ptr err;
   if (loop) {
     try {
       loop->wait();

@@ -43,7 +43,24 @@
 #               exiting 0, at most 1 step redone per move, every epoch read exactly once across
 #               worlds 2H, 2H-2, 2H, and a final test accuracy within 0.005 of the uninterrupted
 #               run's (run first, as in inplace).
-# Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR. Exit 77 (skip) without namespaces.
+#     pynode    as inplacenode for Python: 3 hosts x 2 ranks, --nnodes 2:3, --recovery in-place,
+#               PY_WORKER (python/tests/workers/elastic_in_place.py: hvd.elastic.run, a commit per
+#               step, a reset callback setting lr = base x hvd.size()) under /usr/bin/python3 with
+#               PYTHONPATH=PY_PATH (the build's python/). Host 2 is lost whole mid-training (gzrun
+#               and workers SIGKILLed, its /dev/shm wiped): the 4 survivors keep their pids and
+#               continue as ranks of 4 from their last commit within the heartbeat timeout + 4 s;
+#               then host 2 comes back and is admitted in place (survivors keep their pids, world 6,
+#               the returning workers get the commit over the network); every gzrun exits 0. From
+#               the COMMIT lines: every step committed on one world only (none redone on another),
+#               by every rank of it once (the step in flight at a move may be committed by some
+#               ranks only), worlds 6 -> 4 -> 6, each restored commit the newest one, the reset
+#               callbacks saw sizes 4 and 6, all 6 final ranks hold the same parameters, and rank
+#               0's parameters after every step follow a one-process replay of the same steps with
+#               the gradients averaged over that step's world at lr = base x world (within 1e-5).
+#               Mutation (by hand): _in_place.regroup refusing a changed rank or size (as before
+#               this scenario) -> the survivors raise, gzrun stops them: "survivor ... gone".
+# Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR; pynode: PY_STEPS (200), PY_STEP_SLEEP
+# (0.1 s). Exit 77 (skip) without namespaces.
 set -uo pipefail
 [ $# = 7 ] || { echo "usage: multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO" >&2; exit 2; }
 cluster=$1 gzrun=$2 worker=$3 gztrain=$4 config=$5 checker=$6 scenario=$7
@@ -52,7 +69,7 @@ for f in "$cluster" "$gzrun" "$worker" "$checker"; do [ -x "$f" ] || { echo "FAI
 
 hb=${HB:-3}
 log_level=warn
-case $scenario in snapshot|zero3|inplace|inplace2|inplacenode) log_level=info ;; esac  # the restores' and resumes' lines
+case $scenario in snapshot|zero3|inplace|inplace2|inplacenode|pynode) log_level=info ;; esac  # the restores' and resumes' lines
 bound_ms=$(((hb + 2) * 1000))
 port=29500
 case $scenario in
@@ -64,6 +81,11 @@ case $scenario in
     [ "$scenario" = inplacenode ] && hosts=${HOSTS:-4} ;;
   belowmin) hosts=2 ;;
   ghost) hosts=3 ;;
+  pynode)
+    [ -f "${PY_WORKER:-}" ] && [ -f "${PY_PATH:-}/guozhuang/__init__.py" ] ||
+      { echo "SKIP: PY_WORKER ($PY_WORKER) or the built package under PY_PATH ($PY_PATH) missing"; exit 77; }
+    /usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "SKIP: /usr/bin/python3 has no torch"; exit 77; }
+    hosts=3 ;;
   *) echo "FAIL: unknown scenario '$scenario'"; exit 2 ;;
 esac
 
@@ -337,6 +359,159 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
     "by its host (no restart, no new round), the $((6 - ${#dead[@]})) others kept their process; rank 0: $recs" \
     "$recover_ms ms after the first kill was seen -> finished in $total_ms ms; test_accuracy $acc, uninterrupted" \
     "run's $ref_acc (${ref_ms} ms); $audit"
+  exit 0
+fi
+
+if [ "$scenario" = pynode ]; then
+  # 200 steps with a 0.1 s pause each: the job outlives the loss (~HB + 1 s) and the return. A
+  # shorter pause (PY_STEP_SLEEP, with more PY_STEPS) makes the kill land inside a step more often.
+  steps=${PY_STEPS:-200} nproc=2 max_restarts=1 gzrun_args=(--recovery in-place) nnodes=2:3
+  program=(/usr/bin/python3 "$PY_WORKER" "$steps" 0)
+  penv=(PYTHONPATH="$PY_PATH" GZ_TEST_STEP_SLEEP="${PY_STEP_SLEEP:-0.1}" OMP_NUM_THREADS=1)
+  commits() {  # SIZE MIN: some rank committed a step >= MIN on a world of SIZE
+    grep -h -o "COMMIT [0-9]* [0-9]* $1 " "$dir"/host*.log 2>/dev/null |
+      awk -v m="$2" '$2 >= m { f = 1 } END { exit !f }'
+  }
+  lines() { grep -h "$1" "$dir"/host*.log 2>/dev/null | wc -l; }  # PATTERN: how many log lines
+  t_start=$(now_ns)
+  ks=()
+  for i in 0 1 2; do start_node $i "${penv[@]}"; ks+=("$k"); done
+  for i in 0 1 2; do wait_for 60 "host $i in round 0 with 3 nodes" in_log $i 'elastic round 0: node . of 3'; done
+  wait_for 90 "round 0 to commit 15 steps" commits 6 15
+  survivors=$(for i in 0 1; do pgrep -P "$(cat "$dir/gzpid_$i.${ks[$i]}")"; done | tr '\n' ' ')
+  [ "$(echo $survivors | wc -w)" = 4 ] || fail "expected 4 workers on hosts 0 and 1, found: $survivors"
+  victim=$(cat "$dir/gzpid_2.${ks[2]}")
+  lost=$(pgrep -P "$victim" | tr '\n' ',')
+  t0=$(now_ns)
+  kill -9 "$victim" $(pgrep -P "$victim")
+  "${C[@]}" run 2 sh -c 'rm -rf /dev/shm/gz-elastic-*'  # the node is gone, its commits too
+  for i in 0 1; do wait_for 30 "host $i to move to round 1" in_log $i 'elastic round 1: node . of 2'; done
+  wait_for 30 "the 4 survivors to continue as ranks of 4" \
+    bash -c "[ \$(grep -h 'continues as rank [0-9] of 4\$' '$dir'/host*.log | wc -l) -ge 4 ]"
+  recover_ms=$(ms_since "$t0")
+  wait_for 30 "the new rank 0 to report its recovery" any_log 'recovered in place at commit'
+  rec_line=$(grep -h 'recovered in place at commit' "$dir"/host*.log | head -n 1)
+  bound=$(((hb + 4) * 1000))
+  [ "$recover_ms" -le "$bound" ] || fail "the survivors continued $recover_ms ms after the kill (bound $bound ms)"
+  for i in 0 1; do
+    in_log $i 'moving the local workers to the next round in place' || fail "host $i did not move its workers"
+    ! in_log $i 'restarting all\|stopping the local workers' ||
+      fail "host $i stopped its workers: $(grep -h 'restarting all\|stopping the local' "$dir/host$i.log")"
+  done
+  gone_ones=""
+  for p in $survivors; do kill -0 "$p" 2>/dev/null || gone_ones+=" $p"; done
+  [ -z "$gone_ones" ] || fail "survivor worker(s)$gone_ones are gone after the loss: stopped or failed"
+  # Round 1 trains on 4 ranks for a while, then host 2 comes back (an empty /dev/shm).
+  wait_for 30 "a step committed on 4 ranks" commits 4 0
+  first4=$(grep -h -o 'COMMIT [0-9]* [0-9]* 4 ' "$dir"/host*.log | awk '{print $2}' | sort -n | head -n 1)
+  wait_for 60 "round 1 to commit 10 steps on 4 ranks" commits 4 $((first4 + 10))
+  t1=$(now_ns)
+  start_node 2 "${penv[@]}"; ks[2]=$k
+  for i in 0 1 2; do wait_for 30 "host $i in round 2 with 3 nodes" in_log $i 'elastic round 2: node . of 3'; done
+  wait_for 60 "the 4 survivors to continue as ranks of 6" \
+    bash -c "[ \$(grep -h 'of 4 continues as rank [0-9] of 6\$' '$dir'/host*.log | wc -l) -ge 4 ]"
+  wait_for 60 "the admitted world to commit" commits 6 "$(
+    grep -h -o 'COMMIT [0-9]* [0-9]* 4 ' "$dir"/host*.log | awk '{print $2}' | sort -n | tail -n 1)"
+  admit_ms=$(ms_since "$t1")
+  # Every node writes the new world's commits again (one writer per node, the returning one too).
+  wait_for 10 "rank 0 to report the admission's restore" bash -c "[ \$(grep -h 'restored commit' '$dir'/host*.log | wc -l) -ge 2 ]"
+  admitted=$(grep -h 'restored commit' "$dir"/host*.log | tail -n 1 | sed -n 's/.*restored commit \([0-9]*\) .*/\1/p')
+  node_has_newer() {  # HOST: its /dev/shm holds a commit newer than the admission's restore
+    "${C[@]}" run "$1" sh -c 'ls /dev/shm/gz-elastic-*/*/ 2>/dev/null' |
+      sed -n 's/^commit-\([0-9]*\)\.pt$/\1/p' | awk -v a="$admitted" '$1 > a { f = 1 } END { exit !f }'
+  }
+  for i in 0 1 2; do wait_for 10 "host $i to write a commit after $admitted" node_has_newer $i; done
+  gone_ones=""
+  for p in $survivors; do kill -0 "$p" 2>/dev/null || gone_ones+=" $p"; done
+  [ -z "$gone_ones" ] || fail "survivor worker(s)$gone_ones are gone after the admission"
+  for i in 0 1 2; do wait_for 120 "host $i's gzrun to finish" test -f "$dir/rc_$i.${ks[$i]}"; done
+  total_ms=$(ms_since "$t_start")
+  for i in 0 1 2; do
+    [ "$(cat "$dir/rc_$i.${ks[$i]}")" = 0 ] || fail "host $i's gzrun exited $(cat "$dir/rc_$i.${ks[$i]}")"
+  done
+  ! any_log 'restarting all' || fail "a job-wide restart: $(grep -h 'restarting all' "$dir"/host*.log)"
+  for i in 0 1; do
+    n=$(grep -c 'moving the local workers to the next round in place' "$dir/host$i.log")
+    [ "$n" = 2 ] || fail "host $i moved its workers $n times, expected 2 (the loss, the admission)"
+  done
+  [ "$(lines 'of 6 continues as rank [0-9] of 4$')" = 4 ] && [ "$(lines 'of 4 continues as rank [0-9] of 6$')" = 4 ] ||
+    fail "expected 4 moves 6 -> 4 and 4 moves 4 -> 6: $(grep -h 'continues as rank' "$dir"/host*.log)"
+  # The commits across the job's history (the logs of both host 2 instances included).
+  audit=$(grep -h -o 'COMMIT [0-9]* [0-9]* [0-9]* [0-9]*\|restored commit [0-9]* (from rank [0-9]*.s [a-z]*)\|RESET [0-9]* [0-9]* [0-9.]*\|PARAMS [0-9]* [0-9a-f]*\|PSUM [0-9]* [0-9.e+-]* [0-9]*' \
+    "$dir"/host*.log | /usr/bin/python3 -c '
+import subprocess
+import sys
+from collections import defaultdict
+steps, want, lost = defaultdict(list), int(sys.argv[1]), {int(p) for p in sys.argv[2].split(",") if p}
+by_pid, restored, resets, params, commits, psums = defaultdict(list), [], defaultdict(list), [], [], []
+for line in sys.stdin:
+    w = line.split()
+    if w[0] == "COMMIT":
+        commits.append(tuple(map(int, w[1:])))
+    elif w[0] == "restored":
+        restored.append((int(w[2]), w[-1].rstrip(")")))
+    elif w[0] == "PSUM":
+        psums.append((int(w[1]), float(w[2]), int(w[3])))
+    elif w[0] == "RESET":
+        resets[int(w[2])].append(float(w[3]))
+    else:
+        params.append(w[2])
+def die(msg):
+    sys.exit(msg)
+if not restored:
+    die("no restored commit")
+for s, r, n, p in commits:  # a commit the lost node alone made (killed before the others) died with it
+    if p not in lost or s <= restored[0][0] + 1:
+        steps[s].append((r, n))
+        by_pid[p].append(s)
+if sorted(steps) != list(range(1, want + 1)):
+    die(f"steps committed: {sorted(steps)[:5]}..., expected 1..{want}: some never committed")
+for p, ss in by_pid.items():
+    if ss != sorted(set(ss)):
+        die(f"pid {p} committed a step twice or out of order: {ss}")
+world = {s: {n for _, n in steps[s]} for s in steps}
+bad = [s for s in steps if len(world[s]) != 1]
+if bad:
+    die(f"step {bad[0]} committed on worlds {sorted(world[bad[0]])}: redone after a move")
+seq = [world[s].pop() for s in range(1, want + 1)]
+segments = [seq[0]] + [b for a, b in zip(seq, seq[1:]) if a != b]
+if segments != [6, 4, 6]:
+    die(f"worlds over the steps: {segments}, expected 6 -> 4 -> 6")
+ends = [s for s in range(1, want) if seq[s - 1] != seq[s]]  # last step of a world
+for s in range(1, want + 1):
+    ranks = sorted(r for r, _ in steps[s])
+    n = seq[s - 1]
+    if len(ranks) != len(set(ranks)) or any(r >= n for r in ranks):
+        die(f"step {s} (world {n}) committed by ranks {ranks}")
+    if len(ranks) != n and s not in ends:  # only the step in flight at a move may be partial
+        die(f"step {s} committed by {len(ranks)} of {n} ranks")
+got = [c + 1 for c, _ in restored]  # commit c holds step c + 1
+if got != ends or any(src != "memory" for _, src in restored):
+    die(f"restored {restored}: expected the commits of steps {ends} (the newest), from a survivor memory")
+if sorted(len(v) for v in resets.values()) != [4, 6] or set(resets) != {4, 6}:
+    die(f"reset callbacks per world size: { {k: len(v) for k, v in resets.items()} }, expected 4 at size 4, 6 at 6")
+if any(abs(lr - 0.05 / 3 * n) > 1e-6 for n, v in resets.items() for lr in v):
+    die(f"reset callbacks set lr {dict(resets)}: expected base x size")
+if len(params) != 6 or len(set(params)) != 1:
+    die(f"final parameters of {len(params)} ranks, {len(set(params))} distinct (expected 6 equal)")
+# The same steps in one process, each averaged over its world (elastic_in_place.py replay): rank
+# 0 parameter sums must follow it (float rounding differs with the reduction order: 1e-5).
+job = {s: v for s, v, p in psums if p not in lost or s <= restored[0][0] + 1}
+out = subprocess.run([sys.executable, sys.argv[3], "replay", ",".join(map(str, seq))], capture_output=True,
+                     text=True, check=True).stdout
+ref = {int(w[1]): float(w[2]) for w in (line.split() for line in out.splitlines())}
+off = [(s, job[s], ref[s]) for s in sorted(job) if abs(job[s] - ref[s]) > 1e-5 * abs(ref[s])]
+if off or len(job) < want - 2:
+    die(f"rank 0 parameter sums differ from a replay of the worlds {segments} at {len(off)} step(s), "
+        f"first (step, job, replay): {off[:1]}; {len(job)} of {want} steps reported")
+dev = max(abs(job[s] - ref[s]) / abs(ref[s]) for s in job)
+print(f"{want} steps each committed on one world (6 -> 4 -> 6, the last before each move at step(s) {ends}), "
+      f"restored commits {[c for c, _ in restored]} from memory, resets at sizes 4 and 6, 6 ranks end equal, "
+      f"rank 0 parameter sums within {dev:.1e} of a one-process replay of those worlds")
+' $steps "$lost" "$PY_WORKER" 2>&1) || fail "$audit"
+  echo "PASS: pynode: 3 hosts x 2 Python ranks, host 2 lost whole: the 4 survivors kept their pids and continued" \
+    "as ranks of 4 $recover_ms ms after the kill (bound $bound ms; ${rec_line##*] }); host 2 back: admitted in" \
+    "place $admit_ms ms after its gzrun started (survivors kept their pids, world 6); finished in $total_ms ms; $audit"
   exit 0
 fi
 

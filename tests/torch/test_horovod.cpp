@@ -1,5 +1,5 @@
 // Horovod-style DistributedOptimizer: equivalence, different gradient orders per rank, stall
-// report, backward_passes_per_step, parameter and optimizer-state broadcast.
+// report, backward_passes_per_step, an aborted group, parameter and optimizer-state broadcast.
 #include <algorithm>
 #include <thread>
 
@@ -338,6 +338,29 @@ TEST(Horovod, BackwardPassesPerStepAccumulates) {
       opt.step();
     }
     EXPECT_LE(max_rel_diff(*m, *models[world]), 1e-5);
+  });
+}
+
+// A group aborted between steps (gzrun's move watcher, or a peer that saw a failure first): the
+// next backward must not throw (Python's autograd would turn gz::Aborted into a plain
+// RuntimeError, which in-place recovery cannot tell from a bug); step() rethrows the Aborted.
+TEST(Horovod, AbortedGroupFailsTheStepNotTheBackward) {
+  const int world = 2;
+  auto models = make_mlps(world);
+  auto d = make_data(2, world * kB);
+  run_ranks(world, [&](int r, std::shared_ptr<Store> store) {
+    auto g = make_comm(r, world, store);
+    auto& m = models[r];
+    DistributedOptimizer opt(make_opt(*m, false), named(*m), DistributedOptimizerOptions{}, g);
+    opt.zero_grad();
+    torch::mse_loss(m->forward(shard(d.x[0], r, kB)), shard(d.y[0], r, kB)).backward();
+    opt.step();
+    store->add("stepped", 1);  // both ranks are done with the first step before either aborts
+    while (store->add("stepped", 0) < world) std::this_thread::yield();
+    g->abort("test: moved to a new round");
+    opt.zero_grad();
+    EXPECT_NO_THROW(torch::mse_loss(m->forward(shard(d.x[1], r, kB)), shard(d.y[1], r, kB)).backward());
+    EXPECT_THROW(opt.step(), Aborted);
   });
 }
 

@@ -1,6 +1,8 @@
 """In-place recovery of the Horovod-mode default group (gzrun --recovery in-place): gzrun replaces
 only a lost worker (same rank, GZ_REPLACEMENT=n) and the survivors meet it in the group's next
-generation (gz::regroup(), include/gz/comm/generations.h), keeping their processes.
+generation (gz::regroup(), include/gz/comm/generations.h), keeping their processes. In an elastic
+job a lost or returning node moves the survivors to gzrun's next round instead (a new rank and
+size; include/gz/store/round_move.h), and gz::regroup() follows the move.
 hvd.elastic.run drives it (elastic.py); this module holds what touches the group.
 """
 import os
@@ -34,10 +36,12 @@ def check():
 def regroup(why):
     """Abort the default group and join its next generation (collective with the other survivors
     and the replacements; the group's timeout), then rebuild what averages on it. The one place
-    that replaces the group: a new rank or size after a lost node belongs here."""
+    that replaces the group. In an elastic job (gzrun --nnodes MIN:MAX) gzrun may have moved the
+    job to a new round instead (a node lost or admitted): the group then has a new rank and size,
+    which hvd.rank()/hvd.size() return from here on. Returns (old rank, old size)."""
     rank, size = _C.hvd_rank(), _C.hvd_size()
     new_rank, new_size = _C.hvd_regroup(why)
     if (new_rank, new_size) != (rank, size):
-        raise RuntimeError(f"guozhuang elastic: the new group has rank {new_rank} of {new_size}, this rank was "
-                           f"{rank} of {size} (ranks must not change)")
+        print(f"guozhuang elastic: rank {rank} of {size} continues as rank {new_rank} of {new_size}", flush=True)
     _rebuild_cores()
+    return rank, size

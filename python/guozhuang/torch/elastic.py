@@ -23,7 +23,9 @@ state. With none of them set, commits stay in memory only. GZ_ELASTIC_DIR overri
 Under ``gzrun --recovery in-place`` (GZ_RECOVERY=in_place) it is Horovod's shape: gzrun replaces only
 the lost worker, and on a lost peer (HorovodInternalError) the survivors keep their processes: they
 regroup with the replacement (_in_place.py), the newest commit any rank holds (a survivor's memory,
-else a node's file) is restored and synced to every rank, and ``func`` runs again.
+else a node's file) is restored and synced to every rank, and ``func`` runs again. In an elastic job
+(--nnodes MIN:MAX) a lost or returning node moves the survivors to gzrun's next round instead: they
+continue with a new hvd.rank() and hvd.size(), and the reset callbacks adapt the script to them.
 """
 import copy
 import io
@@ -143,7 +145,8 @@ class State:
         self._files = _NodeFiles(job) if job else None
 
     def register_reset_callbacks(self, callbacks):
-        """Called after the state was restored at a restart (e.g. to rescale the learning rate)."""
+        """Called after the state was restored at a restart or an in-place recovery, on the world
+        as it is now (hvd.size() may have changed): rescale the learning rate, rebuild samplers."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
@@ -188,18 +191,20 @@ class State:
     def _resume(self):
         """At the start of run() and after an in-place regroup: restore the newest commit any rank
         holds, then make every rank equal. Whether a commit was restored (on_reset was called)."""
-        held = allgather_object((self._held(), self._recoveries))
-        best = max(h for h, _ in held)
-        self._recoveries = max(r for _, r in held)
+        held = allgather_object((self._held(), self._recoveries, _round()))
+        best = max(h for h, _, _ in held)
+        self._recoveries = max(r for _, r, _ in held)
         if self._files is not None:
-            rnd = os.environ.get("GZ_RESTART_COUNT", "0")
-            self._files.claim(rnd if self._recoveries == 0 else f"{rnd}.{self._recoveries}")
+            # Agreed, not this rank's environment: a survivor moved to a new round keeps the
+            # GZ_RESTART_COUNT it started with, while a fresh worker beside it has the new one.
+            rnd = max(n for _, _, n in held)
+            self._files.claim(str(rnd) if self._recoveries == 0 else f"{rnd}.{self._recoveries}")
         if best == _NOTHING:
             self.sync(0)  # a fresh start: rank 0's initial state everywhere, as in Horovod
             self.save()
             self._synced = True
             return False
-        root = [h for h, _ in held].index(best)
+        root = [h for h, _, _ in held].index(best)
         error, source = broadcast_object(self._restore_as_root(best) if _C.hvd_rank() == root else None, root)
         if error:  # the others must not wait in sync() for a root that failed
             raise RuntimeError("guozhuang elastic: " + error)
@@ -230,7 +235,9 @@ class State:
         return None, "node"
 
     def _recover_in_place(self, why):
-        """One attempt: regroup with the replacement(s), restore and sync the newest commit."""
+        """One attempt: regroup with the replacement(s), restore and sync the newest commit. After
+        a node was lost or admitted the rank and size are new: the restore and the reset callbacks
+        (where scripts rescale the learning rate, re-shard their data) run on the new world."""
         self._attempts += 1
         rank = _C.hvd_rank()
         if self._attempts > _in_place.ATTEMPTS:
@@ -244,7 +251,7 @@ class State:
         met = time.monotonic() - t0  # mostly the replacement's start: Python, torch, hvd.init()
         if not self._resume():
             self.on_reset()
-        if rank == 0:
+        if _C.hvd_rank() == 0:  # the new rank 0 after a move
             at = self._commits - 1
             print(f"guozhuang elastic: recovered in place at commit {at}{' (none yet)' if at < 0 else ''} in "
                   f"{time.monotonic() - t0:.2f} s (regrouped in {met:.2f} s)", flush=True)
@@ -323,6 +330,14 @@ class TorchState(ObjectState):
         self._saved = payload["objects"]
         self._model_saved, self._optimizer_saved = payload["model"], payload["optimizer"]
         TorchState.restore(self)
+
+
+def _round():
+    """The launcher round this process was started in (gzrun's GZ_RESTART_COUNT)."""
+    try:
+        return int(os.environ.get("GZ_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
 
 
 def run(func):
