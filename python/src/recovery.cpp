@@ -41,6 +41,11 @@ void bind_recovery(py::module& m) {
         "Whether hvd_regroup() can replace the default group (hvd.init() under gzrun --recovery "
         "in-place).");
   m.def(
+      "hvd_accept_moves", [](bool on) { return accept_moves(on); }, py::arg("on"),
+      "Whether this process adopts a new rank and size when gzrun moves an elastic in-place job to "
+      "a new round (gz::accept_moves): hvd.elastic.run says yes while it runs. False when the "
+      "default group does not follow moves.");
+  m.def(
       "hvd_regroup",
       [](const std::string& why) {
         py::gil_scoped_release release;  // waits for the replacements to start and join

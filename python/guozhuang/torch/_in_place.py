@@ -45,3 +45,10 @@ def regroup(why):
         print(f"guozhuang elastic: rank {rank} of {size} continues as rank {new_rank} of {new_size}", flush=True)
     _rebuild_cores()
     return rank, size
+
+
+def accept_moves(on):
+    """Tell gzrun whether this rank adopts a new rank and size now (an elastic job's node lost or
+    admitted): gzrun moves a node's workers in place only while each of them said yes, and stops
+    and restarts them otherwise. hvd.elastic.run says yes while it runs."""
+    return _C.hvd_accept_moves(on)

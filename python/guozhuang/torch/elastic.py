@@ -349,19 +349,27 @@ def run(func):
     def wrapper(state, *args, **kwargs):
         if _in_place.enabled():
             _in_place.check()
-        why = None
-        while True:
-            try:
-                if why is None:
-                    state._resume()
-                else:
-                    state._recover_in_place(why)
-                result = func(state, *args, **kwargs)
-                break
-            except _in_place.HorovodInternalError as e:
-                if not _in_place.enabled():
-                    raise
-                why = str(e)
+            _in_place.accept_moves(True)  # recoverable from here: gzrun may move this rank
+        try:
+            why = None
+            while True:
+                try:
+                    if why is None:
+                        state._resume()
+                    else:
+                        state._recover_in_place(why)
+                    result = func(state, *args, **kwargs)
+                    break
+                except _in_place.HorovodInternalError as e:
+                    if not _in_place.enabled():
+                        raise
+                    why = str(e)
+        finally:
+            if _in_place.enabled():
+                try:
+                    _in_place.accept_moves(False)
+                except RuntimeError:
+                    pass  # the job's store is gone: gzrun cannot move anyone either
         state._finish()
         return result
 
