@@ -12,11 +12,33 @@
 #             https (members' certificates checked against the test's CA) with an etcd user whose
 #             password is the rendezvous token (etcd auth enabled)
 #     random  lose host 1 or 2 (at random; SEED=N to repeat), plain http with --rdzv-insecure
-# Env: HB (heartbeat timeout, default 5 s), KEEP_LOGS=DIR. Exit 77 (skip) without namespaces or etcd.
+#
+#   multihost_etcd.sh CLUSTER_SH GZRUN GZ_TRAIN train CONFIG CHECKER
+#     train   the same cluster and loss of host 0 for real training: gz-train (CONFIG, samples
+#             logged, snapshots every step) on 4 hosts x 2 ranks, --nnodes 3:4, gzrun --recovery
+#             in-place --max-restarts 1, plain http. First the job runs uninterrupted (its own
+#             rdzv id and work_dir); then again, and host 0 (node 0: rank 0, an etcd member, the
+#             job's first host) is lost whole ~12 steps in. Hosts 1-3 must move their workers to
+#             round 1 in place (same pids, world 6) and rank 0 (now a survivor) recover from the
+#             snapshot within HB + 10 s of the kill; every gzrun left exits 0, CHECKER finds at most
+#             1 step redone and every epoch read exactly once across worlds 8, 6; the final test
+#             accuracy is within 0.005 of the uninterrupted run's.
+#             Mutation (by hand): TRAIN_ENDPOINTS=http://10.77.0.1:2379 (host 0's member only) -> the
+#             survivors report "lost the etcd cluster" and no round 1 forms (the test fails).
+# Env: HB (heartbeat timeout, default 5 s), KEEP_LOGS=DIR; train: TRAIN_ENDPOINTS (the job's
+# --rdzv-endpoints instead of all 3 members: the mutation). Exit 77 (skip) without namespaces or etcd
+# (train: or without gz-train or Fashion-MNIST).
 set -uo pipefail
-[ $# = 4 ] || { echo "usage: multihost_etcd.sh CLUSTER_SH GZRUN WORKER SCENARIO" >&2; exit 2; }
-cluster=$1 gzrun=$2 worker=$3 scenario=$4
+[ $# = 4 ] || [ $# = 6 ] ||
+  { echo "usage: multihost_etcd.sh CLUSTER_SH GZRUN WORKER SCENARIO [CONFIG CHECKER]" >&2; exit 2; }
+cluster=$1 gzrun=$2 worker=$3 scenario=$4 config=${5:-} checker=${6:-}
 here=$(cd "$(dirname "$0")" && pwd)
+if [ "$scenario" = train ]; then
+  [ -x "$worker" ] || { echo "SKIP: gz-train not built ($worker)"; exit 77; }
+  [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
+    { echo "SKIP: Fashion-MNIST not installed (dataset-fashion-mnist)"; exit 77; }
+  [ -f "$config" ] && [ -x "$checker" ] || { echo "FAIL: train needs CONFIG and CHECKER"; exit 1; }
+fi
 for f in "$cluster" "$gzrun" "$worker"; do [ -x "$f" ] || { echo "FAIL: $f is not executable"; exit 1; }; done
 "$cluster" check || exit $?
 
@@ -30,6 +52,7 @@ etcd_check
 case $scenario in
   host0) victim=0 ;;
   random) seed=${SEED:-$RANDOM}; victim=$((1 + seed % 2)); echo "random: seed $seed, losing host $victim" ;;
+  train) victim=0 ;;
   *) echo "FAIL: unknown scenario '$scenario'"; exit 2 ;;
 esac
 
@@ -40,9 +63,9 @@ verdict_delay=()
 [ "$scenario" = random ] && verdict_delay=(GZ_TEST_VERDICT_DELAY_MS=4000)
 
 fail() {
-  for f in "$dir"/host*.log; do
+  for f in "$dir"/*host*.log; do
     echo "---- $(basename "$f") (last 30 lines)"
-    tail -n 30 "$f"
+    grep -v '\[train\]' "$f" | tail -n 30
   done
   for f in "$dir"/etcd_*.log; do echo "---- $(basename "$f") (last 5 lines)"; tail -n 5 "$f"; done
   echo "FAIL: $scenario: $*"
@@ -58,6 +81,7 @@ cleanup() {
   etcd_kill_all
   "${C[@]}" down
   [ -n "${KEEP_LOGS:-}" ] && mkdir -p "$KEEP_LOGS" && cp "$dir"/*.log "$KEEP_LOGS"/ 2>/dev/null
+  [ -n "${KEEP_LOGS:-}" ] && [ -d "$dir/work/samples" ] && cp -r "$dir/work/samples" "$KEEP_LOGS"/ 2>/dev/null
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -86,6 +110,121 @@ else
   etcd_up 3
   etcd_wait 30
   auth=(--rdzv-insecure)
+fi
+
+if [ "$scenario" = train ]; then
+  # World 8 (keep_global: 256 samples a step): 18 steps an epoch, 2 epochs; the loss lands
+  # mid-epoch 0 (~step 13), whose steps have snapshots (an epoch's last step has none).
+  epochs=2
+  train_node() {  # HOST RDZV_ID WORK_DIR LOG
+    local i=$1
+    (
+      "${C[@]}" run "$i" env -u GZ_NODE_ID GZ_RDZV_TOKEN="$token" GZ_TIMEOUT_S=20 GZ_LOG_LEVEL=info \
+        sh -c 'echo $$ >"$0"; exec "$@"' "$dir/gzpid_$i" \
+        "$gzrun" --nnodes 3:4 --rdzv-backend etcd --rdzv-endpoints "${TRAIN_ENDPOINTS:-$ETCD_ENDPOINTS}" \
+        --rdzv-id "$2" "${auth[@]}" --nproc-per-node 2 --rdzv-timeout 60 --rdzv-join-window 2 \
+        --heartbeat-timeout "$hb" --grace-period 1 --max-restarts 1 --recovery in-place -- \
+        "$worker" --config "$config" --work_dir "$3" --num_epochs $epochs --snapshot_every 1 --save_steps 0 \
+        --resume_from_checkpoint auto --log_samples true >>"$dir/$4$i.log" 2>&1
+      echo $? >"$dir/rc_$i.tmp" && mv "$dir/rc_$i.tmp" "$dir/rc_$i"
+    ) 2>/dev/null &
+  }
+  accuracy_of() {  # WORLD LOG...: rank 0's final test accuracy in a world of WORLD ranks
+    local w=$1
+    shift
+    grep -h "final: test_accuracy=[0-9.]* .* world=$w " "$@" 2>/dev/null | tail -n 1 |
+      sed -n 's/.*final: test_accuracy=\([0-9.]*\) .*/\1/p'
+  }
+  rank0_steps() {  # rank 0's sample log of the newest session has more than $1 steps done
+    local f
+    f=$(ls -t "$dir"/work/samples/session-*-rank0.txt 2>/dev/null | head -n 1)
+    [ -n "$f" ] && [ "$(grep -c '^done ' "$f")" -gt "$1" ]
+  }
+  any_log() { grep -q -h "$1" "$dir"/host*.log 2>/dev/null; }
+  first_joined() { [ "$(etcdctl_on 1 get --print-value-only "/gz/$1/k/gzrun/seq" 2>/dev/null)" = 1 ]; }
+  start_job() {  # RDZV_ID WORK_DIR LOG: host 0 first (node 0, rank 0), then the others
+    rm -f "$dir"/rc_* "$dir"/gzpid_*
+    mkdir -p "$2"
+    train_node 0 "$1" "$2" "$3"
+    wait_for 60 "$3: host 0's gzrun to join" first_joined "$1"
+    for i in 1 2 3; do train_node $i "$1" "$2" "$3"; done
+    for i in 0 1 2 3; do
+      wait_for 60 "$3: host $i in round 0 with 4 nodes" grep -q 'elastic round 0: node . of 4' "$dir/$3$i.log"
+    done
+    grep -q 'elastic round 0: node 0 of 4' "$dir/${3}0.log" || fail "$3: host 0 is not node 0 of round 0"
+  }
+
+  # (0) The reference: the same job uninterrupted (its own rdzv id, work_dir and logs).
+  t_ref=$(now_ns)
+  start_job "ref-$id" "$dir/ref" ref_host
+  for i in 0 1 2 3; do wait_for 240 "reference: host $i's gzrun to finish" test -f "$dir/rc_$i"; done
+  ref_ms=$(ms_since "$t_ref")
+  for i in 0 1 2 3; do [ "$(cat "$dir/rc_$i")" = 0 ] || fail "reference: host $i's gzrun exited $(cat "$dir/rc_$i")"; done
+  ! grep -q 'recovering in place\|restarting all\|elastic round 1' "$dir"/ref_host*.log ||
+    fail "the reference run was interrupted"
+  ref_acc=$(accuracy_of 8 "$dir"/ref_host*.log)
+  [ -n "$ref_acc" ] || fail "reference: no final evaluation line of world 8"
+
+  # (1) The faulted run: host 0 lost whole once round 0 has trained 12 steps.
+  start_job "job-$id" "$dir/work" host
+  wait_for 120 "round 0 to train 12 steps" rank0_steps 12
+  survivors=$(for i in 1 2 3; do pgrep -P "$(cat "$dir/gzpid_$i")"; done | tr '\n' ' ')
+  [ "$(echo $survivors | wc -w)" = 6 ] || fail "expected 6 workers on hosts 1-3, found: $survivors"
+  # Whether host 0's member leads etcd (then the loss costs an election too), for the report.
+  leader=$(etcdctl_on 1 --command-timeout=2s endpoint status 2>/dev/null | awk -F', ' '$5 == "true" { print $1 }')
+  gz=$(cat "$dir/gzpid_0")
+  kids=$(pgrep -P "$gz")
+  t0=$(now_ns)
+  kill -9 "$gz"
+  for c in $kids; do kill -9 -"$c" "$c" 2>/dev/null; done
+  etcd_kill 0
+  "${C[@]}" link 0 down
+  "${C[@]}" run 0 sh -c 'rm -rf /dev/shm/gz-snapshots-*'  # the node is gone
+  wait_for 60 "a survivor to report the failure of round 0" any_log 'job failure in round 0: '
+  failure_ms=$(ms_since "$t0")
+  for i in 1 2 3; do wait_for 60 "host $i in round 1 with 3 nodes" in_log $i 'elastic round 1: node . of 3'; done
+  round1_ms=$(ms_since "$t0")
+  wait_for 60 "the survivors to recover in place" any_log 'recovered in place at step'
+  recover_ms=$(ms_since "$t0")
+  line=$(grep -h 'recovered in place at step' "$dir"/host*.log | head -n 1)
+  echo "$line" | grep -q '(snapshot)' || fail "the survivors did not recover from a snapshot: $line"
+  # The survivors' workers fail their all-reduce at once but wait, in place, for gzrun's move:
+  # gzrun's heartbeats find the silent host after hb; round 1 then takes etcd's failover (the
+  # clients on host 0's member leave it after hb/4; a new leader in ~1 s when it led) and the 2 s
+  # join window; then the move notices, the new group's rendezvous over etcd and the snapshot
+  # restore (2-3 s at load 8-10 on 2 cores). Measured 10.5-12.4 s at hb 5: bound hb + 10 s.
+  bound=$(((hb + 10) * 1000))
+  [ "$recover_ms" -le "$bound" ] || fail "recovered $recover_ms ms after the kill (bound $bound ms): $line"
+  for i in 1 2 3; do
+    in_log $i 'moving the local workers to the next round in place' || fail "host $i did not move its workers"
+    ! in_log $i 'restarting all\|stopping the local workers' ||
+      fail "host $i stopped its workers: $(grep -h 'restarting all\|stopping the local' "$dir/host$i.log")"
+  done
+  gone_ones=""
+  for p in $survivors; do kill -0 "$p" 2>/dev/null || gone_ones+=" $p"; done
+  [ -z "$gone_ones" ] || fail "survivor worker(s)$gone_ones are gone: they were stopped or died"
+  any_log 'continues as rank [0-9]* of 6$' || fail "no survivor took its rank in the 6-rank world"
+  for i in 1 2 3; do wait_for 180 "host $i's gzrun to finish" test -f "$dir/rc_$i"; done
+  for i in 1 2 3; do
+    [ "$(cat "$dir/rc_$i")" = 0 ] || fail "host $i's gzrun exited $(cat "$dir/rc_$i")"
+    ! in_log $i 'lost the etcd cluster' || fail "host $i lost the etcd cluster"
+  done
+  acc=$(accuracy_of 6 "$dir"/host*.log)
+  [ -n "$acc" ] || fail "no final evaluation line of world 6"
+  awk -v a="$acc" -v b="$ref_acc" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.005) }' ||
+    fail "final test accuracy $acc, the uninterrupted run's $ref_acc: more than 0.005 apart"
+  audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size 4800 --epochs $epochs --worlds 8,6 2>&1) ||
+    fail "$audit"
+  redone=$(echo "$audit" | sed -n 's/.*; \([0-9]*\) step(s) run twice.*/\1/p')
+  [ -n "$redone" ] && [ "$redone" -le 1 ] || fail "${redone:-?} steps redone (at most 1): $audit"
+  echo "PASS: train: 3-member etcd on hosts 0-2, gz-train on 4 hosts x 2 ranks (reference uninterrupted:" \
+    "$ref_ms ms); host 0 lost whole (rank 0, an etcd member, gzrun, workers, cable; etcd leader" \
+    "${leader:-?}): the 6 survivors kept" \
+    "their process and continued as 6 ranks $recover_ms ms after the kill (failure reported after $failure_ms ms," \
+    "round 1 after $round1_ms ms;" \
+    "bound $bound ms; ${line##*] });" \
+    "every gzrun left exited 0; test_accuracy $acc, uninterrupted $ref_acc; $audit"
+  exit 0
 fi
 
 start_node() {
