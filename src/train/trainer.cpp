@@ -122,6 +122,7 @@ void Trainer::set_crash_at_step(int64_t step) { crash_at_step_ = step; }
 void Trainer::set_snapshot_local_world(int ranks_per_node) { impl_->snapshot_local_world = ranks_per_node; }
 void Trainer::set_regroup(std::function<comm::CommPtr(const std::string&)> regroup) {
   impl_->regroup = std::move(regroup);
+  impl_->follows_moves = false;  // a caller's regroup does not follow gzrun's moves
 }
 int64_t Trainer::recoveries() const { return impl_->recoveries; }
 
@@ -586,13 +587,17 @@ std::map<std::string, double> Trainer::train() {
   // gzrun may move this worker to a new rank and world (an elastic job's node lost or admitted)
   // while train() can recover from it; before and after, it stops and restarts the workers.
   if (impl_->follows_moves) gz::accept_moves(true);
-  const AtExit moves_off([this] {
+  bool accepting = impl_->follows_moves;
+  auto withdraw = [this, &accepting] {
+    if (!accepting) return;
+    accepting = false;
     try {
-      if (impl_->follows_moves) gz::accept_moves(false);
+      gz::accept_moves(false);
     } catch (const std::exception& e) {  // the store is gone: gzrun's moves fail the same way
       GZ_LOG(warn, "rank ", rank_, ": cannot withdraw from gzrun's moves: ", e.what());
     }
-  });
+  };
+  const AtExit moves_off(withdraw);
   // However train() ends, no copy reads the live state after it: the caller may change it.
   const AtExit copies_finished([this] { finish_state_copies(); });
   impl_->clock.reset();
@@ -612,6 +617,9 @@ std::map<std::string, double> Trainer::train() {
       if (!recover_in_place(e)) throw;
     }
   }
+  // Nothing below recovers from a lost peer (the end's callbacks and the last writes): from here
+  // on a lost or admitted node restarts the workers instead of moving them.
+  withdraw();
   for_each_callback([&](Callback& cb) { cb.on_train_end(*this); });
   finish_state_copies();       // counted in the checkpoints' and snapshots' time logged below
   finish_checkpoint_writes();  // the last checkpoint is on disk when train() returns

@@ -355,8 +355,10 @@ TEST(Horovod, AbortedGroupFailsTheStepNotTheBackward) {
     opt.zero_grad();
     torch::mse_loss(m->forward(shard(d.x[0], r, kB)), shard(d.y[0], r, kB)).backward();
     opt.step();
-    store->add("stepped", 1);  // both ranks are done with the first step before either aborts
-    while (store->add("stepped", 0) < world) std::this_thread::yield();
+    // Both ranks are done with the first step before either aborts (bounded: a rank whose first
+    // step failed must not hang the other).
+    if (store->add("stepped", 1) == world) store->set("both_stepped", to_bytes("1"));
+    store->wait({"both_stepped"}, Deadline::after(std::chrono::seconds(30)));
     g->abort("test: moved to a new round");
     opt.zero_grad();
     EXPECT_NO_THROW(torch::mse_loss(m->forward(shard(d.x[1], r, kB)), shard(d.y[1], r, kB)).backward());

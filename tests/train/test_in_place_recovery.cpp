@@ -362,6 +362,33 @@ TEST(InPlaceRecovery, AReplacementStartingWhenAnotherPeerIsLostRecoversToo) {
     EXPECT_TRUE(torch::equal(got.params[i], want.params[i])) << "final parameter " << i << " differs";
 }
 
+// ZeRO's shard snapshots exchange on a group and with buddies fixed at setup: in place they would
+// stall or restore the wrong owner's shard, so the combination is refused before training.
+TEST(InPlaceRecovery, AZeroStageIsRefusedClearly) {
+  LauncherEnv env;
+  TmpDir tmp;
+  TrainConfig c = config(tmp.path);
+  c.zero_stage = 1;
+  gz::test::run_ranks(2, [&](int rank, std::shared_ptr<gz::Store> store) {
+    gz::comm::CommOptions o;
+    o.backend = "shm";
+    o.rank = rank;
+    o.size = 2;
+    o.store = store;
+    o.node_id = "n0";
+    auto gens = std::make_shared<gz::comm::Generations>(o);
+    Trainer t(c, gens->join());
+    t.set_model(std::make_shared<gz::test::TinyNetImpl>());
+    t.set_regroup([gens](const std::string& why) { return gens->rejoin(nullptr, why); });
+    try {
+      t.train();
+      ADD_FAILURE() << "trained in place at zero_stage 1";
+    } catch (const gz::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("zero_stage"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(InPlaceRecovery, AConfigWithoutSnapshotsIsRefusedClearly) {
   LauncherEnv env;
   TmpDir tmp;

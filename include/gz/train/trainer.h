@@ -64,12 +64,15 @@ class Trainer {
   void set_snapshot_local_world(int ranks_per_node);
   /// @brief Recover in place: when training fails because a peer was lost or stopped (gz::PeerError,
   /// gz::TimeoutError, gz::Aborted from the group), this rank does not end train(): it aborts the
-  /// group, takes the one `regroup` returns (same ranks and size, shared with the launcher's
-  /// replacements of the lost processes), rebuilds the mode's strategy, restores the newest
-  /// in-memory snapshot every rank can reach, as a replacement's train() does, and goes on.
+  /// group, takes the one `regroup` returns (the same ranks and size, shared with the launcher's
+  /// replacements of the lost processes; or another rank and size, which this rank adopts),
+  /// rebuilds the mode's strategy, restores the newest in-memory snapshot every rank can reach,
+  /// as a replacement's train() does, and goes on.
   /// Needs snapshot_every > 0, resume_from_checkpoint: auto, zero_stage 0 and a launcher's run
   /// id (gz::InvalidArgument from train() otherwise). Under gzrun --recovery in-place (GZ_RECOVERY=
-  /// in_place) a Trainer on gz's default group uses gz::regroup() unless this was called.
+  /// in_place) a Trainer on gz's default group uses gz::regroup() unless this was called, and
+  /// while train() runs it accepts gzrun's moves of an elastic job (gz::accept_moves); a regroup
+  /// set here does not.
   void set_regroup(std::function<comm::CommPtr(const std::string& why)> regroup);
   /// @brief In-place recoveries this Trainer went through.
   int64_t recoveries() const;

@@ -38,7 +38,9 @@ void Trainer::check_in_place_recovery() const {
   else if (c.resume_from_checkpoint != "auto")
     missing = "resume_from_checkpoint: auto (how a replacement restores)";
   else if (c.zero_stage > 0)
-    missing = "zero_stage 0 (not tested with ZeRO shards: restarts restore their snapshots)";
+    missing =
+        "zero_stage 0 (ZeRO shard snapshots exchange on a group and with buddies fixed at setup; restarts "
+        "restore them)";
   else if (snapshot_run_id(Env::from_process()).empty())
     missing =
         "a launcher's run id (GZ_RUN_ID or TORCHELASTIC_RUN_ID: a replacement finds the snapshots by it)";
