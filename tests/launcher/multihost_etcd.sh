@@ -192,8 +192,9 @@ if [ "$scenario" = train ]; then
   # gzrun's heartbeats find the silent host after hb; round 1 then takes etcd's failover (the
   # clients on host 0's member leave it after hb/4; a new leader in ~1 s when it led) and the 2 s
   # join window; then the move notices, the new group's rendezvous over etcd and the snapshot
-  # restore (1-3 s at load 4-10 on 2 cores). Measured 9.9-12.5 s at hb 5: bound hb + 10 s.
-  bound=$(((hb + 10) * 1000))
+  # restore (1-3 s at load 4-10 on 2 cores). Measured 9.9-12.5 s at hb 5; the bound, hb + 15 s,
+  # leaves CI's loaded sanitizer-free stage room (a flake here would block every other test).
+  bound=$(((hb + 15) * 1000))
   [ "$recover_ms" -le "$bound" ] || fail "recovered $recover_ms ms after the kill (bound $bound ms): $line"
   for i in 1 2 3; do
     in_log $i 'moving the local workers to the next round in place' || fail "host $i did not move its workers"
