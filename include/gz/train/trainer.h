@@ -195,6 +195,9 @@ class Trainer {
   bool restore_snapshot();
   // `lacks`: this rank's node does not hold `step` (it receives it from `source`).
   std::optional<std::string> read_snapshot(int64_t step, int source, bool all_hold, bool lacks);
+  // Collective: whether every rank read `what` (`ok`); else each failed rank warns its `error`,
+  // rank 0 that the disk checkpoint is used, and false.
+  bool every_rank_read(bool ok, const std::string& error, const std::string& what);
   void finish_snapshots(bool completed);
   // zero_stage > 0 (src/train/recovery/shard_snapshot.cpp): every rank's shard, a copy on the
   // same local rank of the next node. Both collective (the copy is sent point-to-point).

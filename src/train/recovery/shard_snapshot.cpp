@@ -317,15 +317,9 @@ std::optional<std::string> Trainer::fetch_shard_snapshot(int64_t step,
     ok = false;
     message = e.what();
   }
-  std::vector<double> failed{ok ? 0.0 : 1.0};
-  allreduce_sum(failed);
-  if (failed[0] > 0) {
-    if (!ok) GZ_LOG(warn, "rank ", rank_, ": ", message);
-    if (is_main())
-      GZ_LOG(warn, "the zero_stage ", config_.zero_stage, " snapshot of step ", step,
-             " could not be read on ", failed[0], " rank(s): using the disk checkpoint");
+  if (!every_rank_read(ok, message,
+                       detail::concat("the zero_stage ", config_.zero_stage, " snapshot of step ", step)))
     return std::nullopt;
-  }
   if (im.buddy_to >= 0) {
     // Node n sends to n - 1: the ring of the take, reversed; even nodes send first again.
     std::string got =

@@ -197,6 +197,16 @@ void Trainer::finish_snapshots(bool completed) {
   }
 }
 
+bool Trainer::every_rank_read(bool ok, const std::string& error, const std::string& what) {
+  std::vector<double> failed{ok ? 0.0 : 1.0};
+  allreduce_sum(failed);
+  if (failed[0] == 0) return true;
+  if (!ok) GZ_LOG(warn, "rank ", rank_, ": ", error);
+  if (is_main())
+    GZ_LOG(warn, what, " could not be read on ", failed[0], " rank(s): using the disk checkpoint");
+  return false;
+}
+
 std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool all_hold, bool lacks) {
   std::string payload, message;
   bool ok = true;
@@ -208,15 +218,7 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
       message = e.what();
     }
   }
-  std::vector<double> failed{ok ? 0.0 : 1.0};
-  allreduce_sum(failed);
-  if (failed[0] > 0) {
-    if (!ok) GZ_LOG(warn, "rank ", rank_, ": ", message);
-    if (is_main())
-      GZ_LOG(warn, "the snapshot of step ", step, " could not be read on ", failed[0],
-             " rank(s): using the disk checkpoint");
-    return std::nullopt;
-  }
+  if (!every_rank_read(ok, message, "the snapshot of step " + std::to_string(step))) return std::nullopt;
   // To the ranks whose node lost it, in chunks: one op for gigabytes could outlast its deadline.
   if (!all_hold && group_) {
     // One line per node that lacked it (its local rank 0): the rate its link gave the transfer.
