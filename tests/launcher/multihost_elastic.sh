@@ -20,15 +20,15 @@
 #               round 1 and is SIGKILLed there (a ghost joiner); then host 1 is SIGKILLed. Host 0
 #               must start round 1 alone after the join window, never with the ghost as node 1
 #               (which would hang the round until the heartbeat timeout), and finish.
-#     inplace   3 hosts x 2 ranks, --nnodes 2:3, gz-train (CONFIG, snapshots every step, samples
+#     inplace   H hosts x 2 ranks (HOSTS, default 4), --nnodes 2:H, gz-train (CONFIG, snapshots every step, samples
 #               logged) under gzrun --recovery in-place --max-restarts 1: host 1's local rank 1 is
 #               SIGKILLed as step KILL_STEP begins (gz-train's GZ_TRAIN_KILL_AT_STEP). Host 1's gzrun
-#               must replace that worker alone (no job-wide restart, no new round), the 5 others
+#               must replace that worker alone (no job-wide restart, no new round), the 2H-1 others
 #               keep their process and recover in place (rank 0: within 30 s, from the snapshot),
 #               the job must finish, and CHECKER must find at most 1 step redone. First the same job
 #               runs uninterrupted (no kill; logs ref_host*.log): the recovered job's final test
 #               accuracy must be within 0.005 of it, and every step must read its samples.
-#     inplace2  as inplace, two workers on two hosts SIGKILLed as the same step begins: host 1's
+#     inplace2  as inplace on 3 hosts (HOSTS), two workers on two hosts SIGKILLed as the same step begins: host 1's
 #               local rank 1 and host 2's local rank 0 (its local rank 1 when host 2 is node 0: rank
 #               0 must survive to report). Each host's gzrun replaces its own worker; the 4 others
 #               keep their process and recover in place from both losses in one recovery.
@@ -59,7 +59,8 @@
 #               the gradients averaged over that step's world at lr = base x world (within 1e-5).
 #               Mutation (by hand): _in_place.regroup refusing a changed rank or size (as before
 #               this scenario) -> the survivors raise, gzrun stops them: "survivor ... gone".
-# Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR; pynode: PY_STEPS (200), PY_STEP_SLEEP
+# Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR; inplace, inplace2, inplacenode: MODEL (cnn or
+# bert_small), BERT_LINES (1024), HOSTS; pynode: PY_STEPS (200), PY_STEP_SLEEP
 # (0.1 s). Exit 77 (skip) without namespaces.
 set -uo pipefail
 [ $# = 7 ] || { echo "usage: multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO" >&2; exit 2; }
@@ -78,7 +79,7 @@ case $scenario in
     [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
       { echo "SKIP: Fashion-MNIST not installed (dataset-fashion-mnist)"; exit 77; }
     hosts=3
-    [ "$scenario" = inplacenode ] && hosts=${HOSTS:-4} ;;
+    case $scenario in inplace|inplacenode) hosts=${HOSTS:-4} ;; esac ;;
   belowmin) hosts=2 ;;
   ghost) hosts=3 ;;
   pynode)
@@ -207,10 +208,24 @@ rank0_steps() {  # rank 0's sample log of the newest session has more than $1 st
 }
 # Not `cat | grep -q`: under pipefail, cat killed by SIGPIPE after an early match fails the pipeline.
 any_log() { grep -q -h "$1" "$dir"/host*.log 2>/dev/null; }
+# inplace, inplace2, inplacenode: the model (MODEL: cnn, CONFIG's Fashion-MNIST; or bert_small on
+# generated text lines, BERT_LINES of them, 1,024 by default: 16 steps an epoch at world 8).
+# Sets model_args (gz-train's arguments after --config), data_size and rank_batch.
+case ${MODEL:-cnn} in
+  cnn) model_args=() data_size=4800 rank_batch=32 ;;
+  bert_small)
+    . "$(dirname "$0")/../../bench/lib/stats.sh"  # text_lines: the benchmarks' generated text
+    text_lines "$dir/text"
+    data_size=${BERT_LINES:-1024} rank_batch=8
+    model_args=(--dataset text_lines --train_data "$dir/text/train.tsv" --test_data "$dir/text/test.tsv"
+                --train_limit "$data_size" --net_type bert_small --input_size 64 --num_classes 4
+                --batch_size $rank_batch --eval_batch_size 64 --test_limit 200 --num_threads 1) ;;
+  *) fail "unknown MODEL '$MODEL' (cnn or bert_small)" ;;
+esac
 
 if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
-  # World 6, global batch 192: 25 steps an epoch, 50 in all; the kill lands mid-epoch 1 (not at an
-  # epoch's end, whose step has no snapshot). A victim is named by its host, whatever node rank the
+  # Batch 32 a rank: 4800 / (32 x world) steps an epoch (25 at world 6, 18 at world 8); the kill
+  # lands mid-epoch 1 (not at an epoch's end, whose step has no snapshot). A victim is named by its host, whatever node rank the
   # rendezvous gives that host (by first arrival): only the victims' gzruns have
   # GZ_TRAIN_KILL_AT_STEP, and the wrapper names their local rank KILL_LOCAL (default 1) as
   # gz-train's crash rank (exec: no process in between). Global rank 0 is never a victim (it
@@ -218,19 +233,20 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
   # inplace2 kills both victims as the same step begins, not 1 step apart: two losses in one
   # recovery (the survivors meet both replacements in one generation) is the case a single-loss
   # test does not cover; 2 kills in 2 steps would be 2 recoveries of the kind `inplace` tests.
-  epochs=2 kill_step=37
-  nproc=2 max_restarts=1 gzrun_args=(--recovery in-place)
+  epochs=2 world=$((hosts * 2)) all_hosts=$(seq 0 $((hosts - 1)))
+  kill_step=$((data_size / (rank_batch * world) * 3 / 2))
+  nproc=2 max_restarts=1 gzrun_args=(--recovery in-place) nnodes=2:$hosts
   kill_hosts=(1)
   kill_env=([1]="KILL_LOCAL=1")
   [ "$scenario" = inplace2 ] && kill_hosts=(1 2) kill_env[2]="KILL_LOCAL=0"
   train_program() {  # WORK_DIR
     program=(sh -c 'r=$((NODE_RANK * LOCAL_WORLD_SIZE + ${KILL_LOCAL:-1})); [ "$r" = 0 ] && r=1
                     GZ_TRAIN_CRASH_RANK=$r exec "$0" "$@"' "$gztrain"
-             --config "$config" --work_dir "$1" --num_epochs $epochs --snapshot_every 1 --save_steps 0
-             --resume_from_checkpoint auto --log_samples true)
+             --config "$config" ${model_args[@]+"${model_args[@]}"} --work_dir "$1" --num_epochs $epochs
+             --snapshot_every 1 --save_steps 0 --resume_from_checkpoint auto --log_samples true)
   }
-  accuracy_of() {  # LOG_GLOB...: rank 0's final test accuracy of a world-6 run
-    grep -h 'final: test_accuracy=[0-9.]* .* world=6 ' "$@" 2>/dev/null | tail -n 1 |
+  accuracy_of() {  # LOG_GLOB...: rank 0's final test accuracy of a run of the whole world
+    grep -h "final: test_accuracy=[0-9.]* .* world=$world " "$@" 2>/dev/null | tail -n 1 |
       sed -n 's/.*final: test_accuracy=\([0-9.]*\) .*/\1/p'
   }
   # (0) The reference: the same job uninterrupted (no kill), on its own port, logs and work_dir.
@@ -238,34 +254,34 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
   saved_port=$port port=$((port + 1)) log_prefix=ref_host
   t_ref=$(now_ns)
   rks=()
-  for i in 0 1 2; do start_node $i; rks+=("$k"); done
-  for i in 0 1 2; do wait_for 60 "reference: host $i in round 0 with 3 nodes" in_log $i 'elastic round 0: node . of 3'; done
-  for i in 0 1 2; do wait_for 120 "reference: host $i's gzrun to finish" test -f "$dir/rc_$i.${rks[$i]}"; done
+  for i in $all_hosts; do start_node $i; rks+=("$k"); done
+  for i in $all_hosts; do wait_for 60 "reference: host $i in round 0 with $hosts nodes" in_log $i "elastic round 0: node . of $hosts"; done
+  for i in $all_hosts; do wait_for 120 "reference: host $i's gzrun to finish" test -f "$dir/rc_$i.${rks[$i]}"; done
   ref_ms=$(ms_since "$t_ref")
-  for i in 0 1 2; do
+  for i in $all_hosts; do
     [ "$(cat "$dir/rc_$i.${rks[$i]}")" = 0 ] || fail "reference: host $i's gzrun exited $(cat "$dir/rc_$i.${rks[$i]}")"
   done
   ! grep -q 'recovering in place\|replacing it in place\|restarting all\|elastic round 1' "$dir"/ref_host*.log ||
     fail "the reference run was interrupted"
   ref_acc=$(accuracy_of "$dir"/ref_host*.log)
-  [ -n "$ref_acc" ] || fail "reference: no final evaluation line of world 6"
+  [ -n "$ref_acc" ] || fail "reference: no final evaluation line of world $world"
   port=$saved_port log_prefix=host
 
   train_program "$dir/work"
   t_start=$(now_ns)
   ks=()
-  for i in 0 1 2; do
+  for i in $all_hosts; do
     if [ -n "${kill_env[$i]:-}" ]; then start_node $i GZ_TRAIN_KILL_AT_STEP=$kill_step "${kill_env[$i]}"; else start_node $i; fi
     ks+=("$k")
   done
-  for i in 0 1 2; do wait_for 60 "host $i in round 0 with 3 nodes" in_log $i 'elastic round 0: node . of 3'; done
+  for i in $all_hosts; do wait_for 60 "host $i in round 0 with $hosts nodes" in_log $i "elastic round 0: node . of $hosts"; done
   wait_for 90 "round 0 to train 3 steps" rank0_steps 3
   declare -A host_of
   workers=""
-  for i in 0 1 2; do
+  for i in $all_hosts; do
     for p in $(pgrep -P "$(cat "$dir/gzpid_$i.${ks[$i]}")"); do host_of[$p]=$i; workers+=" $p"; done
   done
-  [ "${#host_of[@]}" = 6 ] || fail "expected 6 workers (3 hosts x 2), found ${#host_of[@]}:$workers"
+  [ "${#host_of[@]}" = "$world" ] || fail "expected $world workers ($hosts hosts x 2), found ${#host_of[@]}:$workers"
   dead=()
   n_dead() {  # at least $1 of the workers are gone (in dead)
     dead=()
@@ -286,7 +302,7 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
   wait_for 60 "the job to recover" any_log 'recovered in place at step\|restarting all\|giving up'
   recover_ms=$(ms_since "$t0")
   # (2) Each victim's host replaced its worker alone; no host restarted its workers, no node left.
-  for i in 0 1 2; do
+  for i in $all_hosts; do
     ! in_log $i 'restarting all' ||
       fail "host $i restarted the job: $(grep -h 'restarting all' "$dir/host$i.log")"
     ! in_log $i 'job failure in round' ||
@@ -302,7 +318,7 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
     [ -n "$vr" ] || fail "host $h's gzrun does not name the victim's rank (pid $v)"
     vranks+=("$vr")
   done
-  for i in 0 1 2; do
+  for i in $all_hosts; do
     [[ " ${kill_hosts[*]} " == *" $i "* ]] && continue
     ! in_log $i 'replacing it in place' || fail "host $i replaced a worker too"
   done
@@ -315,7 +331,7 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
     [[ " ${dead[*]} " == *" $p "* ]] || kill -0 "$p" 2>/dev/null ||
       fail "survivor pid $p (host ${host_of[$p]}) is gone: a survivor was stopped"
   done
-  for r in 0 1 2 3 4 5; do
+  for r in $(seq 0 $((world - 1))); do
     [[ " ${vranks[*]} " == *" $r "* ]] && continue
     any_log "r$r\] rank $r: .*; recovering in place (recovery 1" || fail "rank $r did not recover in place"
   done
@@ -328,9 +344,9 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
     fail "recovered at step $rec_step, the kill was at step $kill_step: $line"
   [ "$recover_ms" -le 30000 ] || fail "rank 0 recovered $recover_ms ms after the kill (bound 30000 ms)"
   # (1) The job finishes: every gzrun exits 0.
-  for i in 0 1 2; do wait_for 120 "host $i's gzrun to finish" test -f "$dir/rc_$i.${ks[$i]}"; done
+  for i in $all_hosts; do wait_for 120 "host $i's gzrun to finish" test -f "$dir/rc_$i.${ks[$i]}"; done
   total_ms=$(ms_since "$t_start")
-  for i in 0 1 2; do
+  for i in $all_hosts; do
     [ "$(cat "$dir/rc_$i.${ks[$i]}")" = 0 ] || fail "host $i's gzrun exited $(cat "$dir/rc_$i.${ks[$i]}")"
   done
   ! any_log 'restarting all\|elastic round 1' || fail "a job-wide restart or new round after the recovery"
@@ -340,23 +356,23 @@ if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
   recs=$(grep -h 'recovered in place at step' "$dir"/host*.log | sed 's/.*recovered in place/recovered/' | tr '\n' ';')
   [ "$recoveries" -le "${#kill_hosts[@]}" ] || fail "rank 0 recovered $recoveries times: $recs"
   acc=$(accuracy_of "$dir"/host*.log)
-  [ -n "$acc" ] || fail "no final evaluation line of world 6"
+  [ -n "$acc" ] || fail "no final evaluation line of world $world"
   # (5) Accuracy within 0.005 of the uninterrupted run (the issue: within 0.5 points).
   awk -v a="$acc" -v b="$ref_acc" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.005) }' ||
     fail "final test accuracy $acc, the uninterrupted run's $ref_acc: more than 0.005 apart"
-  # (4) Every sample once an epoch over both sessions (before and after the recovery, world 6 each),
+  # (4) Every sample once an epoch over both sessions (before and after the recovery, the same world),
   # every step the reference's samples, at most the step of the snapshot not yet written redone
   # (per recovery).
-  worlds=(); [ "$recoveries" = 1 ] && worlds=(--worlds 6,6)  # 2 recoveries: 2 or 3 sessions count
-  audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size 4800 --epochs $epochs "${worlds[@]}" \
+  worlds=(); [ "$recoveries" = 1 ] && worlds=(--worlds $world,$world)  # 2 recoveries: 2 or 3 sessions count
+  audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size $data_size --epochs $epochs "${worlds[@]}" \
     --reference "$dir/ref" 2>&1) || fail "$audit"
   redone=$(echo "$audit" | sed -n 's/.*; \([0-9]*\) step(s) run twice.*/\1/p')
   [ -n "$redone" ] && [ "$redone" -le "$recoveries" ] ||
     fail "${redone:-?} steps redone after $recoveries in-place recovery(ies) (at most 1 each): $audit"
   victims_text=""
   for j in "${!dead[@]}"; do victims_text+="rank ${vranks[$j]} (host ${host_of[${dead[$j]}]}) "; done
-  echo "PASS: $scenario: 3 hosts x 2 ranks, ${victims_text}SIGKILLed at step $kill_step: each replaced in place" \
-    "by its host (no restart, no new round), the $((6 - ${#dead[@]})) others kept their process; rank 0: $recs" \
+  echo "PASS: $scenario: $hosts hosts x 2 ranks, ${victims_text}SIGKILLed at step $kill_step: each replaced in place" \
+    "by its host (no restart, no new round), the $((world - ${#dead[@]})) others kept their process; rank 0: $recs" \
     "$recover_ms ms after the first kill was seen -> finished in $total_ms ms; test_accuracy $acc, uninterrupted" \
     "run's $ref_acc (${ref_ms} ms); $audit"
   exit 0
@@ -525,8 +541,8 @@ if [ "$scenario" = inplacenode ]; then
   epochs=2 nproc=2 max_restarts=1 gzrun_args=(--recovery "$recovery") nnodes=$((hosts - 1)):$hosts
   last=$((hosts - 1)) world=$((2 * hosts)) small=$((2 * hosts - 2))
   all_hosts=$(seq 0 $last) kept_hosts=$(seq 0 $((last - 1)))
-  train_args() { echo --config "$config" --work_dir "$1" --num_epochs $epochs --snapshot_every 1 --save_steps 0 \
-    --resume_from_checkpoint auto --log_samples true; }
+  train_args() { echo --config "$config" "${model_args[@]}" --work_dir "$1" --num_epochs $epochs --snapshot_every 1 \
+    --save_steps 0 --resume_from_checkpoint auto --log_samples true; }
   accuracy_of() {  # LOG_GLOB...: rank 0's final test accuracy of a full-world run
     grep -h "final: test_accuracy=[0-9.]* .* world=$world " "$@" 2>/dev/null | tail -n 1 |
       sed -n 's/.*final: test_accuracy=\([0-9.]*\) .*/\1/p'
@@ -612,7 +628,7 @@ if [ "$scenario" = inplacenode ]; then
   [ -n "$acc" ] || fail "no final evaluation line of world $world"
   awk -v a="$acc" -v b="$ref_acc" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.005) }' ||
     fail "final test accuracy $acc, the uninterrupted run's $ref_acc: more than 0.005 apart"
-  audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size 4800 --epochs $epochs --worlds $world,$small,$world 2>&1) ||
+  audit=$(/usr/bin/python3 "$checker" "$dir/work" --dataset-size $data_size --epochs $epochs --worlds $world,$small,$world 2>&1) ||
     fail "$audit"
   redone=$(echo "$audit" | sed -n 's/.*; \([0-9]*\) step(s) run twice.*/\1/p')
   [ -n "$redone" ] && [ "$redone" -le 2 ] || fail "${redone:-?} steps redone over 2 moves (at most 1 each): $audit"
