@@ -146,6 +146,8 @@ void Trainer::allreduce_sum(std::vector<double>& values) {
   gz::allreduce(t, comm::ReduceOp::sum, group_);
 }
 
+void Trainer::build_optimizer() { impl_->optimizer = make_optimizer(config_, model_->parameters()); }
+
 void Trainer::build_strategy() {
   const auto& c = config_;
   StrategyOptions so;
@@ -218,7 +220,7 @@ void Trainer::setup() {
       load_module_state(*model_, archive, file);
     }
   }
-  impl_->optimizer = make_optimizer(c, model_->parameters());
+  build_optimizer();
   build_strategy();
   GradScalerOptions gs;
   gs.enabled = c.mixed_precision == "fp16";

@@ -72,9 +72,11 @@ struct Trainer::Impl {
   int64_t snapshots_taken = 0;
   // zero_stage > 0 (shard_snapshot.cpp): `snapshots` holds this rank's shard (every rank has a
   // writer); held_snapshots the copy of rank buddy_from's (the same local rank, previous node).
-  // Every rank sends its shard to buddy_to. -1: one node, no buddy.
+  // Every rank sends its shard to buddy_to. -1: one node, no buddy. All of it is of the current
+  // group: an in-place recovery stops it before the regroup and starts it again on the new group.
   bool shard_snapshots = false;
   int snapshot_local_world = 0;  // set_snapshot_local_world(); 0: the launcher's
+  int shard_per_node = 1;        // ranks per node of the current group's buddy ring
   int buddy_to = -1, buddy_from = -1;
   std::unique_ptr<SnapshotStore> held_snapshots;
   std::unique_ptr<SnapshotWriter> held_writer;

@@ -374,30 +374,37 @@ TEST(ShardSnapshot, AShardLostWithItsBuddyFallsBackToTheDiskCheckpoint) {
   EXPECT_NE(log.find("using the disk checkpoint"), std::string::npos) << log;
 }
 
-// An elastic round on fewer ranks (4 -> 2) cannot use the shards of 4 ranks: the disk checkpoint
-// of step 10 is resharded instead, with a warning saying why. Mutation check: listing the files of
-// another world size like any other (ShardTable::list() without its world check) picks step 12,
-// whose files both ranks then refuse ("is of world 4, not 2"): no warning naming the resize.
+// An elastic round on fewer ranks (4 nodes of one rank -> 3) cannot use the shards of 4 ranks:
+// the disk checkpoint of step 10 is resharded instead, with a warning saying why, which names the
+// world size the snapshots were written by (rank 1's shard is listed twice: its own file, and
+// rank 2's copy of it), and node 0's copy of rank 3's shard is removed at once. Mutation checks:
+// listing the files of another world size like any other (ShardTable::list() without its world
+// check) picks step 12, whose files the ranks then refuse ("is of world 4, not 3"): no warning
+// naming the resize; summing the table over the ranks (as it was) says "written by 8 ranks";
+// start_shard_snapshots() without remove_ranks_from() leaves node 0's 2 copies of rank 3's
+// shard.
 TEST(ShardSnapshot, AnotherWorldSizeFallsBackToTheDiskCheckpoint) {
   TmpDir tmp("resize");
   Probe crashed(12), resumed(12);
   TrainConfig c = config(tmp.path, 3);
   {
     LauncherEnv job("5300", 0);
-    launch(c, tmp.path / "nodes", 12, crashed);
+    launch(c, tmp.path / "nodes", 12, crashed, Shape{4, 1, 0});
   }
+  ASSERT_EQ(shard_files(node_dir(tmp.path / "nodes", 0), 3).size(), 2u) << "rank 3's copies on node 0";
   testing::internal::CaptureStderr();
   {
     LauncherEnv job("5300", 1);
-    launch(c, tmp.path / "nodes", -1, resumed, Shape{2, 2, 0});  // node 0 alone
+    launch(c, tmp.path / "nodes", -1, resumed, Shape{3, 1, 0});  // node 3 lost
   }
   const std::string log = testing::internal::GetCapturedStderr();
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(resumed.at_begin[r].step, 10) << "rank " << r;
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(resumed.at_begin[r].step, 10) << "rank " << r;
   EXPECT_NE(
-      log.find("were written by 4 ranks, this run has 2: shard snapshots restore at the same world size "
+      log.find("were written by 4 ranks, this run has 3: shard snapshots restore at the same world size "
                "only; using the disk checkpoint"),
       std::string::npos)
       << log;
+  EXPECT_TRUE(shard_files(node_dir(tmp.path / "nodes", 0), 3).empty()) << "rank 3's copies stayed on node 0";
 }
 
 }  // namespace test_shard_snapshot

@@ -67,9 +67,11 @@ class Trainer {
   /// group, takes the one `regroup` returns (the same ranks and size, shared with the launcher's
   /// replacements of the lost processes; or another rank and size, which this rank adopts),
   /// rebuilds the mode's strategy, restores the newest in-memory snapshot every rank can reach,
-  /// as a replacement's train() does, and goes on.
-  /// Needs snapshot_every > 0, resume_from_checkpoint: auto, zero_stage 0 and a launcher's run
-  /// id (gz::InvalidArgument from train() otherwise). Under gzrun --recovery in-place (GZ_RECOVERY=
+  /// as a replacement's train() does, and goes on. At zero_stage > 0 the shard snapshots' buddies
+  /// and exchange group are rebuilt from the new group; on another world size their shards do
+  /// not fit and the disk checkpoint is restored.
+  /// Needs snapshot_every > 0, resume_from_checkpoint: auto and a launcher's run id
+  /// (gz::InvalidArgument from train() otherwise). Under gzrun --recovery in-place (GZ_RECOVERY=
   /// in_place) a Trainer on gz's default group uses gz::regroup() unless this was called, and
   /// while train() runs it accepts gzrun's moves of an elastic job (gz::accept_moves); a regroup
   /// set here does not.
@@ -143,6 +145,8 @@ class Trainer {
  private:
   struct Impl;
   void setup();
+  // The config's optimizer over the model's parameters, without state.
+  void build_optimizer();
   // Collective in ddp/horovod mode: the strategy of the config's mode over group_.
   void build_strategy();
   void train_step(class DataLoader& loader, int64_t accumulation, int64_t global_batch);
@@ -202,6 +206,10 @@ class Trainer {
   // zero_stage > 0 (src/train/recovery/shard_snapshot.cpp): every rank's shard, a copy on the
   // same local rank of the next node. Both collective (the copy is sent point-to-point).
   void setup_shard_snapshots(const std::string& dir, const std::string& run);
+  // What setup does, on the current group: again after an in-place recovery's regroup (new rank,
+  // world, buddies, exchange group). stop_shard_snapshots() ends the old group's before it.
+  void start_shard_snapshots(const std::string& dir, uint64_t run);
+  void stop_shard_snapshots(const std::string& why);
   void take_shard_snapshot();
   // Waits for the last snapshot's serialization and buddy exchange; rethrows its failure.
   void wait_shard_exchange();

@@ -213,10 +213,11 @@ void free_all(Impl& s) noexcept {
 
 // The module outlives its wrapper: its parameters get the whole values (every rank destroys its
 // wrapper, so the all-gathers meet). Not while an exception unwinds: the peers may be gone, and
-// waiting would only end at the op's deadline; the parameters are NaN then, never silently stale.
+// waiting would only end at the op's deadline; nor on an aborted group (an in-place recovery's
+// teardown), where no gather can run; the parameters are NaN then, never silently stale.
 void give_back_parameters(Impl& s) noexcept {
-  const bool unwinding = std::uncaught_exceptions() > 0;
-  if (!unwinding) {
+  const bool unwinding = std::uncaught_exceptions() > 0, aborted = s.group && s.group->aborted();
+  if (!unwinding && !aborted) {
     try {
       if (module_outlives_wrapper(s))
         gather_all(s);
@@ -233,7 +234,9 @@ void give_back_parameters(Impl& s) noexcept {
   }
   if (s.module.use_count() == 1) return free_all(s);  // no one to mislead: nothing to fill
   GZ_LOG(warn, "FullyShardedDataParallel: rank ", s.rank, ": destroyed ",
-         unwinding ? "while an exception unwinds" : "after a failed gather",
+         unwinding ? "while an exception unwinds"
+         : aborted ? "on an aborted group"
+                   : "after a failed gather",
          ": the module's sharded parameters are left NaN");
   s.wait_all_work();
   torch::NoGradGuard no_grad;

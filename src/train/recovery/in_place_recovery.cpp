@@ -37,10 +37,6 @@ void Trainer::check_in_place_recovery() const {
     missing = "snapshot_every > 0 (the state it restores)";
   else if (c.resume_from_checkpoint != "auto")
     missing = "resume_from_checkpoint: auto (how a replacement restores)";
-  else if (c.zero_stage > 0)
-    missing =
-        "zero_stage 0 (ZeRO shard snapshots exchange on a group and with buddies fixed at setup; restarts "
-        "restore them)";
   else if (snapshot_run_id(Env::from_process()).empty())
     missing =
         "a launcher's run id (GZ_RUN_ID or TORCHELASTIC_RUN_ID: a replacement finds the snapshots by it)";
@@ -99,6 +95,7 @@ void Trainer::rejoin_and_restore(const std::string& why) {
   finish_state_copies();
   if (group_ && !group_->aborted())
     group_->abort("rank " + std::to_string(rank_) + " recovers in place: " + why);
+  stop_shard_snapshots(why);  // zero_stage > 0: its exchange group and buddies are the old group's
   impl_->strategy.reset();
   try {
     if (impl_->checkpoint_writer) impl_->checkpoint_writer->wait();
@@ -126,7 +123,11 @@ void Trainer::rejoin_and_restore(const std::string& why) {
   // State a replacement starts without is reset: an epoch end redone must evaluate again.
   impl_->last_eval_step = -1;
   restored_snapshot_ = false;
+  // ZeRO's strategy pointed the optimizer at its shards and gave it their state: a fresh one, as
+  // a replacement's setup() makes, is what it shards again.
+  if (config_.zero_stage > 0) build_optimizer();
   build_strategy();
+  if (impl_->shard_snapshots) start_shard_snapshots(impl_->snapshots->dir(), impl_->snapshots->run());
   const FlagScope recovering(impl_->recovering);
   begin_training();  // agree_on_resumed_step() included
 }

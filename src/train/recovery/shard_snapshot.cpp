@@ -16,6 +16,7 @@
 #include "gz/core/error.h"
 #include "gz/core/log.h"
 #include "gz/core/phase.h"
+#include "gz/torch/collectives.h"
 #include "gz/torch/process_group.h"
 #include "gz/train/recovery/chunked_broadcast.h"
 #include "gz/train/recovery/snapshot_store.h"
@@ -61,7 +62,7 @@ std::vector<std::string> split_lines(const std::string& text) {
   return out;
 }
 
-// Which steps of which rank's shard each node holds, summed over the ranks (each fills its own
+// Which steps of which rank's shard each node holds, merged over the ranks (each fills its own
 // cells). Row q: the steps (+1; 0 = none) q's own folder holds, then those q's buddy holds for q,
 // then the largest other world size a file of q's was written by (an elastic resize).
 struct ShardTable {
@@ -81,6 +82,13 @@ struct ShardTable {
       else if (h && i < kShardStepsListed)
         cell(owner, column + i++) = static_cast<double>(step + 1);
     }
+  }
+  // Collective: every rank's cells. A step's cell has one writer (the rank, or its buddy); the
+  // other-world one two (the rank and its buddy each list their file of it): max, not sum.
+  void merge(const comm::CommPtr& group) {
+    if (!group || world == 1) return;
+    auto t = torch::from_blob(cells.data(), {static_cast<int64_t>(cells.size())}, torch::kFloat64);
+    gz::allreduce(t, comm::ReduceOp::max, group);
   }
   bool holds(int q, size_t column, int64_t step) const {
     for (size_t i = 0; i < kShardStepsListed; ++i)
@@ -135,9 +143,9 @@ void Trainer::exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int ran
   if (!mine->empty())
     write(im.snapshot_writer.get(), im.own_writes_off, [mine](std::string& out) { out = *mine; });
   if (im.buddy_to >= 0) {
-    auto held = std::make_shared<std::string>(
-        exchange_bytes(*im.snapshot_comm, mine.get(), im.buddy_to, im.buddy_from,
-                       shard_sends_first(rank, im.snapshot_local_world)));
+    auto held = std::make_shared<std::string>(exchange_bytes(*im.snapshot_comm, mine.get(), im.buddy_to,
+                                                             im.buddy_from,
+                                                             shard_sends_first(rank, im.shard_per_node)));
     if (!held->empty())
       write(im.held_writer.get(), im.held_writes_off, [held](std::string& out) { out.swap(*held); });
   }
@@ -145,18 +153,27 @@ void Trainer::exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int ran
 }
 
 void Trainer::setup_shard_snapshots(const std::string& dir, const std::string& run) {
+  impl_->shard_snapshots = true;  // on every rank alike: the buddy exchange is collective
+  start_shard_snapshots(dir, stable_hash(run));
+}
+
+// The one rule for setup and for an in-place recovery's new group (its rank, world and nodes):
+// the stores of this rank's shard and of its buddy's copy, the exchange group, the writers.
+void Trainer::start_shard_snapshots(const std::string& dir, uint64_t run) {
   auto& im = *impl_;
   int per_node = im.snapshot_local_world > 0 ? im.snapshot_local_world
                                              : (gz::is_initialized() ? gz::local_size() : world_);
   per_node = std::clamp(per_node, 1, world_);
-  im.snapshot_local_world = per_node;
-  im.shard_snapshots = true;  // on every rank alike: the buddy exchange is collective
-  im.snapshots = std::make_unique<SnapshotStore>(dir, kShardGenerations, stable_hash(run), rank_);
+  im.shard_per_node = per_node;
+  im.buddy_to = im.buddy_from = -1;
+  im.held_writer.reset();  // none after stop_shard_snapshots(); a writer goes before its store
+  im.snapshot_writer.reset();
+  im.held_snapshots.reset();
+  auto own = std::make_unique<SnapshotStore>(dir, kShardGenerations, run, rank_);
   if (per_node < world_ && world_ % per_node == 0) {
     im.buddy_to = (rank_ + per_node) % world_;
     im.buddy_from = (rank_ - per_node + world_) % world_;
-    im.held_snapshots =
-        std::make_unique<SnapshotStore>(dir, kShardGenerations, stable_hash(run), im.buddy_from);
+    im.held_snapshots = std::make_unique<SnapshotStore>(dir, kShardGenerations, run, im.buddy_from);
   } else if (is_main()) {
     GZ_LOG(warn, "zero_stage ", config_.zero_stage,
            " snapshots: ", per_node < world_ ? "nodes of unequal rank counts" : "one node",
@@ -168,16 +185,50 @@ void Trainer::setup_shard_snapshots(const std::string& dir, const std::string& r
     im.snapshot_comm = group_->new_group(all);
   }
   try {
-    im.snapshots->hold_run_lock();  // every rank of the run: another job leaves our files alone
+    own->hold_run_lock();  // every rank of the run: another job leaves our files alone
   } catch (const std::exception& e) {
+    im.snapshots = std::move(own);
     GZ_LOG(warn, "rank ", rank_, ": ", e.what(), "; this rank writes no snapshots");
     return;
   }
+  im.snapshots = std::move(own);  // the last store's run lock is released after this one's is held
   im.snapshot_writer = std::make_unique<SnapshotWriter>(*im.snapshots);
   if (im.held_snapshots) im.held_writer = std::make_unique<SnapshotWriter>(*im.held_snapshots);
-  if (rank_ % per_node == 0)
-    if (const int n = im.snapshots->remove_other_runs(); n > 0)
-      GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir);
+  if (rank_ % per_node != 0) return;
+  if (const int n = im.snapshots->remove_other_runs(); n > 0)
+    GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir);
+  // A smaller world (an elastic round, a node lost in place) never restores the shards of the
+  // ranks it no longer has; the node's memory is freed now rather than when the run ends.
+  if (const int n = im.snapshots->remove_ranks_from(world_); n > 0)
+    GZ_LOG(info, "rank ", rank_, ": removed ", n, " shard snapshot file(s) of ranks ", world_,
+           " and above (this run has ", world_, ") from ", dir);
+}
+
+// Before an in-place recovery's regroup: the exchange group is aborted (an exchange with a lost
+// peer ends now, not at its op timeout), the exchange in flight has returned and the writers have
+// written what was queued (the restore then sees every snapshot taken) before they go: nothing
+// still running uses what the next start_shard_snapshots() replaces.
+void Trainer::stop_shard_snapshots(const std::string& why) {
+  auto& im = *impl_;
+  if (!im.shard_snapshots) return;
+  if (im.snapshot_comm && !im.snapshot_comm->aborted())
+    im.snapshot_comm->abort("rank " + std::to_string(rank_) + " recovers in place: " + why);
+  try {
+    wait_shard_exchange();
+  } catch (const std::exception& e) {
+    GZ_LOG(warn, "rank ", rank_, ": the last shard snapshot's exchange did not complete: ", e.what());
+  }
+  for (auto* writer : {im.held_writer.get(), im.snapshot_writer.get()}) {
+    if (!writer) continue;
+    try {
+      writer->flush();
+    } catch (const std::exception& e) {
+      GZ_LOG(warn, "rank ", rank_, ": the last shard snapshot's write failed (", e.what(), ")");
+    }
+  }
+  im.held_writer.reset();  // before the stores they write to
+  im.snapshot_writer.reset();
+  im.snapshot_comm.reset();
 }
 
 void Trainer::take_shard_snapshot() {
@@ -248,7 +299,7 @@ bool Trainer::restore_shard_snapshot() {
   ShardTable table(world_);
   table.list(im.snapshots.get(), rank_, ShardTable::kOwn, world_);
   table.list(im.held_snapshots.get(), im.buddy_from, ShardTable::kBuddy, world_);
-  allreduce_sum(table.cells);
+  table.merge(group_);
   const std::vector<int64_t> steps = table.steps();
   if (steps.empty()) {
     if (table.other_world() > 0 && is_main())
@@ -324,7 +375,7 @@ std::optional<std::string> Trainer::fetch_shard_snapshot(int64_t step,
     // Node n sends to n - 1: the ring of the take, reversed; even nodes send first again.
     std::string got =
         exchange_bytes(*group_, send ? &copy : nullptr, im.buddy_from, have_own ? -1 : im.buddy_to,
-                       shard_sends_first(rank_, im.snapshot_local_world));
+                       shard_sends_first(rank_, im.shard_per_node));
     if (!have_own) payload = std::move(got);
   }
   return payload;

@@ -377,6 +377,17 @@ int SnapshotStore::remove_other_runs() const {
   return removed;
 }
 
+int SnapshotStore::remove_ranks_from(int first_rank) const {
+  std::error_code ec;
+  int removed = 0;
+  for (auto& entry : fs::directory_iterator(dir_, ec)) {
+    if (entry.path().filename().string().rfind("snap-", 0) != 0) continue;
+    const auto h = read_header(entry.path().string());
+    if (h && h->run == run_ && h->rank >= first_rank && fs::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
 SnapshotWriter::SnapshotWriter(const SnapshotStore& store) : store_(store), thread_([this] { loop(); }) {}
 
 SnapshotWriter::~SnapshotWriter() {

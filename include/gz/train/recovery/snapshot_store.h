@@ -72,6 +72,9 @@ class SnapshotStore {
   /// Between two restarts of a run no process holds its lock: a new run started in that window
   /// removes the restarting run's snapshots (that run then resumes from its disk checkpoint).
   int remove_other_runs() const;
+  /// @brief Delete this run's shard files here of ranks `first_rank` and above, whoever's copy
+  /// (a world that shrank never restores them); returns how many.
+  int remove_ranks_from(int first_rank) const;
   /// @brief Path of this run's snapshot of `step`.
   std::string path(int64_t step) const;
   uint64_t run() const { return run_; }
