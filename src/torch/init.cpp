@@ -114,17 +114,20 @@ void init(const ProcessGroupOptions& options) {
   detail::pg_state().keep_alive = rdzv;
   detail::pg_state().generations = std::move(gens);
   detail::pg_state().follower = follower;
+  detail::pg_state().move_timeout = options.timeout;
   if (follower) detail::pg_state().watcher = std::make_shared<MoveWatcher>(follower);
 }
 
 bool accept_moves(bool on) {
   std::shared_ptr<RoundFollower> follower;
+  Duration timeout;
   {
     std::lock_guard<std::mutex> lock(detail::pg_state().mu);
     follower = detail::pg_state().follower;
+    timeout = detail::pg_state().move_timeout;
   }
   if (!follower) return false;
-  follower->accept(on);
+  follower->accept(on, Deadline::after(timeout));
   return true;
 }
 

@@ -11,6 +11,7 @@
 #include "gz/store/prefix_store.h"
 #include "gz/store/rendezvous.h"
 #include "gz/store/round_move.h"
+#include "gz/store/tcp_store.h"
 #include "support/run_ranks.h"
 
 namespace gz::test {
@@ -273,6 +274,54 @@ TEST(Generations, BadOptionsAreRefused) {
   o.store = std::make_shared<MemStore>();
   o.rank = 2;
   EXPECT_THROW(comm::Generations{o}, InvalidArgument);
+}
+
+// gzrun's claim on a worker's accepts key against the worker's withdrawal, over a real TcpStore:
+// claims are all or none; a claimed worker's withdrawal waits, goes through once gzrun releases
+// it and fails naming the move once gzrun writes it. Mutation check: a withdrawal that ignores
+// the claim (a plain delete or set, as before) returns at once: "withdrew while claimed".
+TEST(RoundMove, AWorkerClaimedForAMoveDoesNotWithdrawSilently) {
+  TcpStoreServer server(TcpStoreServerOptions{});
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", server.port()); };
+  PrefixStore run(run_prefix("job-0"), client());  // gzrun's
+  auto world = [](int rank) {
+    WorldInfo w;
+    w.rank = rank;
+    w.world_size = 2;
+    return w;
+  };
+  RoundFollower f0(client(), "job-0", world(0)), f1(client(), "job-0", world(1));
+  const Deadline soon = Deadline::after(10s);
+  f0.accept(true, soon);
+  f1.accept(false, soon);  // never accepted: nothing to withdraw
+  EXPECT_FALSE(claim_round_moves(run, {0, 1}));
+  EXPECT_TRUE(round_accepts(run, 0)) << "a failed claim kept rank 0 claimed";
+  f1.accept(true, soon);
+  ASSERT_TRUE(claim_round_moves(run, {0, 1}));
+  EXPECT_FALSE(round_accepts(run, 0));
+  auto withdraw = [&](RoundFollower& f, std::atomic<bool>& done, std::string& error) {
+    return std::thread([&] {
+      try {
+        f.accept(false, Deadline::after(10s));
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      done = true;
+    });
+  };
+  std::atomic<bool> done0{false}, done1{false};
+  std::string error0, error1;
+  std::thread t1 = withdraw(f1, done1, error1), t0 = withdraw(f0, done0, error0);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(done0.load()) << "rank 0 withdrew while claimed";
+  EXPECT_FALSE(done1.load()) << "rank 1 withdrew while claimed";
+  release_round_moves(run, {1});
+  t1.join();
+  EXPECT_EQ(error1, "");
+  EXPECT_FALSE(claim_round_moves(run, {1})) << "rank 1 withdrew: no claim";
+  run.set(round_move_key(0), to_bytes(encode_round_move({1, "job-1", 2, 4, 1, 2, "node 2 admitted"})));
+  t0.join();
+  EXPECT_NE(error0.find("moved this worker to round 1 as rank 2 of 4"), std::string::npos) << error0;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GenerationsTest, ::testing::Values("shm", "gloo"),
