@@ -1,11 +1,16 @@
 // Generations of a group (in-place recovery): survivors of a lost rank and its replacement meet
 // in the next generation without any other coordination, over shm and over gloo.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <thread>
 
 #include "gz/comm/generations.h"
+#include "gz/comm/move_watcher.h"
 #include "gz/core/error.h"
 #include "gz/store/mem_store.h"
 #include "gz/store/prefix_store.h"
@@ -322,6 +327,72 @@ TEST(RoundMove, AWorkerClaimedForAMoveDoesNotWithdrawSilently) {
   run.set(round_move_key(0), to_bytes(encode_round_move({1, "job-1", 2, 4, 1, 2, "node 2 admitted"})));
   t0.join();
   EXPECT_NE(error0.find("moved this worker to round 1 as rank 2 of 4"), std::string::npos) << error0;
+}
+
+// A store request that does not return (its host unreachable) holds the move watcher's thread;
+// stopping it, and a process exit that never stopped it, must not wait for that.
+class HangingStore : public MemStore {
+ public:
+  bool check(const std::vector<std::string>& keys) override {
+    entered = true;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, hang, [this] { return released; });
+    return MemStore::check(keys);
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released = true;
+    cv_.notify_all();
+  }
+  std::atomic<bool> entered{false};
+  bool released = false;
+  Duration hang{60000};
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+std::unique_ptr<comm::MoveWatcher> hung_watcher(std::shared_ptr<HangingStore> store, comm::CommPtr group) {
+  auto follower = std::make_shared<RoundFollower>(store, "job-0", WorldInfo{});
+  auto w = std::make_unique<comm::MoveWatcher>(
+      follower, [group] { return group; }, 10ms);
+  while (!store->entered) std::this_thread::sleep_for(5ms);
+  return w;
+}
+
+// Mutation check: a stop that joins the thread unconditionally (as the watcher's destructor
+// did) waits for the store: the bound is missed, and the exit child is killed at 10 s.
+TEST(MoveWatcher, StopsWithinItsBoundAndAtExitWhileTheStoreHangs) {
+  auto store = std::make_shared<HangingStore>();
+  comm::CommPtr group = comm::create_communicator(options(0, 1, std::make_shared<MemStore>(), "shm"));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // holds a watcher in a static, as gz::init does, and exits without stopping it
+    static std::unique_ptr<comm::MoveWatcher> held;
+    held = hung_watcher(std::make_shared<HangingStore>(), group);
+    std::exit(0);
+  }
+  auto w = hung_watcher(store, group);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(w->stop(100ms));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  w.reset();
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 200 && done == 0; ++i) {
+    done = waitpid(child, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(50ms);
+  }
+  if (done == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+  }
+  EXPECT_EQ(done, child) << "the process hung at exit on its move watcher";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(group->aborted());
+  store->release();
+  std::this_thread::sleep_for(50ms);  // the thread left alone ends
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GenerationsTest, ::testing::Values("shm", "gloo"),
