@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "gz/comm/flight_dump.h"
 #include "gz/core/error.h"
 #include "gz/core/log.h"
 #include "gz/store/prefix_store.h"
@@ -111,6 +112,10 @@ Generations::Mover follow_moves(std::shared_ptr<RoundFollower> follower, const s
     std::optional<RoundMove> m = follower->poll();
     if (!m) return std::nullopt;
     auto run = follower->follow(*m, Deadline::after(timeout));
+    // The new run's rank from here on, in this process's log lines and in its flight-recorder
+    // dumps (named and placed where gzrun's verdict and `gzrun --status` look for them).
+    set_log_rank(m->rank);
+    set_flight_dump_identity({m->run_id, m->rank, m->world_size, m->node_rank});
     return Generations::Placement{m->rank, m->world_size, std::make_shared<PrefixStore>(group, run)};
   };
 }

@@ -126,8 +126,8 @@ comm::CommPtr regroup(const std::string& why) {
              "gz::regroup: the default group cannot be replaced (init() builds a replaceable one "
              "under gzrun --recovery in-place, or with ProcessGroupOptions::regroupable)");
   // The rendezvous takes as long as the replacements need to start: not under the lock.
+  // A move to a new round sets the log rank and the flight recorder's identity (follow_moves).
   comm::CommPtr fresh = gens->rejoin(old, why);
-  if (fresh->rank() != old->rank()) set_log_rank(fresh->rank());  // moved to a new round
   std::lock_guard<std::mutex> lock(st.mu);
   st.group = fresh;
   return fresh;

@@ -7,8 +7,11 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
+#include "gz/comm/flight_dump.h"
 #include "gz/comm/generations.h"
 #include "gz/comm/move_watcher.h"
 #include "gz/core/error.h"
@@ -327,6 +330,59 @@ TEST(RoundMove, AWorkerClaimedForAMoveDoesNotWithdrawSilently) {
   run.set(round_move_key(0), to_bytes(encode_round_move({1, "job-1", 2, 4, 1, 2, "node 2 admitted"})));
   t0.join();
   EXPECT_NE(error0.find("moved this worker to round 1 as rank 2 of 4"), std::string::npos) << error0;
+}
+
+// After a move the flight recorder's dumps and ready file go where gzrun looks for the new
+// round's (its dump folder per run, rank-<new rank>), with the new identity in the header.
+// Mutation check: not setting the identity when the move is followed leaves job-0/rank-0.
+TEST(Generations, AMovedWorkersDumpsCarryItsNewIdentity) {
+  char tmpl[] = "/tmp/gz-gen-dumps-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  setenv("GZ_DUMP_DIR", (root + "/job-0").c_str(), 1);
+  setenv("GZ_RUN_ID", "job-0", 1);
+  setenv("RANK", "0", 1);
+  auto base = std::make_shared<MemStore>();
+  auto group_store = [&](const std::string& run) {
+    return std::make_shared<PrefixStore>("grp", std::make_shared<PrefixStore>(run_prefix(run), base));
+  };
+  run_ranks(2, [&](int rank, std::shared_ptr<Store>) {
+    WorldInfo w;
+    if (rank == 1) {  // the admitted node's fresh process (rank 0 of job-1) and the launcher
+      std::this_thread::sleep_for(200ms);
+      RoundMove m{1, "job-1", 1, 2, 1, 2, "node admitted"};
+      std::make_shared<PrefixStore>(run_prefix("job-0"), base)
+          ->set(round_move_key(0), to_bytes(encode_round_move(m)));
+      w.world_size = 2;
+      meet(*std::make_shared<PrefixStore>(run_prefix("job-1"), base), w, Deadline::after(20s), "test");
+      comm::CommOptions o = options(0, 2, base, "shm");
+      o.store = group_store("job-1");
+      comm::Generations fresh(o);
+      EXPECT_EQ(sum_of_ranks(*fresh.join()), 3.f);
+      return;
+    }
+    comm::CommOptions o = options(0, 1, base, "shm");
+    o.store = group_store("job-0");
+    comm::Generations gens(o);
+    gens.set_mover(comm::follow_moves(std::make_shared<RoundFollower>(base, "job-0", w), "grp", 20s));
+    comm::CommPtr c = gens.join();
+    EXPECT_EQ(sum_of_ranks(*c), 1.f);  // starts the dump service: its ready file is job-0's
+    std::this_thread::sleep_for(400ms);
+    c = gens.rejoin(c, "the launcher moved the job");
+    EXPECT_EQ(sum_of_ranks(*c), 3.f);
+  });
+  EXPECT_EQ(comm::flight_dump_path(), root + "/job-1/rank-1.jsonl");
+  EXPECT_TRUE(std::filesystem::exists(root + "/job-1/rank-1.ready")) << "gzrun would not signal it";
+  const std::string path = comm::write_flight_dump(comm::DumpReason::request);
+  unsetenv("GZ_DUMP_DIR");
+  unsetenv("GZ_RUN_ID");
+  unsetenv("RANK");
+  std::ifstream in(path);
+  std::string header;
+  std::getline(in, header);
+  EXPECT_NE(header.find("\"job\":\"job-1\""), std::string::npos) << header;
+  EXPECT_NE(header.find("\"rank\":1,\"world\":2"), std::string::npos) << header;
+  std::filesystem::remove_all(root);
 }
 
 // A store request that does not return (its host unreachable) holds the move watcher's thread;
