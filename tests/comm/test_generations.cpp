@@ -2,6 +2,7 @@
 // in the next generation without any other coordination, over shm and over gloo.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "gz/comm/flight_dump.h"
@@ -258,6 +260,78 @@ TEST_P(GenerationsTest, AMoveWhileFollowingAMoveIsFollowedAtOnce) {
     ++done;
   });
   EXPECT_EQ(done.load(), 2);
+}
+
+// A group's store with hooks: a call after each add, a delay before compare-and-sets.
+class HookedStore : public Store {
+ public:
+  explicit HookedStore(std::shared_ptr<Store> base) : base_(std::move(base)) {}
+  void set(const std::string& k, const Bytes& v) override { base_->set(k, v); }
+  Bytes get(const std::string& k, Deadline d) override { return base_->get(k, d); }
+  int64_t add(const std::string& k, int64_t d) override {
+    const int64_t v = base_->add(k, d);
+    if (after_add) after_add(k);
+    return v;
+  }
+  Bytes compare_set(const std::string& k, const Bytes& e, const Bytes& d) override {
+    std::this_thread::sleep_for(cas_delay);
+    return base_->compare_set(k, e, d);
+  }
+  int64_t append(const std::string& k, const Bytes& v) override { return base_->append(k, v); }
+  void wait(const std::vector<std::string>& ks, Deadline d) override { base_->wait(ks, d); }
+  bool check(const std::vector<std::string>& ks) override { return base_->check(ks); }
+  bool delete_key(const std::string& k) override { return base_->delete_key(k); }
+  int64_t num_keys() override { return base_->num_keys(); }
+  std::function<void(const std::string&)> after_add;
+  Duration cas_delay{0};
+
+ private:
+  std::shared_ptr<Store> base_;
+};
+
+// The launcher's notice to rank 0 lands just after rank 0 claimed its slot in generation 1 and
+// completed it; rank 1 already waits there and its own notice comes 1 s later. Rank 0 must mark
+// the generation abandoned as it leaves, so that rank 1 waits for its move instead of building
+// generation 1's communicator with a rank that never comes (until the 5 s timeout). Mutation
+// check: await_members leaving on a move without settling the generation's fate, and taking a
+// complete generation as formed (as before), fails rank 1's rejoin at that timeout.
+TEST(Generations, ARankThatLeavesACompleteGenerationAbandonsIt) {
+  auto base = std::make_shared<MemStore>();
+  auto run_store = [&](const std::string& run) {
+    return std::make_shared<PrefixStore>(run_prefix(run), base);
+  };
+  auto notice = [&](int rank) {
+    run_store("job-0")->set(round_move_key(rank),
+                            to_bytes(encode_round_move({1, "job-1", rank, 2, 0, 1, "moved"})));
+  };
+  run_ranks(3, [&](int rank, std::shared_ptr<Store>) {
+    if (rank == 2) {  // the launcher of rank 1's node, slower than rank 0's
+      std::this_thread::sleep_for(1s);
+      notice(1);
+      return;
+    }
+    auto hooked = std::make_shared<HookedStore>(std::make_shared<PrefixStore>("grp", run_store("job-0")));
+    if (rank == 0)
+      hooked->after_add = [&](const std::string& k) {
+        if (k == "joined/1") notice(0);
+      };
+    if (rank == 1) hooked->cas_delay = 200ms;  // rank 0 settles first: no race in the test
+    comm::CommOptions o = options(rank, 2, base, "shm");
+    o.store = hooked;
+    o.timeout = 5s;
+    comm::Generations gens(o);
+    WorldInfo w;
+    w.rank = rank;
+    w.world_size = 2;
+    gens.set_mover(comm::follow_moves(std::make_shared<RoundFollower>(base, "job-0", w), "grp", 5s));
+    comm::CommPtr c = gens.join();
+    if (rank == 0) std::this_thread::sleep_for(200ms);  // rank 1 waits in generation 1 first
+    const auto t0 = std::chrono::steady_clock::now();
+    c = gens.rejoin(c, "a peer was lost");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+    EXPECT_EQ(gens.generation(), 0) << "not in the new run's group";
+    EXPECT_EQ(sum_of_ranks(*c), 3.f);
+  });
 }
 
 TEST(RoundMove, EncodesAndRefusesWhatIsNotAMove) {
