@@ -2,6 +2,7 @@
 // in the next generation without any other coordination, over shm and over gloo.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -491,23 +492,28 @@ std::unique_ptr<comm::MoveWatcher> hung_watcher(std::shared_ptr<HangingStore> st
   return w;
 }
 
+// Run by the test below in a fresh process (this binary again): holds a watcher in a static, as
+// gz::init does, and exits without stopping it. A fork() would do under TSan only while this
+// process has no other thread.
+TEST(MoveWatcher, ExitHelper) {
+  if (!getenv("GZ_TEST_MOVE_WATCHER_EXIT")) GTEST_SKIP() << "run by StopsWithinItsBound...";
+  static std::unique_ptr<comm::MoveWatcher> held;
+  held = hung_watcher(std::make_shared<HangingStore>(),
+                      comm::create_communicator(options(0, 1, std::make_shared<MemStore>(), "shm")));
+  std::exit(0);
+}
+
 // Mutation check: a stop that joins the thread unconditionally (as the watcher's destructor
-// did) waits for the store: the bound is missed, and the exit child is killed at 10 s.
+// did) waits for the store: the bound is missed, and the exiting helper is killed at 10 s.
 TEST(MoveWatcher, StopsWithinItsBoundAndAtExitWhileTheStoreHangs) {
-  auto store = std::make_shared<HangingStore>();
-  comm::CommPtr group = comm::create_communicator(options(0, 1, std::make_shared<MemStore>(), "shm"));
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {  // holds a watcher in a static, as gz::init does, and exits without stopping it
-    static std::unique_ptr<comm::MoveWatcher> held;
-    held = hung_watcher(std::make_shared<HangingStore>(), group);
-    std::exit(0);
-  }
-  auto w = hung_watcher(store, group);
-  const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_FALSE(w->stop(100ms));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
-  w.reset();
+  const char* argv[] = {"test_generations", "--gtest_filter=MoveWatcher.ExitHelper", nullptr};
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  std::string flag = "GZ_TEST_MOVE_WATCHER_EXIT=1";
+  env.push_back(flag.data());
+  env.push_back(nullptr);
+  pid_t child = -1;
+  ASSERT_EQ(posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, const_cast<char**>(argv), env.data()), 0);
   int status = 0;
   pid_t done = 0;
   for (int i = 0; i < 200 && done == 0; ++i) {
@@ -520,6 +526,13 @@ TEST(MoveWatcher, StopsWithinItsBoundAndAtExitWhileTheStoreHangs) {
   }
   EXPECT_EQ(done, child) << "the process hung at exit on its move watcher";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  auto store = std::make_shared<HangingStore>();
+  comm::CommPtr group = comm::create_communicator(options(0, 1, std::make_shared<MemStore>(), "shm"));
+  auto w = hung_watcher(store, group);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(w->stop(100ms));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  w.reset();
   EXPECT_FALSE(group->aborted());
   store->release();
   std::this_thread::sleep_for(50ms);  // the thread left alone ends
