@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "gz/comm/flight_dump.h"
 #include "gz/core/error.h"
 #include "gz/core/log.h"
 #include "gz/store/prefix_store.h"
@@ -15,6 +16,8 @@ namespace gz::comm {
 namespace {
 // A bound on the walk over generations a rank's predecessors joined (each a past recovery).
 constexpr int kMaxGenerations = 100000;
+// A generation's fate (Generations::settle).
+const std::string kFormed = "formed", kAbandoned = "abandoned";
 }  // namespace
 
 Generations::Generations(CommOptions base) : base_(std::move(base)) {
@@ -71,27 +74,49 @@ CommPtr Generations::join_from(int first) {
 }
 
 bool Generations::moved() {
-  if (!mover_) return false;
-  std::optional<Placement> p = mover_();
-  if (!p) return false;
-  if (!p->store || p->rank < 0 || p->rank >= p->size)
-    GZ_THROW(Error, "Generations: invalid placement (rank ", p->rank, " of ", p->size, ")");
-  base_.rank = p->rank;
-  base_.size = p->size;
-  base_.store = std::move(p->store);
-  generation_ = -1;
+  if (!mover_.pending || !mover_.pending()) return false;
+  adopt(mover_.follow());
   return true;
+}
+
+void Generations::adopt(Placement p) {
+  if (!p.store || p.rank < 0 || p.rank >= p.size)
+    GZ_THROW(Error, "Generations: invalid placement (rank ", p.rank, " of ", p.size, ")");
+  base_.rank = p.rank;
+  base_.size = p.size;
+  base_.store = std::move(p.store);
+  generation_ = -1;
+}
+
+std::string Generations::settle(int g, const std::string& fate) {
+  // An empty expectation matches a missing key only: the first word stays.
+  return to_string(base_.store->compare_set("fate/" + std::to_string(g), {}, to_bytes(fate)));
 }
 
 bool Generations::await_members(int g) {
   const std::string complete = "complete/" + std::to_string(g);
   const Deadline deadline = Deadline::after(base_.timeout);
   auto pause = std::chrono::milliseconds(2);
+  bool abandoned = false;
   for (;;) {
-    // A move first: the launcher ended this round, whoever is still awaited in it.
-    if (moved()) return false;
-    if (base_.store->check({complete})) return true;
+    // A move first: the launcher ended this round, whoever is still awaited in it. This rank
+    // holds a slot here (it may have completed the generation): it leaves unless its peers
+    // formed the generation already (then it joins, and its group's next op or the move
+    // watcher brings it back here, to the move), and the abandoned generation is not formed.
+    if (mover_.pending && mover_.pending() && settle(g, kAbandoned) == kAbandoned) {
+      adopt(mover_.follow());
+      return false;
+    }
+    if (base_.store->check({complete})) {
+      if (!mover_.pending || settle(g, kFormed) == kFormed) return true;
+      abandoned = true;  // a member left for the new round: this rank's own move will come
+    }
     if (deadline.expired()) {
+      if (abandoned)
+        GZ_THROW(TimeoutError, "rank ", base_.rank, ": generation ", g,
+                 " of the group was abandoned by a rank ",
+                 "that moved to the launcher's new round, and this rank's own move did not come within ",
+                 format_duration(base_.timeout));
       std::string missing;
       for (int r = 0; r < base_.size; ++r)
         if (!base_.store->check({"slots/" + std::to_string(g) + "/" + std::to_string(r)}))
@@ -107,12 +132,19 @@ bool Generations::await_members(int g) {
 
 Generations::Mover follow_moves(std::shared_ptr<RoundFollower> follower, const std::string& group,
                                 Duration timeout) {
-  return [follower = std::move(follower), group, timeout]() -> std::optional<Generations::Placement> {
+  Generations::Mover mover;
+  mover.pending = [follower] { return follower->poll().has_value(); };
+  mover.follow = [follower, group, timeout]() -> Generations::Placement {
     std::optional<RoundMove> m = follower->poll();
-    if (!m) return std::nullopt;
+    if (!m) GZ_THROW(Error, "Generations: the launcher's move of rank ", follower->rank(), " is gone");
     auto run = follower->follow(*m, Deadline::after(timeout));
+    // The new run's rank from here on, in this process's log lines and in its flight-recorder
+    // dumps (named and placed where gzrun's verdict and `gzrun --status` look for them).
+    set_log_rank(m->rank);
+    set_flight_dump_identity({m->run_id, m->rank, m->world_size, m->node_rank});
     return Generations::Placement{m->rank, m->world_size, std::make_shared<PrefixStore>(group, run)};
   };
+  return mover;
 }
 
 }  // namespace gz::comm

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
@@ -424,15 +425,45 @@ void require_token(const std::string& host, int port, const std::string& token, 
 
 }  // namespace
 
+namespace {
+// meet()'s arrivals: one fixed-size record per arrival (the rank, 4 bytes little-endian) appended
+// to one key, so a rank is counted in one store step.
+constexpr size_t kArrivalBytes = 4;
+const char* const kArrivals = "rdzv/arrivals";
+
+Bytes arrival_record(int rank) {
+  Bytes b(kArrivalBytes);
+  for (size_t i = 0; i < kArrivalBytes; ++i)
+    b[i] = static_cast<uint8_t>(static_cast<uint32_t>(rank) >> (8 * i));
+  return b;
+}
+
+// Which ranks of `world` arrived, from the arrivals' bytes (repeats counted once).
+std::vector<bool> arrived_ranks(const Bytes& list, int world) {
+  std::vector<bool> in(static_cast<size_t>(world), false);
+  for (size_t at = 0; at + kArrivalBytes <= list.size(); at += kArrivalBytes) {
+    uint32_t r = 0;
+    for (size_t i = 0; i < kArrivalBytes; ++i) r |= static_cast<uint32_t>(list[at + i]) << (8 * i);
+    if (r < in.size()) in[r] = true;
+  }
+  return in;
+}
+}  // namespace
+
 /// Every rank announces itself, the last one releases everyone. On timeout say who is missing.
 bool meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string& where,
           const std::function<bool()>& leave) {
   Stopwatch sw;
-  // A rank counts once: a retried meet (a worker following gzrun's move again after a peer was
-  // lost) or a replacement of a rank must not release the others before everyone is there.
-  if (store.add("rdzv/rank/" + std::to_string(w.rank), 1) == 1 &&
-      store.add("rdzv/arrived", 1) == w.world_size)
-    store.set("rdzv/done", to_bytes("1"));
+  // A rank counts once however often it arrives (a retried meet: a worker following gzrun's move
+  // again after a peer was lost; a replacement of a rank), and in one step: a rank that dies
+  // while it arrives either counted or did not. Whoever finds every rank in the list releases
+  // them, a replacement of a rank that died before releasing too. Only a list with at least
+  // world_size records can hold every rank: in a first meeting, only the last to arrive reads it.
+  const int64_t bytes = store.append(kArrivals, arrival_record(w.rank));
+  if (bytes >= static_cast<int64_t>(kArrivalBytes) * w.world_size) {
+    const std::vector<bool> in = arrived_ranks(store.get(kArrivals, deadline), w.world_size);
+    if (std::all_of(in.begin(), in.end(), [](bool b) { return b; })) store.set("rdzv/done", to_bytes("1"));
+  }
   try {
     if (!leave) {
       store.wait({"rdzv/done"}, deadline);
@@ -452,12 +483,13 @@ bool meet(Store& store, const WorldInfo& w, Deadline deadline, const std::string
   } catch (const TimeoutError&) {
     std::string arrived = "?", missing, note;
     try {
-      arrived = std::to_string(store.add("rdzv/arrived", 0));
+      const Bytes list =
+          store.check({kArrivals}) ? store.get(kArrivals, Deadline::after(Duration(5000))) : Bytes{};
+      const std::vector<bool> in = arrived_ranks(list, w.world_size);
+      arrived = std::to_string(std::count(in.begin(), in.end(), true));
       int listed = 0;
       for (int r = 0; r < w.world_size && listed < 32; ++r)
-        if (!store.check({"rdzv/rank/" + std::to_string(r)})) {
-          missing += (listed++ ? ", " : "") + std::to_string(r);
-        }
+        if (!in[static_cast<size_t>(r)]) missing += (listed++ ? ", " : "") + std::to_string(r);
       if (listed == 32) missing += ", ...";
     } catch (const Error& e) {
       missing.clear();

@@ -1,7 +1,10 @@
 // The move notice between gzrun and its live workers, and a worker following it.
 #include "gz/store/round_move.h"
 
+#include <algorithm>
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include "gz/core/error.h"
 #include "gz/core/log.h"
@@ -11,7 +14,42 @@ namespace gz {
 
 namespace {
 const std::string kAcceptsPrefix = "accepts-moves/";
+// The accepts key's values (round_accepts_key); every change is a compare-and-set.
+const std::string kAccepted = "1", kWithdrawn = "0", kClaimed = "claimed";
+
+std::string cas(Store& run, const std::string& key, const std::string& from, const std::string& to) {
+  return to_string(run.compare_set(key, to_bytes(from), to_bytes(to)));
+}
+
+// Says "accepted" in `run` unless gzrun claimed this worker already (its notice follows).
+void announce(Store& run, int rank) {
+  const std::string key = kAcceptsPrefix + std::to_string(rank);
+  if (cas(run, key, "", kAccepted) == kWithdrawn) cas(run, key, kWithdrawn, kAccepted);
+}
 }  // namespace
+
+bool claim_round_moves(Store& run, const std::vector<int>& ranks) {
+  std::vector<int> claimed;
+  for (int r : ranks) {
+    // Success returns the value stored; a missing key returns the expected value unchanged.
+    if (cas(run, round_accepts_key(r), kAccepted, kClaimed) != kClaimed) {
+      release_round_moves(run, claimed);
+      return false;
+    }
+    claimed.push_back(r);
+  }
+  return true;
+}
+
+bool round_accepts(Store& run, int rank) {
+  const std::string key = round_accepts_key(rank);
+  // A read by compare-and-set ("claimed" for itself is no write): one request, no wait.
+  return cas(run, key, kClaimed, kClaimed) == kAccepted;
+}
+
+void release_round_moves(Store& run, const std::vector<int>& ranks) {
+  for (int r : ranks) cas(run, round_accepts_key(r), kClaimed, kAccepted);
+}
 
 std::string round_move_key(int rank) { return "moved/" + std::to_string(rank); }
 
@@ -73,7 +111,7 @@ std::shared_ptr<Store> RoundFollower::follow(RoundMove& m, Deadline deadline) {
     w.node_rank = m.node_rank;
     w.num_nodes = m.num_nodes;
     // Announced before meeting: gzrun may move the job again while this rank waits here.
-    if (accepts) run->set(kAcceptsPrefix + std::to_string(m.rank), to_bytes("1"));
+    if (accepts) announce(*run, m.rank);
     // A move out of this run while its ranks meet (a node lost or admitted meanwhile) is followed
     // at once: the ranks it no longer has would never arrive.
     std::optional<RoundMove> next;
@@ -94,7 +132,7 @@ std::shared_ptr<Store> RoundFollower::follow(RoundMove& m, Deadline deadline) {
   }
 }
 
-void RoundFollower::accept(bool on) {
+void RoundFollower::accept(bool on, Deadline deadline) {
   std::shared_ptr<Store> run;
   int rank = 0;
   {
@@ -103,10 +141,23 @@ void RoundFollower::accept(bool on) {
     run = run_;
     rank = world_.rank;
   }
-  if (on)
-    run->set(kAcceptsPrefix + std::to_string(rank), to_bytes("1"));
-  else
-    run->delete_key(kAcceptsPrefix + std::to_string(rank));
+  if (on) return announce(*run, rank);
+  const std::string key = round_accepts_key(rank);
+  auto pause = std::chrono::milliseconds(5);
+  // Claimed: gzrun is joining the next round with this worker in it. Its notice or its release
+  // decides; a worker that left silently would leave the new round waiting for it.
+  while (cas(*run, key, kAccepted, kWithdrawn) == kClaimed) {
+    if (std::optional<RoundMove> m = poll())
+      GZ_THROW(Error, "rank ", rank, " of run ", run_id(), ": gzrun moved this worker to round ", m->round,
+               " as rank ", m->rank, " of ", m->world_size, " (", m->why,
+               ") while it withdrew from moves; it cannot follow the move now and stops here");
+    if (deadline.expired())
+      GZ_THROW(TimeoutError, "rank ", rank, " of run ", run_id(),
+               ": gzrun claimed this worker for a move and ",
+               "neither moved nor released it (cannot withdraw from moves)");
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
 }
 
 std::string round_accepts_key(int rank) { return kAcceptsPrefix + std::to_string(rank); }

@@ -1,13 +1,12 @@
 // gz::init(options): rendezvous + create_communicator. Kept apart from process_group.cpp so
 // programs that adopt their own communicator do not link the rendezvous and backend factory.
-#include <chrono>
-#include <condition_variable>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include "gz/comm/factory.h"
 #include "gz/comm/generations.h"
+#include "gz/comm/move_watcher.h"
 #include "gz/core/env.h"
 #include "gz/core/error.h"
 #include "gz/core/log.h"
@@ -23,56 +22,30 @@ namespace {
 
 constexpr const char* kGroupPrefix = "gz_default_group";  // the default group's keys in a run
 
+// The watcher's thread at exit without gz::shutdown(): stopped here, before the statics it could
+// reach are destroyed, and within a bound (a store that does not answer is left to the exit).
+void stop_watcher_at_exit() {
+  std::shared_ptr<void> watcher;
+  {
+    std::lock_guard<std::mutex> lock(detail::pg_state().mu);
+    watcher = std::move(detail::pg_state().watcher);
+  }
+  if (watcher) static_cast<comm::MoveWatcher*>(watcher.get())->stop(Duration(1000));
+}
+
 // Aborts the default group when gzrun moved the job to a new round without this worker seeing a
 // failure (a node admitted, or a stopped node that gzrun's heartbeats found before any op's
-// deadline): the step fails at once and the Trainer's in-place recovery follows the move.
-class MoveWatcher {
- public:
-  explicit MoveWatcher(std::shared_ptr<RoundFollower> follower)
-      : follower_(std::move(follower)), thread_([this] { run(); }) {}
-  ~MoveWatcher() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  void run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    // Twice a second: an admission or a stopped node waits this long at most (one store
-    // request per worker and poll: light enough for a job's store).
-    while (!cv_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; })) {
-      lock.unlock();
-      check();
-      lock.lock();
-    }
-  }
-  void check() {
-    // The group first, then the move: a group taken after the move was followed belongs to the
-    // new run, whose key poll() then reads (no move), so a new group is never aborted by mistake.
-    comm::CommPtr group;
-    {
-      std::lock_guard<std::mutex> lock(detail::pg_state().mu);
-      group = detail::pg_state().group;
-    }
-    if (!group || group->aborted()) return;
-    try {
-      if (std::optional<RoundMove> m = follower_->poll())
-        group->abort("gzrun moved the job to round " + std::to_string(m->round) + " (" + m->why + ")");
-    } catch (const std::exception&) {
-      // The store is unreachable or the notice unreadable: the group's own ops report a lost job.
-    }
-  }
-
-  std::shared_ptr<RoundFollower> follower_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts once the members above exist
-};
+// deadline): the step fails at once and the Trainer's in-place recovery follows the move. Twice
+// a second: an admission or a stopped node waits this long at most (one store request per
+// worker and poll: light enough for a job's store).
+std::shared_ptr<comm::MoveWatcher> watch_moves(std::shared_ptr<RoundFollower> follower) {
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(stop_watcher_at_exit); });
+  return std::make_shared<comm::MoveWatcher>(std::move(follower), [] {
+    std::lock_guard<std::mutex> lock(detail::pg_state().mu);
+    return detail::pg_state().group;
+  });
+}
 
 // gzrun --recovery in-place of an elastic job: the group follows gzrun's moves to new rounds.
 std::shared_ptr<RoundFollower> follow_rounds(comm::Generations& gens, const Rendezvous& rdzv, const Env& env,
@@ -114,17 +87,20 @@ void init(const ProcessGroupOptions& options) {
   detail::pg_state().keep_alive = rdzv;
   detail::pg_state().generations = std::move(gens);
   detail::pg_state().follower = follower;
-  if (follower) detail::pg_state().watcher = std::make_shared<MoveWatcher>(follower);
+  detail::pg_state().move_timeout = options.timeout;
+  if (follower) detail::pg_state().watcher = watch_moves(follower);
 }
 
 bool accept_moves(bool on) {
   std::shared_ptr<RoundFollower> follower;
+  Duration timeout;
   {
     std::lock_guard<std::mutex> lock(detail::pg_state().mu);
     follower = detail::pg_state().follower;
+    timeout = detail::pg_state().move_timeout;
   }
   if (!follower) return false;
-  follower->accept(on);
+  follower->accept(on, Deadline::after(timeout));
   return true;
 }
 
@@ -150,8 +126,8 @@ comm::CommPtr regroup(const std::string& why) {
              "gz::regroup: the default group cannot be replaced (init() builds a replaceable one "
              "under gzrun --recovery in-place, or with ProcessGroupOptions::regroupable)");
   // The rendezvous takes as long as the replacements need to start: not under the lock.
+  // A move to a new round sets the log rank and the flight recorder's identity (follow_moves).
   comm::CommPtr fresh = gens->rejoin(old, why);
-  if (fresh->rank() != old->rank()) set_log_rank(fresh->rank());  // moved to a new round
   std::lock_guard<std::mutex> lock(st.mu);
   st.group = fresh;
   return fresh;

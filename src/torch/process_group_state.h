@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "gz/comm/communicator.h"
+#include "gz/core/deadline.h"
 
 namespace gz::comm {
 class Generations;
@@ -22,6 +23,7 @@ struct ProcessGroupState {
   std::shared_ptr<comm::Generations> generations;  // set when regroup() may replace the group
   std::shared_ptr<RoundFollower> follower;  // gzrun's moves of an elastic in-place job (init.cpp)
   std::shared_ptr<void> watcher;            // polls the follower's moves (init.cpp); reads `group`
+  Duration move_timeout = default_timeout();  // a withdrawal from moves waits this long at most
   int local_rank = 0;
   int local_size = 1;
 };

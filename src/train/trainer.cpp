@@ -590,16 +590,23 @@ std::map<std::string, double> Trainer::train() {
   // while train() can recover from it; before and after, it stops and restarts the workers.
   if (impl_->follows_moves) gz::accept_moves(true);
   bool accepting = impl_->follows_moves;
-  auto withdraw = [this, &accepting] {
+  // A move that gzrun claimed this worker for as it withdrew fails train() on the normal path:
+  // exiting 0 would leave the new round waiting for it.
+  auto withdraw = [this, &accepting](bool rethrow) {
     if (!accepting) return;
     accepting = false;
     try {
       gz::accept_moves(false);
-    } catch (const std::exception& e) {  // the store is gone: gzrun's moves fail the same way
+    } catch (const PeerError& e) {  // the store is gone: gzrun's moves fail the same way
       GZ_LOG(warn, "rank ", rank_, ": cannot withdraw from gzrun's moves: ", e.what());
+    } catch (const TimeoutError& e) {
+      GZ_LOG(warn, "rank ", rank_, ": cannot withdraw from gzrun's moves: ", e.what());
+    } catch (const std::exception& e) {
+      if (rethrow) throw;
+      GZ_LOG(error, e.what());
     }
   };
-  const AtExit moves_off(withdraw);
+  const AtExit moves_off([&withdraw] { withdraw(false); });
   // However train() ends, no copy reads the live state after it: the caller may change it.
   const AtExit copies_finished([this] { finish_state_copies(); });
   impl_->clock.reset();
@@ -621,7 +628,7 @@ std::map<std::string, double> Trainer::train() {
   }
   // Nothing below recovers from a lost peer (the end's callbacks and the last writes): from here
   // on a lost or admitted node restarts the workers instead of moving them.
-  withdraw();
+  withdraw(true);
   for_each_callback([&](Callback& cb) { cb.on_train_end(*this); });
   finish_state_copies();       // counted in the checkpoints' and snapshots' time logged below
   finish_checkpoint_writes();  // the last checkpoint is on disk when train() returns

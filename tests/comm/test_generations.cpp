@@ -1,16 +1,28 @@
 // Generations of a group (in-place recovery): survivors of a lost rank and its replacement meet
 // in the next generation without any other coordination, over shm and over gloo.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <thread>
 
+#include "gz/comm/flight_dump.h"
 #include "gz/comm/generations.h"
+#include "gz/comm/move_watcher.h"
 #include "gz/core/error.h"
 #include "gz/store/mem_store.h"
 #include "gz/store/prefix_store.h"
 #include "gz/store/rendezvous.h"
 #include "gz/store/round_move.h"
+#include "gz/store/tcp_store.h"
 #include "support/run_ranks.h"
 
 namespace gz::test {
@@ -251,6 +263,78 @@ TEST_P(GenerationsTest, AMoveWhileFollowingAMoveIsFollowedAtOnce) {
   EXPECT_EQ(done.load(), 2);
 }
 
+// A group's store with hooks: a call after each add, a delay before compare-and-sets.
+class HookedStore : public Store {
+ public:
+  explicit HookedStore(std::shared_ptr<Store> base) : base_(std::move(base)) {}
+  void set(const std::string& k, const Bytes& v) override { base_->set(k, v); }
+  Bytes get(const std::string& k, Deadline d) override { return base_->get(k, d); }
+  int64_t add(const std::string& k, int64_t d) override {
+    const int64_t v = base_->add(k, d);
+    if (after_add) after_add(k);
+    return v;
+  }
+  Bytes compare_set(const std::string& k, const Bytes& e, const Bytes& d) override {
+    std::this_thread::sleep_for(cas_delay);
+    return base_->compare_set(k, e, d);
+  }
+  int64_t append(const std::string& k, const Bytes& v) override { return base_->append(k, v); }
+  void wait(const std::vector<std::string>& ks, Deadline d) override { base_->wait(ks, d); }
+  bool check(const std::vector<std::string>& ks) override { return base_->check(ks); }
+  bool delete_key(const std::string& k) override { return base_->delete_key(k); }
+  int64_t num_keys() override { return base_->num_keys(); }
+  std::function<void(const std::string&)> after_add;
+  Duration cas_delay{0};
+
+ private:
+  std::shared_ptr<Store> base_;
+};
+
+// The launcher's notice to rank 0 lands just after rank 0 claimed its slot in generation 1 and
+// completed it; rank 1 already waits there and its own notice comes 1 s later. Rank 0 must mark
+// the generation abandoned as it leaves, so that rank 1 waits for its move instead of building
+// generation 1's communicator with a rank that never comes (until the 5 s timeout). Mutation
+// check: await_members leaving on a move without settling the generation's fate, and taking a
+// complete generation as formed (as before), fails rank 1's rejoin at that timeout.
+TEST(Generations, ARankThatLeavesACompleteGenerationAbandonsIt) {
+  auto base = std::make_shared<MemStore>();
+  auto run_store = [&](const std::string& run) {
+    return std::make_shared<PrefixStore>(run_prefix(run), base);
+  };
+  auto notice = [&](int rank) {
+    run_store("job-0")->set(round_move_key(rank),
+                            to_bytes(encode_round_move({1, "job-1", rank, 2, 0, 1, "moved"})));
+  };
+  run_ranks(3, [&](int rank, std::shared_ptr<Store>) {
+    if (rank == 2) {  // the launcher of rank 1's node, slower than rank 0's
+      std::this_thread::sleep_for(1s);
+      notice(1);
+      return;
+    }
+    auto hooked = std::make_shared<HookedStore>(std::make_shared<PrefixStore>("grp", run_store("job-0")));
+    if (rank == 0)
+      hooked->after_add = [&](const std::string& k) {
+        if (k == "joined/1") notice(0);
+      };
+    if (rank == 1) hooked->cas_delay = 200ms;  // rank 0 settles first: no race in the test
+    comm::CommOptions o = options(rank, 2, base, "shm");
+    o.store = hooked;
+    o.timeout = 5s;
+    comm::Generations gens(o);
+    WorldInfo w;
+    w.rank = rank;
+    w.world_size = 2;
+    gens.set_mover(comm::follow_moves(std::make_shared<RoundFollower>(base, "job-0", w), "grp", 5s));
+    comm::CommPtr c = gens.join();
+    if (rank == 0) std::this_thread::sleep_for(200ms);  // rank 1 waits in generation 1 first
+    const auto t0 = std::chrono::steady_clock::now();
+    c = gens.rejoin(c, "a peer was lost");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+    EXPECT_EQ(gens.generation(), 0) << "not in the new run's group";
+    EXPECT_EQ(sum_of_ranks(*c), 3.f);
+  });
+}
+
 TEST(RoundMove, EncodesAndRefusesWhatIsNotAMove) {
   RoundMove m{3, "4301.9f03c2a1-3", 5, 6, 2, 3, "node 1 (h1) lost: no heartbeat for 3.0 s"};
   RoundMove back = decode_round_move(encode_round_move(m));
@@ -273,6 +357,185 @@ TEST(Generations, BadOptionsAreRefused) {
   o.store = std::make_shared<MemStore>();
   o.rank = 2;
   EXPECT_THROW(comm::Generations{o}, InvalidArgument);
+}
+
+// gzrun's claim on a worker's accepts key against the worker's withdrawal, over a real TcpStore:
+// claims are all or none; a claimed worker's withdrawal waits, goes through once gzrun releases
+// it and fails naming the move once gzrun writes it. Mutation check: a withdrawal that ignores
+// the claim (a plain delete or set, as before) returns at once: "withdrew while claimed".
+TEST(RoundMove, AWorkerClaimedForAMoveDoesNotWithdrawSilently) {
+  TcpStoreServer server(TcpStoreServerOptions{});
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", server.port()); };
+  PrefixStore run(run_prefix("job-0"), client());  // gzrun's
+  auto world = [](int rank) {
+    WorldInfo w;
+    w.rank = rank;
+    w.world_size = 2;
+    return w;
+  };
+  RoundFollower f0(client(), "job-0", world(0)), f1(client(), "job-0", world(1));
+  const Deadline soon = Deadline::after(10s);
+  f0.accept(true, soon);
+  f1.accept(false, soon);  // never accepted: nothing to withdraw
+  EXPECT_FALSE(claim_round_moves(run, {0, 1}));
+  EXPECT_TRUE(round_accepts(run, 0)) << "a failed claim kept rank 0 claimed";
+  f1.accept(true, soon);
+  ASSERT_TRUE(claim_round_moves(run, {0, 1}));
+  EXPECT_FALSE(round_accepts(run, 0));
+  auto withdraw = [&](RoundFollower& f, std::atomic<bool>& done, std::string& error) {
+    return std::thread([&] {
+      try {
+        f.accept(false, Deadline::after(10s));
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      done = true;
+    });
+  };
+  std::atomic<bool> done0{false}, done1{false};
+  std::string error0, error1;
+  std::thread t1 = withdraw(f1, done1, error1), t0 = withdraw(f0, done0, error0);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(done0.load()) << "rank 0 withdrew while claimed";
+  EXPECT_FALSE(done1.load()) << "rank 1 withdrew while claimed";
+  release_round_moves(run, {1});
+  t1.join();
+  EXPECT_EQ(error1, "");
+  EXPECT_FALSE(claim_round_moves(run, {1})) << "rank 1 withdrew: no claim";
+  run.set(round_move_key(0), to_bytes(encode_round_move({1, "job-1", 2, 4, 1, 2, "node 2 admitted"})));
+  t0.join();
+  EXPECT_NE(error0.find("moved this worker to round 1 as rank 2 of 4"), std::string::npos) << error0;
+}
+
+// After a move the flight recorder's dumps and ready file go where gzrun looks for the new
+// round's (its dump folder per run, rank-<new rank>), with the new identity in the header.
+// Mutation check: not setting the identity when the move is followed leaves job-0/rank-0.
+TEST(Generations, AMovedWorkersDumpsCarryItsNewIdentity) {
+  char tmpl[] = "/tmp/gz-gen-dumps-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  setenv("GZ_DUMP_DIR", (root + "/job-0").c_str(), 1);
+  setenv("GZ_RUN_ID", "job-0", 1);
+  setenv("RANK", "0", 1);
+  auto base = std::make_shared<MemStore>();
+  auto group_store = [&](const std::string& run) {
+    return std::make_shared<PrefixStore>("grp", std::make_shared<PrefixStore>(run_prefix(run), base));
+  };
+  run_ranks(2, [&](int rank, std::shared_ptr<Store>) {
+    WorldInfo w;
+    if (rank == 1) {  // the admitted node's fresh process (rank 0 of job-1) and the launcher
+      std::this_thread::sleep_for(200ms);
+      RoundMove m{1, "job-1", 1, 2, 1, 2, "node admitted"};
+      std::make_shared<PrefixStore>(run_prefix("job-0"), base)
+          ->set(round_move_key(0), to_bytes(encode_round_move(m)));
+      w.world_size = 2;
+      meet(*std::make_shared<PrefixStore>(run_prefix("job-1"), base), w, Deadline::after(20s), "test");
+      comm::CommOptions o = options(0, 2, base, "shm");
+      o.store = group_store("job-1");
+      comm::Generations fresh(o);
+      EXPECT_EQ(sum_of_ranks(*fresh.join()), 3.f);
+      return;
+    }
+    comm::CommOptions o = options(0, 1, base, "shm");
+    o.store = group_store("job-0");
+    comm::Generations gens(o);
+    gens.set_mover(comm::follow_moves(std::make_shared<RoundFollower>(base, "job-0", w), "grp", 20s));
+    comm::CommPtr c = gens.join();
+    EXPECT_EQ(sum_of_ranks(*c), 1.f);  // starts the dump service: its ready file is job-0's
+    std::this_thread::sleep_for(400ms);
+    c = gens.rejoin(c, "the launcher moved the job");
+    EXPECT_EQ(sum_of_ranks(*c), 3.f);
+  });
+  EXPECT_EQ(comm::flight_dump_path(), root + "/job-1/rank-1.jsonl");
+  EXPECT_TRUE(std::filesystem::exists(root + "/job-1/rank-1.ready")) << "gzrun would not signal it";
+  const std::string path = comm::write_flight_dump(comm::DumpReason::request);
+  unsetenv("GZ_DUMP_DIR");
+  unsetenv("GZ_RUN_ID");
+  unsetenv("RANK");
+  std::ifstream in(path);
+  std::string header;
+  std::getline(in, header);
+  EXPECT_NE(header.find("\"job\":\"job-1\""), std::string::npos) << header;
+  EXPECT_NE(header.find("\"rank\":1,\"world\":2"), std::string::npos) << header;
+  std::filesystem::remove_all(root);
+}
+
+// A store request that does not return (its host unreachable) holds the move watcher's thread;
+// stopping it, and a process exit that never stopped it, must not wait for that.
+class HangingStore : public MemStore {
+ public:
+  bool check(const std::vector<std::string>& keys) override {
+    entered = true;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, hang, [this] { return released; });
+    return MemStore::check(keys);
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released = true;
+    cv_.notify_all();
+  }
+  std::atomic<bool> entered{false};
+  bool released = false;
+  Duration hang{60000};
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+std::unique_ptr<comm::MoveWatcher> hung_watcher(std::shared_ptr<HangingStore> store, comm::CommPtr group) {
+  auto follower = std::make_shared<RoundFollower>(store, "job-0", WorldInfo{});
+  auto w = std::make_unique<comm::MoveWatcher>(
+      follower, [group] { return group; }, 10ms);
+  while (!store->entered) std::this_thread::sleep_for(5ms);
+  return w;
+}
+
+// Run by the test below in a fresh process (this binary again): holds a watcher in a static, as
+// gz::init does, and exits without stopping it. A fork() would do under TSan only while this
+// process has no other thread.
+TEST(MoveWatcher, ExitHelper) {
+  if (!getenv("GZ_TEST_MOVE_WATCHER_EXIT")) GTEST_SKIP() << "run by StopsWithinItsBound...";
+  static std::unique_ptr<comm::MoveWatcher> held;
+  held = hung_watcher(std::make_shared<HangingStore>(),
+                      comm::create_communicator(options(0, 1, std::make_shared<MemStore>(), "shm")));
+  std::exit(0);
+}
+
+// Mutation check: a stop that joins the thread unconditionally (as the watcher's destructor
+// did) waits for the store: the bound is missed, and the exiting helper is killed at 10 s.
+TEST(MoveWatcher, StopsWithinItsBoundAndAtExitWhileTheStoreHangs) {
+  const char* argv[] = {"test_generations", "--gtest_filter=MoveWatcher.ExitHelper", nullptr};
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  std::string flag = "GZ_TEST_MOVE_WATCHER_EXIT=1";
+  env.push_back(flag.data());
+  env.push_back(nullptr);
+  pid_t child = -1;
+  ASSERT_EQ(posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, const_cast<char**>(argv), env.data()), 0);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 200 && done == 0; ++i) {
+    done = waitpid(child, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(50ms);
+  }
+  if (done == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+  }
+  EXPECT_EQ(done, child) << "the process hung at exit on its move watcher";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  auto store = std::make_shared<HangingStore>();
+  comm::CommPtr group = comm::create_communicator(options(0, 1, std::make_shared<MemStore>(), "shm"));
+  auto w = hung_watcher(store, group);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(w->stop(100ms));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  w.reset();
+  EXPECT_FALSE(group->aborted());
+  store->release();
+  std::this_thread::sleep_for(50ms);  // the thread left alone ends
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GenerationsTest, ::testing::Values("shm", "gloo"),

@@ -9,6 +9,7 @@
 
 #include "gz/core/error.h"
 #include "gz/store/file_store.h"
+#include "gz/store/mem_store.h"
 #include "gz/store/rendezvous.h"
 #include "gz/store/tcp_store.h"
 #include "store/store_fixtures.h"
@@ -382,6 +383,58 @@ TEST(Rendezvous, MissingRankTimesOutSayingWhoIsMissing) {
   for (auto& m : msgs) {
     EXPECT_NE(m.find("2 of 3 ranks arrived"), std::string::npos) << m;
     EXPECT_NE(m.find("missing ranks: 2"), std::string::npos) << m;
+  }
+}
+
+// A store through which a process "dies" after `alive` requests: the later ones throw.
+class DyingStore : public Store {
+ public:
+  DyingStore(std::shared_ptr<Store> base, int alive) : base_(std::move(base)), alive_(alive) {}
+  void set(const std::string& k, const Bytes& v) override { live()->set(k, v); }
+  Bytes get(const std::string& k, Deadline d) override { return live()->get(k, d); }
+  int64_t add(const std::string& k, int64_t d) override { return live()->add(k, d); }
+  Bytes compare_set(const std::string& k, const Bytes& e, const Bytes& d) override {
+    return live()->compare_set(k, e, d);
+  }
+  int64_t append(const std::string& k, const Bytes& v) override { return live()->append(k, v); }
+  void wait(const std::vector<std::string>& ks, Deadline d) override { live()->wait(ks, d); }
+  bool check(const std::vector<std::string>& ks) override { return live()->check(ks); }
+  bool delete_key(const std::string& k) override { return live()->delete_key(k); }
+  int64_t num_keys() override { return live()->num_keys(); }
+
+ private:
+  Store* live() {
+    if (alive_-- <= 0) GZ_THROW(PeerError, "this process died");
+    return base_.get();
+  }
+  std::shared_ptr<Store> base_;
+  int alive_;
+};
+
+// Rank 1 dies while it arrives (after one or two of its store requests; rank 0 waits already)
+// and a replacement of it arrives: the two must meet. Mutation check: counting a rank with two
+// adds (a per-rank add, then the arrival count), as before, loses the dead rank's arrival or its
+// release: the replacement's per-rank add says "counted already" and both time out.
+TEST(Rendezvous, AReplacementOfARankThatDiedArrivingCompletesTheMeeting) {
+  for (int alive : {1, 2}) {
+    auto store = std::make_shared<MemStore>();
+    WorldInfo w0, w1;
+    w0.world_size = w1.world_size = 2;
+    w1.rank = 1;
+    std::string error;
+    std::thread first([&] {
+      try {
+        meet(*store, w0, Deadline::after(3s), "test");
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    std::this_thread::sleep_for(50ms);
+    DyingStore dying(store, alive);
+    EXPECT_THROW(meet(dying, w1, Deadline::after(3s), "test"), PeerError);
+    EXPECT_NO_THROW(meet(*store, w1, Deadline::after(3s), "test")) << "after " << alive << " request(s)";
+    first.join();
+    EXPECT_EQ(error, "") << "after " << alive << " request(s)";
   }
 }
 

@@ -21,6 +21,9 @@
 
 #include "gz/core/error.h"
 #include "gz/store/etcd_store.h"
+#include "gz/store/prefix_store.h"
+#include "gz/store/rendezvous.h"
+#include "gz/store/round_move.h"
 #include "store/etcd/etcd_client.h"
 #include "store/etcd_cluster.h"
 #include "store/store_fixtures.h"
@@ -230,6 +233,36 @@ TEST(EtcdStore, CompareSetOverOrphanChangeRecordsEnds) {
 
 // delete_key says whether the key was there, whatever made it (set, add, append, changes
 // folded in or not), as the other stores do.
+// What gzrun's in-place moves need of the store, over etcd: meet() (one append per rank) and the
+// claim on a worker's accepts key (compare-and-set, a missing key returning the expectation).
+TEST(EtcdStore, MeetingsAndMoveClaimsWork) {
+  auto o = test::shared_etcd().client_options();
+  std::vector<std::thread> ts;
+  std::atomic<int> met{0};
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      PrefixStore run(run_prefix("meet-etcd"), std::make_shared<EtcdStore>(o));
+      WorldInfo w;
+      w.rank = r;
+      w.world_size = 3;
+      if (meet(run, w, Deadline::after(20s), "etcd")) ++met;
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(met.load(), 3);
+  auto base = std::make_shared<EtcdStore>(o);
+  PrefixStore run(run_prefix("claim-etcd"), base);
+  WorldInfo w;
+  RoundFollower f(base, "claim-etcd", w);
+  EXPECT_FALSE(claim_round_moves(run, {0})) << "claimed a worker that never accepted";
+  f.accept(true, Deadline::after(10s));
+  EXPECT_TRUE(round_accepts(run, 0));
+  ASSERT_TRUE(claim_round_moves(run, {0}));
+  EXPECT_FALSE(round_accepts(run, 0));
+  release_round_moves(run, {0});
+  f.accept(false, Deadline::after(10s));  // released: withdraws at once
+  EXPECT_FALSE(claim_round_moves(run, {0})) << "claimed a worker that withdrew";
+}
+
 TEST(EtcdStore, DeleteKeyTellsWhetherTheKeyWasThere) {
   auto o = test::shared_etcd().client_options();
   EtcdStore a(o), b(o);

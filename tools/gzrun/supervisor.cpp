@@ -257,7 +257,7 @@ bool Supervisor::can_move_in_place(const JobFailure& f) const {
   try {
     PrefixStore run(run_prefix(round_.run_id), c_.store_client());
     for (const Worker& w : workers_)
-      if (w.alive && !run.check({round_accepts_key(w.rank)})) return false;
+      if (w.alive && !round_accepts(run, w.rank)) return false;
     return true;
   } catch (const std::exception&) {
     return false;
@@ -293,6 +293,27 @@ void Supervisor::tell_moves(const RoundInfo& old, const RoundInfo& next, const s
   }
 }
 
+bool Supervisor::claim_moves(const RoundInfo& round, const std::vector<int>& ranks) {
+  try {
+    PrefixStore run(run_prefix(round.run_id), c_.store_client());
+    if (claim_round_moves(run, ranks)) return true;
+    say("a local worker withdrew from moves (its training ended): stopping the local workers instead");
+  } catch (const std::exception& e) {
+    say(std::string("cannot claim the local workers for a move: ") + e.what());
+    release_moves(round, ranks);
+  }
+  return false;
+}
+
+void Supervisor::release_moves(const RoundInfo& round, const std::vector<int>& ranks) {
+  try {
+    PrefixStore run(run_prefix(round.run_id), c_.store_client());
+    release_round_moves(run, ranks);
+  } catch (const std::exception&) {
+    // The store is gone: the workers stop on SIGTERM (a withdrawing one fails at its timeout).
+  }
+}
+
 void Supervisor::move_in_place() {
   move_pending_ = false;
   const JobFailure jf = c_.monitor->failure();
@@ -306,6 +327,13 @@ void Supervisor::move_in_place() {
   }
   if (!why.empty()) return stop_for(jf);  // the normal path gives up with this reason
   const RoundInfo old = round_;
+  // Claimed before this node joins the next round: a worker that withdraws from moves from here
+  // on (the Trainer after its final evaluation) learns that its notice follows, and one that
+  // withdrew already fails the claim, which leaves the restart path open.
+  std::vector<int> live;
+  for (const Worker& w : workers_)
+    if (w.alive) live.push_back(w.rank);
+  if (!claim_moves(old, live)) return stop_for(jf);
   RoundInfo next;
   try {
     c_.monitor->end_round();
@@ -313,6 +341,7 @@ void Supervisor::move_in_place() {
     if (next.job_done) GZ_THROW(Error, "the job ended while this node joined round ", old.round + 1);
     tell_moves(old, next, jf.text);
   } catch (const std::exception& e) {
+    release_moves(old, live);
     fatal_ = std::string("cannot move the workers to the next round in place: ") + e.what();
     failure_ = fatal_;
     begin_stop(interrupt_sig_ ? interrupt_sig_ : SIGTERM);

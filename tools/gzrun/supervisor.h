@@ -146,6 +146,11 @@ class Supervisor {
   void enter_round();
   /// @brief The job failure `jf` stops this node's workers (the normal path, no move).
   void stop_for(const JobFailure& jf);
+  /// @brief Claim `ranks`' accepts keys in `round`'s run (claim_round_moves): false when one
+  /// of them withdrew from moves or the store failed (none stays claimed then).
+  bool claim_moves(const RoundInfo& round, const std::vector<int>& ranks);
+  /// @brief Give the claims back (the move failed); best effort.
+  void release_moves(const RoundInfo& round, const std::vector<int>& ranks);
   /// @brief Write each live worker its place in `next` among `old`'s run keys (RoundMove).
   void tell_moves(const RoundInfo& old, const RoundInfo& next, const std::string& why);
   /// @brief Whether a worker of this round exited 0 (the job is ending).

@@ -40,6 +40,22 @@ std::string flight_dump_path();
 /// (holds the pid). gzrun signals only workers that wrote one.
 std::string flight_ready_path();
 
+/// @brief Who this process is in its dumps once the launcher moved it to another run (gzrun
+/// --recovery in-place of an elastic job): until then the environment it started with says
+/// (GZ_RUN_ID, RANK, WORLD_SIZE, GROUP_RANK).
+struct FlightDumpIdentity {
+  std::string run_id;
+  int rank = 0;
+  int world = 1;
+  int node = 0;
+};
+/// @brief Dumps and the ready file use `id` from now on: file rank-<id.rank>, header fields from
+/// `id`, and the new run's folder where gzrun looks for it: GZ_DUMP_DIR with its last component,
+/// when that is the run id the process started with (gzrun's folder per round), replaced by
+/// id.run_id; /tmp/gz-dumps/<id.run_id> without GZ_DUMP_DIR. Writes the ready file there now
+/// when the dump thread answers SIGUSR1.
+void set_flight_dump_identity(const FlightDumpIdentity& id);
+
 /// @brief Write a dump now on the calling thread (write to a temporary file, then rename);
 /// returns the path. Throws gz::SystemError when the file cannot be written.
 std::string write_flight_dump(DumpReason reason, int64_t request = 0, const std::string& note = "");

@@ -21,7 +21,10 @@ namespace gz::comm {
 /// process (the first start or a replacement) therefore joins the lowest generation its rank has
 /// not joined yet, and survivors the one after their own: they meet there without any other
 /// coordination. Ranks and size change only when a mover (set_mover) places this process in
-/// another group: the launcher moved the job to a new round (a node lost or admitted).
+/// another group: the launcher moved the job to a new round (a node lost or admitted). With a
+/// mover, a generation's fate is settled once ("fate/<g>", one compare-and-set): "formed" by a
+/// member that saw every slot claimed, or "abandoned" by a member that leaves it for the new
+/// round after claiming its slot; then the others wait for their own move, not for it.
 class Generations {
  public:
   /// @brief This process's place after the launcher moved the job: rank, size and the new
@@ -31,8 +34,13 @@ class Generations {
     int size = 1;
     std::shared_ptr<Store> store;
   };
-  /// @brief Polled while a generation's members are awaited; a placement ends the wait there.
-  using Mover = std::function<std::optional<Placement>()>;
+  /// @brief The launcher's moves of this process, asked while a generation's members are
+  /// awaited: `pending` says whether one is there (a store check, no waiting), `follow` follows
+  /// it (collective in the new run) and returns the placement.
+  struct Mover {
+    std::function<bool()> pending;
+    std::function<Placement()> follow;
+  };
 
   /// @brief `base.store` is the group's store; every member passes the same one, and each
   /// generation's communicator is built from `base` on a prefix of it.
@@ -56,6 +64,10 @@ class Generations {
   bool await_members(int g);
   /// @brief True when the mover placed this process elsewhere (base_ is the new group then).
   bool moved();
+  /// @brief Make `p` this process's group (its generations start again at 0).
+  void adopt(Placement p);
+  /// @brief Settle generation g's fate as `fate` unless it is settled already; returns it.
+  std::string settle(int g, const std::string& fate);
 
   CommOptions base_;
   Mover mover_;

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gz/store/rendezvous.h"
 #include "gz/store/store.h"
@@ -29,7 +30,19 @@ struct RoundMove {
 std::string round_move_key(int rank);
 /// @brief The key, among a run's keys, by which the worker of `rank` says it follows moves now
 /// (RoundFollower::accept): gzrun moves a node's workers only when each of them set it.
+/// Values: "1" accepted, "0" withdrawn, "claimed" (claim_round_moves: a move notice follows, or
+/// release_round_moves sets "1" again). Both sides change it by compare-and-set only.
 std::string round_accepts_key(int rank);
+/// @brief gzrun's half of the handshake, before it joins the next round: claims the accepts keys
+/// of `ranks` in `run` (a run's keys), all or none. False when one of them does not accept now
+/// (withdrew, never accepted): those claimed are released again. A claimed worker cannot
+/// withdraw (RoundFollower::accept(false) waits) until its notice is written or it is released.
+bool claim_round_moves(Store& run, const std::vector<int>& ranks);
+/// @brief Whether the worker of `rank` accepts moves now (and is not claimed): one store check.
+bool round_accepts(Store& run, int rank);
+/// @brief Gives the claims of `ranks` back (the move did not happen); a worker waiting to
+/// withdraw then does.
+void release_round_moves(Store& run, const std::vector<int>& ranks);
 /// @brief One line; decode_round_move() reads it back.
 std::string encode_round_move(const RoundMove& m);
 /// @brief Throws gz::Error naming the text when it is not a move.
@@ -52,8 +65,11 @@ class RoundFollower {
   /// it left: a retry's poll() finds the same move, and meet() counts this rank once).
   std::shared_ptr<Store> follow(RoundMove& m, Deadline deadline);
   /// @brief Whether this worker can adopt a new rank and world now; announced in the current
-  /// run's keys (round_accepts_key) and in every run it follows into.
-  void accept(bool on);
+  /// run's keys (round_accepts_key) and in every run it follows into. Withdrawing while gzrun
+  /// holds a claim on this worker (claim_round_moves) waits until `deadline` for its outcome:
+  /// released, it withdraws; moved, it throws gz::Error naming the move (the worker cannot
+  /// follow it now and must not exit as if the job had ended); neither, gz::TimeoutError.
+  void accept(bool on, Deadline deadline);
   /// @brief The current run's id and this worker's rank in it.
   std::string run_id() const;
   int rank() const;

@@ -368,8 +368,11 @@ def run(func):
             if _in_place.enabled():
                 try:
                     _in_place.accept_moves(False)
-                except RuntimeError:
-                    pass  # the job's store is gone: gzrun cannot move anyone either
+                except RuntimeError as e:
+                    # gzrun claimed this rank for a move as it withdrew: exiting as if the job had
+                    # ended would leave the new round waiting for it. Otherwise the store is gone.
+                    if "while it withdrew from moves" in str(e):
+                        raise
         state._finish()
         return result
 

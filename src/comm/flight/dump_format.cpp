@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <optional>
 
 #include "gz/comm/flight_dump.h"
 #include "gz/core/env.h"
@@ -94,6 +96,15 @@ std::string int_array(const std::vector<int>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
   return s + "]";
+}
+
+// Set once the launcher moved this process (set_flight_dump_identity); read by every dump.
+std::mutex g_identity_mu;
+std::optional<FlightDumpIdentity> g_moved_identity;
+
+std::optional<FlightDumpIdentity> moved_identity() {
+  std::lock_guard<std::mutex> lock(g_identity_mu);
+  return g_moved_identity;
 }
 
 long long env_int(const Env& env, std::initializer_list<const char*> names) {
@@ -226,12 +237,14 @@ std::string format_flight_dump(const std::vector<FlightSnapshot>& snaps, DumpRea
   std::string out;
   Line h("header");
   h.str("schema", kFlightDumpSchema).num("version", kFlightDumpVersion);
-  h.str("job", env.get("GZ_RUN_ID", env.get("TORCHELASTIC_RUN_ID", "")));
-  const long long rank = env_int(env, {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"});
-  const long long world = env_int(env, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
+  const std::optional<FlightDumpIdentity> moved = moved_identity();
+  h.str("job", moved ? moved->run_id : env.get("GZ_RUN_ID", env.get("TORCHELASTIC_RUN_ID", "")));
+  const long long rank = moved ? moved->rank : env_int(env, {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"});
+  const long long world =
+      moved ? moved->world : env_int(env, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
   h.num("rank", rank).num("world", world);
   h.num("local_rank", env_int(env, {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"}));
-  h.num("node", env_int(env, {"GROUP_RANK", "NODE_RANK"}));
+  h.num("node", moved ? moved->node : env_int(env, {"GROUP_RANK", "NODE_RANK"}));
   h.str("host", host_name()).num("pid", getpid());
   h.str("reason", dump_reason_name(reason)).num("request", request);
   if (!note.empty()) h.str("note", note);
@@ -273,25 +286,44 @@ std::string format_flight_dump(const std::vector<FlightSnapshot>& snaps, DumpRea
   return out;
 }
 
-std::string flight_dump_dir() {
-  const Env env = Env::from_process();
-  std::string dir = env.get("GZ_DUMP_DIR", "");
-  if (!dir.empty()) return dir;
-  std::string id = env.get("GZ_RUN_ID", env.get("TORCHELASTIC_RUN_ID", ""));
+namespace {
+std::string folder_name(std::string id) {
   for (char& c : id)
     if (c == '/' || c == '\0') c = '_';
   if (id.empty() || id == "." || id == "..") id = "pid-" + std::to_string(getpid());
-  return "/tmp/gz-dumps/" + id;
+  return id;
+}
+}  // namespace
+
+std::string flight_dump_dir() {
+  const Env env = Env::from_process();
+  const std::string started = env.get("GZ_RUN_ID", env.get("TORCHELASTIC_RUN_ID", ""));
+  const std::optional<FlightDumpIdentity> moved = moved_identity();
+  std::string dir = env.get("GZ_DUMP_DIR", "");
+  if (dir.empty()) return "/tmp/gz-dumps/" + folder_name(moved ? moved->run_id : started);
+  if (!moved || started.empty()) return dir;
+  // gzrun's folder per round ends in the round's run id (dump_dir_for); a folder of the user's
+  // own is the same for every round.
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  if (slash == std::string::npos || dir.substr(slash + 1) != folder_name(started)) return dir;
+  return dir.substr(0, slash + 1) + folder_name(moved->run_id);
 }
 
 namespace {
 std::string dump_stem() {
   const Env env = Env::from_process();
-  const long long rank = env_int(env, {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"});
+  const std::optional<FlightDumpIdentity> moved = moved_identity();
+  const long long rank = moved ? moved->rank : env_int(env, {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"});
   return flight_dump_dir() + "/" +
          (rank >= 0 ? "rank-" + std::to_string(rank) : "pid-" + std::to_string(getpid()));
 }
 }  // namespace
+
+void set_moved_identity(const FlightDumpIdentity& id) {
+  std::lock_guard<std::mutex> lock(g_identity_mu);
+  g_moved_identity = id;
+}
 
 std::string flight_dump_path() { return dump_stem() + ".jsonl"; }
 std::string flight_ready_path() { return dump_stem() + ".ready"; }

@@ -114,6 +114,13 @@ class DumpService {
 
   uint64_t written() const { return written_.load(); }
 
+  /// The ready file under this process's identity now (after a move), if it answers SIGUSR1.
+  void rewrite_ready() {
+    if (!running_.load() || g_owner.load() != getpid() || !signal_ready_.load()) return;
+    make_dirs(flight_dump_dir());
+    write_file(flight_ready_path(), std::to_string(getpid()) + "\n");
+  }
+
   void stop_at_exit() {
     // A forked child inherits this object but not the thread.
     if (!running_.load() || g_owner.load() != getpid()) return;
@@ -220,7 +227,7 @@ class DumpService {
 
   std::once_flag once_;
   std::atomic<bool> running_{false};
-  bool signal_ready_ = false;
+  std::atomic<bool> signal_ready_{false};
   int pipe_[2] = {-1, -1};
   std::thread thread_;
   std::mutex mu_;
@@ -261,6 +268,17 @@ void request_flight_dump(DumpReason reason, int64_t request, const std::string& 
 bool flush_flight_dumps(Duration timeout) { return service().flush(timeout); }
 
 uint64_t flight_dumps_written() { return service().written(); }
+
+void set_moved_identity(const FlightDumpIdentity& id);  // dump_format.cpp
+
+void set_flight_dump_identity(const FlightDumpIdentity& id) {
+  set_moved_identity(id);
+  try {
+    service().rewrite_ready();
+  } catch (const std::exception& e) {
+    GZ_LOG(warn, "flight recorder: ", e.what());
+  }
+}
 
 void start_flight_dump_service() { service().start(); }
 
