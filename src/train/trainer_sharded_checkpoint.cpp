@@ -174,6 +174,20 @@ void Trainer::load_shard_bytes(const std::string& bytes, const std::string& wher
              ")");
 }
 
+void Trainer::load_shard_snapshots(const std::vector<std::string>& shards, const std::string& where,
+                                   int64_t step) {
+  ShardedCheckpointMeta expect;
+  expect.step = step;
+  auto& s = *impl_->strategy;
+  if (auto* z3 = fsdp_hooks(s))
+    z3->fsdp().load_shard_snapshots(s.optimizer(), shards, where, expect);  // collective
+  else if (auto* zero = zero_optimizer(s))
+    zero->load_shard_snapshots(shards, where, expect);  // collective
+  else
+    GZ_THROW(InvalidArgument, "shard snapshots need zero_stage 1, 2 or 3 (zero_stage ", config_.zero_stage,
+             ")");
+}
+
 void Trainer::export_checkpoint(const std::string& src, const std::string& out) {
   if (world_ != 1)
     GZ_THROW(InvalidArgument, "export_checkpoint: run it in one process (mode single), not ", world_);

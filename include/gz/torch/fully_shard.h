@@ -177,6 +177,11 @@ class FullyShardedDataParallel {
   /// size; all or nothing, like load_sharded(). `where` names the bytes in errors.
   void load_shard_bytes(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& where,
                         const ShardedCheckpointMeta& expect = {});
+  /// @brief Collective: every rank's shards resharded from the snapshot_shard() bytes of a job of
+  /// another world size (`shards[q]`: old rank q's; empty where this rank's shards do not need
+  /// it); all or nothing, like load_sharded().
+  void load_shard_snapshots(torch::optim::Optimizer& opt, const std::vector<std::string>& shards,
+                            const std::string& where, const ShardedCheckpointMeta& expect = {});
 
   /// @brief Units, root first: each one's name (the module's name, "" for the root), parameter
   /// count and padded flat size.

@@ -121,6 +121,11 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// the bytes in errors.
   void load_shard_bytes(const std::string& bytes, const std::string& where,
                         const ShardedCheckpointMeta& expect = {});
+  /// @brief Collective: every rank's blocks resharded from the snapshot_shard() bytes of a job of
+  /// another world size (`shards[q]`: old rank q's; empty where this rank's blocks do not need
+  /// it), then the parameters are all-gathered; all or nothing, like load_sharded().
+  void load_shard_snapshots(const std::vector<std::string>& shards, const std::string& where,
+                            const ShardedCheckpointMeta& expect = {});
 
   /// @brief The wrapped optimizer; its parameters are this rank's blocks (flat, one per bucket).
   torch::optim::Optimizer& local_optimizer();

@@ -221,6 +221,21 @@ class Trainer {
   // rank when any rank could not read its part.
   std::optional<std::string> fetch_shard_snapshot(int64_t step, const std::vector<int64_t>& own_ranks);
   void apply_shard_snapshot(const std::string& payload, int64_t step);
+  // A world of another size (after a node's loss, or a restart on fewer or more ranks): the
+  // newest step whose every old rank's shard some rank's folder holds, each old shard sent by one
+  // of its holders to every rank, and loaded resharded; false (the disk checkpoint) otherwise.
+  bool restore_resharded_snapshot();
+  // Collective: `step`, then holder[q] (world_: none) of each old rank q's shard of it, for the
+  // newest step of world `old_world` that every old shard has a holder of; -1: none.
+  int64_t choose_resharded_step(int old_world, std::vector<int>& holder);
+  // Every old rank's payload (the rest, its shard) from its holder; nullopt on every rank when a
+  // holder could not read one.
+  std::optional<std::vector<std::string>> gather_old_shards(int64_t step, const std::vector<int>& holder);
+  void apply_resharded_snapshot(std::vector<std::string>& payloads, int64_t step);
+  // Shard snapshots of old rank q at shards[q] (any world size) loaded into this world's shards.
+  void load_shard_snapshots(const std::vector<std::string>& shards, const std::string& where, int64_t step);
+  // Local rank 0: removes its folder's shard files of ranks this world no longer has.
+  void remove_lost_ranks_shards();
   // Wait for the background copies of the live state (StateCapture::capture_deferred) still
   // running: before anything changes parameters or optimizer state. Adds the wait to the
   // checkpoints' or snapshots' time on the training thread.

@@ -74,4 +74,17 @@ void FullyShardedDataParallel::load_shard_bytes(torch::optim::Optimizer& opt, co
   im.mark_stale();
 }
 
+void FullyShardedDataParallel::load_shard_snapshots(torch::optim::Optimizer& opt,
+                                                    const std::vector<std::string>& shards,
+                                                    const std::string& where,
+                                                    const ShardedCheckpointMeta& expect) {
+  auto& im = *impl_;
+  GZ_CHECK_ARG(!im.in_forward, "FullyShardedDataParallel: load_shard_snapshots() inside forward()");
+  restore_optimizer(opt);
+  auto set = shard_set(im, opt);
+  zero::load_shard_snapshots_collective(set, im.group.get(), shards, where, expect,
+                                        "FullyShardedDataParallel::load_shard_snapshots");
+  im.mark_stale();
+}
+
 }  // namespace gz

@@ -60,6 +60,14 @@ void load_shard_bytes_collective(ShardSet& set, comm::Communicator* group, const
                                  const std::string& where, const ShardedCheckpointMeta& expect,
                                  const std::string& who);
 
+/// @brief load_shards_collective() from the shard snapshots of a world of any size (resharding):
+/// `shards[q]` is old rank q's shard_snapshot() bytes (empty: not given to this rank; an error if
+/// this rank's blocks need it). The manifest and the options are the first given shard's; each
+/// shard is parsed only when this rank's blocks overlap it.
+void load_shard_snapshots_collective(ShardSet& set, comm::Communicator* group,
+                                     const std::vector<std::string>& shards, const std::string& where,
+                                     const ShardedCheckpointMeta& expect, const std::string& who);
+
 /// @brief Not collective: this rank's blocks and their state from a checkpoint of any world size;
 /// nothing changes when it throws. `before_install` (optional) runs once everything is read, before
 /// anything changes: a collective caller agrees with its peers there.

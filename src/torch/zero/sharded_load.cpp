@@ -76,12 +76,22 @@ class ShardReader {
     options_shard_ = s;
   }
 
+  /// @brief Every shard from bytes (shard snapshots of a world of any size: `shards[s]` is shard
+  /// s's, null where this rank was not given it), each parsed on first use; `first` (already
+  /// parsed from its bytes: it holds the manifest) also holds the options.
+  ShardReader(const Manifest& m, std::vector<const std::string*> shards, int first,
+              std::unique_ptr<torch::serialize::InputArchive> a, const std::string& where)
+      : ShardReader(m, first, std::move(a), where) {
+    bytes_ = std::move(shards);
+  }
+
   /// @brief The shard whose archive holds the optimizer's options.
   int options_shard() const { return options_shard_; }
 
   torch::serialize::InputArchive& archive(int s) {
     auto& slot = files_[static_cast<size_t>(s)];
     if (slot) return *slot;
+    if (!bytes_.empty()) return from_bytes(s);
     const std::string file = check_shard_size(m_, s);
     if (file_checksum(file) != m_.checksums[s])
       GZ_THROW(Error, "sharded checkpoint ", m_.dir, ": shard file ", file,
@@ -132,6 +142,21 @@ class ShardReader {
   }
 
  private:
+  torch::serialize::InputArchive& from_bytes(int s) {
+    const std::string* bytes = bytes_[static_cast<size_t>(s)];
+    if (!bytes || bytes->empty()) GZ_THROW(Error, m_.dir, ": the shard snapshot of rank ", s, " is not here");
+    auto a = std::make_unique<torch::serialize::InputArchive>();
+    try {
+      a->load_from(bytes->data(), bytes->size(), torch::Device(torch::kCPU));
+    } catch (const c10::Error& e) {
+      GZ_THROW(Error, m_.dir, ": the shard snapshot of rank ", s,
+               " cannot be read (corrupt?): ", e.what_without_backtrace());
+    }
+    check_meta(*a, s, "the shard snapshot of rank " + std::to_string(s));
+    files_[static_cast<size_t>(s)] = std::move(a);
+    return *files_[static_cast<size_t>(s)];
+  }
+
   void check_meta(torch::serialize::InputArchive& a, int s, const std::string& what) const {
     torch::Tensor meta;
     c10::IValue job;
@@ -151,6 +176,7 @@ class ShardReader {
 
   const Manifest& m_;
   std::vector<std::unique_ptr<torch::serialize::InputArchive>> files_;
+  std::vector<const std::string*> bytes_;  // shard snapshots' bytes (empty: shard files)
   int options_shard_ = 0;
 };
 
@@ -349,21 +375,51 @@ void load_shards_collective(ShardSet& set, comm::Communicator* group, const std:
                  [&](const std::function<void()>& before) { load_shards(set, dir, expect, before); });
 }
 
+namespace {
+
+// Shard `s`'s snapshot bytes parsed, and the manifest it carries.
+std::pair<std::unique_ptr<torch::serialize::InputArchive>, Manifest> open_snapshot(const std::string& bytes,
+                                                                                   const std::string& where) {
+  auto a = std::make_unique<torch::serialize::InputArchive>();
+  c10::IValue text;
+  try {
+    a->load_from(bytes.data(), bytes.size(), torch::Device(torch::kCPU));
+    a->read("gz_manifest", text);
+  } catch (const c10::Error& e) {
+    GZ_THROW(Error, where, ": not a shard snapshot (corrupt?): ", e.what_without_backtrace());
+  }
+  Manifest m = parse_manifest_text(text.toStringRef(), where, "its manifest");
+  return {std::move(a), std::move(m)};
+}
+
+}  // namespace
+
 void load_shard_bytes_collective(ShardSet& set, comm::Communicator* group, const std::string& bytes,
                                  const std::string& where, const ShardedCheckpointMeta& expect,
                                  const std::string& who) {
   all_or_nothing(set, group, where, who, [&](const std::function<void()>& before) {
-    auto a = std::make_unique<torch::serialize::InputArchive>();
-    c10::IValue text;
-    try {
-      a->load_from(bytes.data(), bytes.size(), torch::Device(torch::kCPU));
-      a->read("gz_manifest", text);
-    } catch (const c10::Error& e) {
-      GZ_THROW(Error, where, ": not a shard snapshot (corrupt?): ", e.what_without_backtrace());
-    }
-    const Manifest m = parse_manifest_text(text.toStringRef(), where, "its manifest");
+    auto [a, m] = open_snapshot(bytes, where);
     if (m.world != set.world) GZ_THROW(Error, where, " is of world ", m.world, ", this job's is ", set.world);
     ShardReader rd(m, set.rank, std::move(a), where);
+    load_from(set, m, expect, rd, before);
+  });
+}
+
+void load_shard_snapshots_collective(ShardSet& set, comm::Communicator* group,
+                                     const std::vector<std::string>& shards, const std::string& where,
+                                     const ShardedCheckpointMeta& expect, const std::string& who) {
+  all_or_nothing(set, group, where, who, [&](const std::function<void()>& before) {
+    // The manifest (the layout of the old world's flat groups) and the options: the first shard's.
+    const auto first = std::find_if(shards.begin(), shards.end(), [](auto& b) { return !b.empty(); });
+    if (first == shards.end()) GZ_THROW(Error, where, ": no shard snapshot given");
+    const int s = static_cast<int>(first - shards.begin());
+    auto [a, m] = open_snapshot(*first, where + ", rank " + std::to_string(s) + "'s shard");
+    if (m.world != static_cast<int>(shards.size()))
+      GZ_THROW(Error, where, ": rank ", s, "'s shard is of world ", m.world, ", not ", shards.size());
+    std::vector<const std::string*> bytes;
+    for (const auto& b : shards) bytes.push_back(b.empty() ? nullptr : &b);
+    m.dir = where;  // names it in the reader's errors
+    ShardReader rd(m, std::move(bytes), s, std::move(a), where);
     load_from(set, m, expect, rd, before);
   });
 }

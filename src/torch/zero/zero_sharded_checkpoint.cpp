@@ -61,6 +61,18 @@ void ZeroRedundancyOptimizer::load_shard_bytes(const std::string& bytes, const s
   gather_loaded();
 }
 
+void ZeroRedundancyOptimizer::load_shard_snapshots(const std::vector<std::string>& shards,
+                                                   const std::string& where,
+                                                   const ShardedCheckpointMeta& expect) {
+  auto& im = *impl_;
+  im.wait_gathers();
+  im.rebind_params();
+  auto set = shard_set(im, *this);
+  zero::load_shard_snapshots_collective(set, im.group.get(), shards, where, expect,
+                                        "ZeroRedundancyOptimizer::load_shard_snapshots");
+  gather_loaded();
+}
+
 void ZeroRedundancyOptimizer::save_sharded(const std::string& dir, const ShardedCheckpointMeta& meta) {
   auto& im = *impl_;
   im.wait_gathers();

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -63,11 +64,10 @@ std::vector<std::string> split_lines(const std::string& text) {
 }
 
 // Which steps of which rank's shard each node holds, merged over the ranks (each fills its own
-// cells). Row q: the steps (+1; 0 = none) q's own folder holds, then those q's buddy holds for q,
-// then the largest other world size a file of q's was written by (an elastic resize).
+// cells). Row q: the steps (+1; 0 = none) q's own folder holds, then those q's buddy holds for q
+// (files of this world size only: another's are restore_resharded_snapshot()'s).
 struct ShardTable {
-  static constexpr size_t kOwn = 0, kBuddy = kShardStepsListed, kOther = 2 * kShardStepsListed,
-                          kRow = kOther + 1;
+  static constexpr size_t kOwn = 0, kBuddy = kShardStepsListed, kRow = 2 * kShardStepsListed;
   explicit ShardTable(int world) : world(world), cells(static_cast<size_t>(world) * kRow, 0.0) {}
   double& cell(int q, size_t i) { return cells[static_cast<size_t>(q) * kRow + i]; }
   double cell(int q, size_t i) const { return cells[static_cast<size_t>(q) * kRow + i]; }
@@ -77,14 +77,11 @@ struct ShardTable {
     size_t i = 0;
     for (int64_t step : store->steps()) {
       const auto h = store->header(step);
-      if (h && h->world != this_world)
-        cell(owner, kOther) = std::max(cell(owner, kOther), static_cast<double>(h->world));
-      else if (h && i < kShardStepsListed)
+      if (h && h->world == this_world && i < kShardStepsListed)
         cell(owner, column + i++) = static_cast<double>(step + 1);
     }
   }
-  // Collective: every rank's cells. A step's cell has one writer (the rank, or its buddy); the
-  // other-world one two (the rank and its buddy each list their file of it): max, not sum.
+  // Collective: every rank's cells (a step's cell has one writer: the rank, or its buddy).
   void merge(const comm::CommPtr& group) {
     if (!group || world == 1) return;
     auto t = torch::from_blob(cells.data(), {static_cast<int64_t>(cells.size())}, torch::kFloat64);
@@ -98,16 +95,11 @@ struct ShardTable {
   std::vector<int64_t> steps() const {  // every step listed, newest first
     std::vector<int64_t> out;
     for (int q = 0; q < world; ++q)
-      for (size_t i = 0; i < kOther; ++i)
+      for (size_t i = 0; i < kRow; ++i)
         if (const auto v = static_cast<int64_t>(cell(q, i)); v > 0) out.push_back(v - 1);
     std::sort(out.rbegin(), out.rend());
     out.erase(std::unique(out.begin(), out.end()), out.end());
     return out;
-  }
-  int other_world() const {
-    double w = 0;
-    for (int q = 0; q < world; ++q) w = std::max(w, cell(q, kOther));
-    return static_cast<int>(w);
   }
   std::vector<int> missing(int64_t step) const {  // ranks whose shard of `step` no node holds
     std::vector<int> out;
@@ -197,11 +189,17 @@ void Trainer::start_shard_snapshots(const std::string& dir, uint64_t run) {
   if (rank_ % per_node != 0) return;
   if (const int n = im.snapshots->remove_other_runs(); n > 0)
     GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir);
-  // A smaller world (an elastic round, a node lost in place) never restores the shards of the
-  // ranks it no longer has; the node's memory is freed now rather than when the run ends.
+}
+
+// After the restore (which may reshard them): a smaller world (an elastic round, a node lost in
+// place) never restores the shards of the ranks it no longer has again; the node's memory is
+// freed now rather than when the run ends.
+void Trainer::remove_lost_ranks_shards() {
+  auto& im = *impl_;
+  if (!im.snapshots || rank_ % std::max(1, im.shard_per_node) != 0) return;
   if (const int n = im.snapshots->remove_ranks_from(world_); n > 0)
     GZ_LOG(info, "rank ", rank_, ": removed ", n, " shard snapshot file(s) of ranks ", world_,
-           " and above (this run has ", world_, ") from ", dir);
+           " and above (this run has ", world_, ") from ", im.snapshots->dir());
 }
 
 // Before an in-place recovery's regroup: the exchange group is aborted (an exchange with a lost
@@ -301,14 +299,7 @@ bool Trainer::restore_shard_snapshot() {
   table.list(im.held_snapshots.get(), im.buddy_from, ShardTable::kBuddy, world_);
   table.merge(group_);
   const std::vector<int64_t> steps = table.steps();
-  if (steps.empty()) {
-    if (table.other_world() > 0 && is_main())
-      GZ_LOG(warn, "zero_stage ", config_.zero_stage, " snapshots here were written by ", table.other_world(),
-             " ranks, this run has ", world_,
-             ": shard snapshots restore at the same world size only; "
-             "using the disk checkpoint");
-    return false;
-  }
+  if (steps.empty()) return restore_resharded_snapshot();  // none of this world size
   // The newest step every rank's shard of which some node holds (its own, or its buddy's).
   auto complete =
       std::find_if(steps.begin(), steps.end(), [&](int64_t s) { return table.missing(s).empty(); });
@@ -404,6 +395,170 @@ void Trainer::apply_shard_snapshot(const std::string& payload, int64_t step) {
   }
   agree(error, "restoring the shard snapshots of step " + std::to_string(step));
   load_shard_bytes(parts.second, name, step);  // collective: every rank installs or none does
+}
+
+// Resharding: the snapshots were written by a world of another size W (a node lost in place, a
+// restart on fewer or more ranks). Every old rank q's shard (its payload: the rest, its blocks) is
+// read by one rank whose folder holds it (q's own node's or its buddy's) and broadcast in chunks
+// to every rank; each rank then loads the blocks of its new layout from the old blocks that
+// overlap them (the sharded checkpoint's resharding loader, zero::load_shard_snapshots_collective)
+// and the rest from old rank 0's payload (re-planned for this world as a disk checkpoint is).
+// Memory: transiently every rank holds every old shard's bytes, i.e. the whole parameter and
+// optimizer state once per rank (ranks per node times per node), plus the parsed old shards its
+// blocks overlap; freed once loaded.
+
+namespace {
+
+// Collective: the element-wise maximum over the group's ranks.
+void allreduce_max(std::vector<double>& v, const comm::CommPtr& group, int world) {
+  if (!group || world == 1 || v.empty()) return;
+  auto t = torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, torch::kFloat64);
+  gz::allreduce(t, comm::ReduceOp::max, group);
+}
+
+// Steps tried, newest first, before the disk checkpoint is used (two generations per store).
+constexpr int kReshardTries = 2 * kShardGenerations;
+
+}  // namespace
+
+int64_t Trainer::choose_resharded_step(int old_world, std::vector<int>& holder) {
+  auto& im = *impl_;
+  const auto files = im.snapshots ? im.snapshots->shard_headers() : std::vector<SnapshotHeader>{};
+  const uint64_t fingerprint = snapshot_fingerprint();
+  auto of_world = [&](const SnapshotHeader& h) {
+    return h.world == old_world && h.rank < old_world && h.fingerprint == fingerprint;
+  };
+  int64_t bound = std::numeric_limits<int64_t>::max(), newest = -1;
+  std::vector<int> lacking;
+  for (int tries = 0; tries < kReshardTries; ++tries) {
+    std::vector<double> v{0.0};  // the newest step below `bound` any rank holds a shard of (+1)
+    for (const auto& h : files)
+      if (of_world(h) && h.step < bound) v[0] = std::max(v[0], static_cast<double>(h.step + 1));
+    allreduce_max(v, group_, world_);
+    const int64_t step = static_cast<int64_t>(v[0]) - 1;
+    if (step < 0) break;
+    // Each old shard's holder: the lowest rank whose folder holds it (-rank, maxed).
+    std::vector<double> who(static_cast<size_t>(old_world), -static_cast<double>(world_));
+    for (const auto& h : files)
+      if (of_world(h) && h.step == step) who[static_cast<size_t>(h.rank)] = -static_cast<double>(rank_);
+    allreduce_max(who, group_, world_);
+    holder.assign(static_cast<size_t>(old_world), world_);
+    std::vector<int> missing;
+    for (int q = 0; q < old_world; ++q)
+      if ((holder[static_cast<size_t>(q)] = -static_cast<int>(who[static_cast<size_t>(q)])) == world_)
+        missing.push_back(q);
+    if (newest < 0) newest = step, lacking = missing;
+    if (missing.empty()) return step;
+    bound = step;
+  }
+  if (is_main()) {
+    std::string ranks;
+    for (int q : lacking) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+    GZ_LOG(warn, "the zero_stage ", config_.zero_stage, " snapshots here were written by ", old_world,
+           " ranks, this run has ", world_,
+           newest < 0 ? std::string(": none of this config")
+                      : detail::concat(": the newest, of step ", newest, ", lacks the shard of old rank(s) ",
+                                       ranks, " (no rank's folder holds it), and no older one is whole"),
+           "; using the disk checkpoint");
+  }
+  return -1;
+}
+
+bool Trainer::restore_resharded_snapshot() {
+  Stopwatch clock;
+  std::vector<double> w{0.0};  // the old world: the largest other world a folder holds shards of
+  if (impl_->snapshots)
+    for (const auto& h : impl_->snapshots->shard_headers())
+      if (h.world != world_ && h.fingerprint == snapshot_fingerprint())
+        w[0] = std::max(w[0], static_cast<double>(h.world));
+  allreduce_max(w, group_, world_);
+  const int old_world = static_cast<int>(w[0]);
+  if (old_world <= 0) return false;
+  std::vector<int> holder;
+  const int64_t step = choose_resharded_step(old_world, holder);
+  if (step < 0) return false;
+  int64_t disk = -1;
+  if (is_main())
+    if (auto latest = impl_->checkpoints->latest()) disk = latest->step;
+  disk = broadcast_value(disk);
+  if (disk > step) {
+    if (is_main())
+      GZ_LOG(info, "the disk checkpoint of step ", disk, " is newer than the snapshot of step ", step);
+    return false;
+  }
+  auto payloads = gather_old_shards(step, holder);
+  if (!payloads) return false;
+  apply_resharded_snapshot(*payloads, step);
+  if (is_main())
+    GZ_LOG(warn, "restored the zero_stage ", config_.zero_stage, " snapshot of step ", step, " written by ",
+           old_world, " ranks, resharded to ", world_, ", in ", clock.seconds(),
+           " s; disk checkpoint: ", disk < 0 ? std::string("none") : std::to_string(disk));
+  return true;
+}
+
+std::optional<std::vector<std::string>> Trainer::gather_old_shards(int64_t step,
+                                                                   const std::vector<int>& holder) {
+  auto& im = *impl_;
+  const int old_world = static_cast<int>(holder.size());
+  std::vector<std::string> payloads(holder.size());
+  bool ok = true;
+  std::string message;
+  for (int q = 0; q < old_world; ++q) {
+    std::string& bytes = payloads[static_cast<size_t>(q)];
+    if (holder[static_cast<size_t>(q)] == rank_ && ok) {
+      try {  // a store of q's shard to read with (it writes nothing)
+        SnapshotHeader h;
+        bytes = SnapshotStore(im.snapshots->dir(), 1, im.snapshots->run(), q)
+                    .read(step, snapshot_fingerprint(), &h);
+        if (h.world != old_world)
+          GZ_THROW(InvalidArgument, "snapshot ", im.snapshots->path(step), " of rank ", q, " is of world ",
+                   h.world, ", not ", old_world);
+      } catch (const std::exception& e) {
+        ok = false;
+        message = e.what();
+        bytes.clear();
+      }
+    }
+    // Sent even when empty (the holder could not read it): every rank runs the same broadcasts.
+    if (group_ && world_ > 1) broadcast_bytes(*group_, bytes, holder[static_cast<size_t>(q)]);
+  }
+  if (!every_rank_read(ok, message,
+                       detail::concat("the zero_stage ", config_.zero_stage, " snapshot of step ", step,
+                                      " (written by ", old_world, " ranks)")))
+    return std::nullopt;
+  return payloads;
+}
+
+void Trainer::apply_resharded_snapshot(std::vector<std::string>& payloads, int64_t step) {
+  const std::string name =
+      detail::concat("the shard snapshots of step ", step, " (written by ", payloads.size(), " ranks)");
+  std::exception_ptr error;
+  std::vector<std::string> shards(payloads.size());
+  try {
+    for (size_t q = 0; q < payloads.size(); ++q) {
+      auto parts = unframe_shard_payload(payloads[q], name);
+      std::string().swap(payloads[q]);
+      shards[q] = std::move(parts.second);
+      if (q != 0) continue;
+      // The rest (buffers, counters, RNG, scaler, data position): old rank 0's, as state.pt is.
+      torch::serialize::InputArchive root;
+      root.load_from(parts.first.data(), parts.first.size());
+      c10::IValue names;
+      if (!root.try_read("gz_sharded_params", names)) GZ_THROW(Error, name, " lists no sharded parameters");
+      const auto held = split_lines(names.toStringRef());
+      CheckpointInfo info;
+      info.dir = impl_->snapshots->dir();
+      info.step = step;
+      apply_state(root, info, name, &held);  // re-plans the steps for this world (elastic_batch)
+    }
+  } catch (const c10::Error& e) {
+    error =
+        std::make_exception_ptr(Error(detail::concat(name, " cannot be read: ", e.what_without_backtrace())));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree(error, "restoring " + name);
+  load_shard_snapshots(shards, name, step);  // collective: every rank installs or none does
 }
 
 }  // namespace gz::train

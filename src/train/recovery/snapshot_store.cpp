@@ -377,6 +377,20 @@ int SnapshotStore::remove_other_runs() const {
   return removed;
 }
 
+std::vector<SnapshotHeader> SnapshotStore::shard_headers() const {
+  std::vector<SnapshotHeader> out;
+  std::error_code ec;
+  if (!fs::exists(dir_, ec) || !private_dir_problem(dir_).empty()) return out;
+  for (auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("snap-", 0) != 0) continue;
+    const auto h = read_header(entry.path().string());
+    if (h && h->run == run_ && h->rank >= 0 && name == file_name(h->step, run_, h->rank))
+      out.push_back(SnapshotHeader{h->step, h->epoch, h->world, h->fingerprint, h->run, h->rank});
+  }
+  return out;
+}
+
 int SnapshotStore::remove_ranks_from(int first_rank) const {
   std::error_code ec;
   int removed = 0;

@@ -235,7 +235,11 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
 }
 
 bool Trainer::restore_snapshot() {
-  if (impl_->shard_snapshots) return restore_shard_snapshot();
+  if (impl_->shard_snapshots) {
+    const bool restored = restore_shard_snapshot();
+    remove_lost_ranks_shards();
+    return restored;
+  }
   Stopwatch clock;
   const auto held = impl_->snapshots->steps();
   const int64_t mine = held.empty() ? -1 : held.front();

@@ -75,6 +75,9 @@ class SnapshotStore {
   /// @brief Delete this run's shard files here of ranks `first_rank` and above, whoever's copy
   /// (a world that shrank never restores them); returns how many.
   int remove_ranks_from(int first_rank) const;
+  /// @brief Headers of this run's shard files here, whoever's (rank) and of whatever world
+  /// (headers checked, payloads not): what a world of another size may restore.
+  std::vector<SnapshotHeader> shard_headers() const;
   /// @brief Path of this run's snapshot of `step`.
   std::string path(int64_t step) const;
   uint64_t run() const { return run_; }
