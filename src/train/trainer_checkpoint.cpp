@@ -300,6 +300,7 @@ void Trainer::apply_state(torch::serialize::InputArchive& root, const Checkpoint
 
 void Trainer::maybe_resume() {
   const std::string& r = config_.resume_from_checkpoint;
+  impl_->resumed_nothing = r.empty();
   if (r.empty()) return;
   // Every rank must end up at the same step, or they issue different collectives and hang. So
   // rank 0 alone lists the folder (other nodes may see a stale or different one) and decides.
@@ -331,6 +332,7 @@ void Trainer::maybe_resume() {
       if (is_main())
         GZ_LOG(info, "resume_from_checkpoint: auto found no checkpoint in ", impl_->checkpoints->root(),
                "; starting fresh");
+      impl_->resumed_nothing = true;
       return;
     }
     if (!is_main()) {

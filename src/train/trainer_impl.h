@@ -102,6 +102,7 @@ struct Trainer::Impl {
   bool follows_moves = false;  // regroup is gz's default group's: gzrun's moves (accept_moves)
   int64_t recoveries = 0;
   bool recovering = false;       // in rejoin_and_restore(): the live state may be a step's half
+  bool resumed_nothing = false;  // maybe_resume() found neither a snapshot nor a checkpoint
   bool simulated_crash = false;  // set_crash_at_step's exception is not a lost peer
   // Copies of the live state still running in the background (finish_state_copies() waits).
   StateCapture* checkpoint_copying = nullptr;

@@ -28,7 +28,7 @@
 #               the job must finish, and CHECKER must find at most 1 step redone. First the same job
 #               runs uninterrupted (no kill; logs ref_host*.log): the recovered job's final test
 #               accuracy must be within 0.005 of it, and every step must read its samples.
-#     inplace2  as inplace on 3 hosts (HOSTS), two workers on two hosts SIGKILLed as the same step begins: host 1's
+#     inplace2  as inplace on 3 hosts (always), two workers on two hosts SIGKILLed as the same step begins: host 1's
 #               local rank 1 and host 2's local rank 0 (its local rank 1 when host 2 is node 0: rank
 #               0 must survive to report). Each host's gzrun replaces its own worker; the 4 others
 #               keep their process and recover in place from both losses in one recovery.
@@ -60,7 +60,7 @@
 #               Mutation (by hand): _in_place.regroup refusing a changed rank or size (as before
 #               this scenario) -> the survivors raise, gzrun stops them: "survivor ... gone".
 # Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR; inplace, inplace2, inplacenode: MODEL (cnn or
-# bert_small), BERT_LINES (1024), HOSTS; pynode: PY_STEPS (200), PY_STEP_SLEEP
+# bert_small), BERT_LINES (1024); inplace, inplacenode: HOSTS; pynode: PY_STEPS (200), PY_STEP_SLEEP
 # (0.1 s). Exit 77 (skip) without namespaces.
 set -uo pipefail
 [ $# = 7 ] || { echo "usage: multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO" >&2; exit 2; }

@@ -524,6 +524,28 @@ TEST(InPlaceRecovery, AtZeroStage1AShardNoSurvivorHoldsFallsBackToTheDiskCheckpo
   expect_like_reference(want, got);
 }
 
+// A node lost before any snapshot or checkpoint exists (snapshot_every 100, the first checkpoint
+// at step 10, the loss at step 4): the survivors have nothing to restore and must stop, saying
+// so, rather than go on from their live state (a step's half; at zero_stage > 0 a rebuilt
+// optimizer without its moments, at stage 3 parameters given back). Mutation check: the old
+// condition (a survivor that restored nothing stops only at step 0) -> every stage trains on.
+TEST(InPlaceRecovery, SurvivorsThatRestoreNothingStopInsteadOfGoingOnFromTheirLiveState) {
+  LauncherEnv env;
+  for (int stage : {0, 1, 3}) {
+    SCOPED_TRACE("zero_stage " + std::to_string(stage));
+    TmpDir tmp;
+    TrainConfig c = zero_config(tmp.path / "job", stage);
+    c.snapshot_every = 100;
+    try {
+      lose_a_node(c, 4);
+      ADD_FAILURE() << "the survivors went on from their live state";
+    } catch (const gz::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("a survivor restored nothing"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("the job must restart"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // zero_stage 1 and 3, 4 ranks on 2 nodes (a snapshot folder each; every rank's shard has a copy
 // on the other node): rank 1 is lost as step 6 begins and replaced. Survivors and replacement
 // restore the same shard snapshot (step 6's, or step 5's when the survivors' abort cut step 6's

@@ -68,8 +68,9 @@ class Trainer {
   /// replacements of the lost processes; or another rank and size, which this rank adopts),
   /// rebuilds the mode's strategy, restores the newest in-memory snapshot every rank can reach,
   /// as a replacement's train() does, and goes on. At zero_stage > 0 the shard snapshots' buddies
-  /// and exchange group are rebuilt from the new group; on another world size their shards do
-  /// not fit and the disk checkpoint is restored.
+  /// and exchange group are rebuilt from the new group; on another world size the old world's
+  /// shards are restored resharded. A survivor that finds nothing to restore stops (gz::Error: the
+  /// job must restart) rather than go on from its live state.
   /// Needs snapshot_every > 0, resume_from_checkpoint: auto and a launcher's run id
   /// (gz::InvalidArgument from train() otherwise). Under gzrun --recovery in-place (GZ_RECOVERY=
   /// in_place) a Trainer on gz's default group uses gz::regroup() unless this was called, and

@@ -48,9 +48,11 @@ void Trainer::check_in_place_recovery() const {
 void Trainer::agree_on_resumed_step() {
   if (!impl_->regroup || !group_) return;
   // Ranks that resumed at different steps (survivors restoring nothing while a replacement starts
-  // at 0: no snapshot yet) would issue different collectives; a survivor that restored nothing at
-  // step 0 may hold a half-done first step (its optimizer stepped). Stop every rank instead.
-  const bool unrestored = impl_->recovering && !restored_snapshot_ && state_.step == 0;
+  // at 0: no snapshot yet) would issue different collectives. A survivor that restored nothing
+  // must not go on either, at any step: its live state may be a step's half (some ranks' optimizers
+  // stepped), and at zero_stage > 0 the recovery rebuilt its optimizer (its moments are gone) and,
+  // at stage 3, gave its parameters back. Stop every rank instead.
+  const bool unrestored = impl_->recovering && impl_->resumed_nothing;
   std::vector<double> v{static_cast<double>(state_.step), -static_cast<double>(state_.step),
                         unrestored ? 1.0 : 0.0};
   auto t = torch::from_blob(v.data(), {3}, torch::kFloat64);
