@@ -14,6 +14,7 @@
 #include <set>
 
 #include "../trainer_impl.h"
+#include "gz/core/deadline.h"
 #include "gz/core/error.h"
 #include "gz/core/log.h"
 #include "gz/core/phase.h"
@@ -287,6 +288,18 @@ void Trainer::take_shard_snapshot() {
 void Trainer::wait_shard_exchange() {
   auto work = std::move(impl_->shard_exchange.work);
   if (!work) return;
+  // An abort of the training group (a peer's, the move watcher's) does not reach the exchange's
+  // own group: pass it on, so a stopped buddy does not hold this thread for the exchange's whole
+  // op deadline while the peers already wait in the next generation.
+  while (!work->is_completed()) {
+    if (group_ && group_->aborted() && impl_->snapshot_comm && !impl_->snapshot_comm->aborted())
+      impl_->snapshot_comm->abort("rank " + std::to_string(rank_) + "'s training group was aborted");
+    try {
+      work->wait(Deadline::after(std::chrono::milliseconds(100)));  // returns as soon as it completes
+    } catch (const std::exception&) {
+      // Its failure is rethrown below, once it has finished.
+    }
+  }
   work->wait_finished();  // bounded by the deadline of each op inside (a chunk, a write)
   work->wait();           // its failure: a peer lost while sending
 }
