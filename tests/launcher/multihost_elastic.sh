@@ -60,7 +60,7 @@
 #               Mutation (by hand): _in_place.regroup refusing a changed rank or size (as before
 #               this scenario) -> the survivors raise, gzrun stops them: "survivor ... gone".
 # Env: HB (heartbeat timeout, default 3 s), KEEP_LOGS=DIR; inplace, inplace2, inplacenode: MODEL (cnn or
-# bert_small), BERT_LINES (1024); inplace, inplacenode: HOSTS; pynode: PY_STEPS (200), PY_STEP_SLEEP
+# bert_small), BERT_LINES (1024), ZERO (a zero_stage); inplace, inplacenode: HOSTS; pynode: PY_STEPS (200), PY_STEP_SLEEP
 # (0.1 s). Exit 77 (skip) without namespaces.
 set -uo pipefail
 [ $# = 7 ] || { echo "usage: multihost_elastic.sh CLUSTER_SH GZRUN TEST_WORKER GZ_TRAIN CONFIG CHECKER SCENARIO" >&2; exit 2; }
@@ -222,6 +222,8 @@ case ${MODEL:-cnn} in
                 --batch_size $rank_batch --eval_batch_size 64 --test_limit 200 --num_threads 1) ;;
   *) fail "unknown MODEL '$MODEL' (cnn or bert_small)" ;;
 esac
+# ZERO=1|2|3: the same at that ZeRO stage (shard snapshots with a buddy on the next node).
+[ -n "${ZERO:-}" ] && model_args+=(--zero_stage "$ZERO")
 
 if [ "$scenario" = inplace ] || [ "$scenario" = inplace2 ]; then
   # Batch 32 a rank: 4800 / (32 x world) steps an epoch (25 at world 6, 18 at world 8); the kill
@@ -610,8 +612,10 @@ if [ "$scenario" = inplacenode ]; then
   admit_ms=$(ms_since "$t1")
   # The returning node's state: the snapshot, sent by a peer over the network; or, when the move
   # lands right after an epoch's end (which takes no snapshot), that epoch's disk checkpoint.
-  how="the snapshot over the network"
-  if ! any_log 'restored the snapshot of step .* sent by rank'; then
+  # (ZERO: the old world's shards, resharded, each sent by a rank that holds it.)
+  how="the snapshot over the network" sent='restored the snapshot of step .* sent by rank'
+  [ -n "${ZERO:-}" ] && how="the shard snapshot resharded over the network" sent="snapshot of step .* resharded to $world"
+  if ! any_log "$sent"; then
     any_log 'recovered in place at step .* (checkpoint)' ||
       fail "the returning node did not get the snapshot over the network (nor a newer checkpoint)"
     how="the epoch end's disk checkpoint (newer than any snapshot)"
