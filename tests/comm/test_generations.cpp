@@ -361,8 +361,9 @@ TEST(Generations, BadOptionsAreRefused) {
 
 // gzrun's claim on a worker's accepts key against the worker's withdrawal, over a real TcpStore:
 // claims are all or none; a claimed worker's withdrawal waits, goes through once gzrun releases
-// it and fails naming the move once gzrun writes it. Mutation check: a withdrawal that ignores
-// the claim (a plain delete or set, as before) returns at once: "withdrew while claimed".
+// it and fails (gz::MovedError) naming the move once gzrun commits and writes it. Mutation check: a
+// withdrawal that ignores the claim (a plain delete or set, as before) returns at once: "withdrew while
+// claimed".
 TEST(RoundMove, AWorkerClaimedForAMoveDoesNotWithdrawSilently) {
   TcpStoreServer server(TcpStoreServerOptions{});
   auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", server.port()); };
@@ -402,9 +403,44 @@ TEST(RoundMove, AWorkerClaimedForAMoveDoesNotWithdrawSilently) {
   t1.join();
   EXPECT_EQ(error1, "");
   EXPECT_FALSE(claim_round_moves(run, {1})) << "rank 1 withdrew: no claim";
+  ASSERT_TRUE(commit_round_moves(run, {0}));
   run.set(round_move_key(0), to_bytes(encode_round_move({1, "job-1", 2, 4, 1, 2, "node 2 admitted"})));
   t0.join();
   EXPECT_NE(error0.find("moved this worker to round 1 as rank 2 of 4"), std::string::npos) << error0;
+  EXPECT_THROW(f0.accept(false, Deadline::after(10s)), MovedError) << "a committed worker withdrew";
+}
+
+// gzrun holds its claim longer than the worker's deadline (its next-round rendezvous): at the
+// deadline the worker takes the key back and returns withdrawn, and gzrun's commit then fails
+// (it stops the node's workers instead of writing notices). Had gzrun committed first, the
+// worker's withdrawal fails with gz::MovedError at once, whatever its deadline. Mutation checks:
+// the deadline throwing gz::TimeoutError (as before) fails "withdrew at its deadline"; a commit
+// that sets "moving" without compare-and-set succeeds over the withdrawal.
+TEST(RoundMove, AtItsDeadlineAClaimedWorkerWithdrawsUnlessGzrunCommittedFirst) {
+  TcpStoreServer server(TcpStoreServerOptions{});
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", server.port()); };
+  PrefixStore run(run_prefix("job-0"), client());  // gzrun's
+  WorldInfo w0, w1;
+  w1.rank = 1;
+  w0.world_size = w1.world_size = 2;
+  RoundFollower f0(client(), "job-0", w0), f1(client(), "job-0", w1);
+  f0.accept(true, Deadline::after(10s));
+  f1.accept(true, Deadline::after(10s));
+  ASSERT_TRUE(claim_round_moves(run, {0, 1}));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW(f0.accept(false, Deadline::after(300ms))) << "withdrew at its deadline";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_FALSE(commit_round_moves(run, {0, 1})) << "committed a worker that withdrew";
+  EXPECT_FALSE(claim_round_moves(run, {0})) << "rank 0 withdrew: no claim";
+  const auto t1 = std::chrono::steady_clock::now();
+  try {
+    f1.accept(false, Deadline::after(100ms));  // committed above with rank 0: no notice comes
+    ADD_FAILURE() << "rank 1 withdrew although gzrun committed it to a move";
+  } catch (const MovedError& e) {
+    EXPECT_NE(std::string(e.what()).find("moved this worker to its next round"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 5s);
 }
 
 // After a move the flight recorder's dumps and ready file go where gzrun looks for the new

@@ -259,6 +259,10 @@ TEST(EtcdStore, MeetingsAndMoveClaimsWork) {
   release_round_moves(run, {0});
   f.accept(false, Deadline::after(10s));  // released: withdraws at once
   EXPECT_FALSE(claim_round_moves(run, {0})) << "claimed a worker that withdrew";
+  f.accept(true, Deadline::after(10s));
+  ASSERT_TRUE(claim_round_moves(run, {0}));
+  f.accept(false, Deadline::after(200ms));  // claimed past its deadline: takes the key back
+  EXPECT_FALSE(commit_round_moves(run, {0})) << "committed a worker that withdrew at its deadline";
 }
 
 // delete_key says whether the key was there, whatever made it (set, add, append, changes
