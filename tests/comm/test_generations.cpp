@@ -539,8 +539,9 @@ TEST(MoveWatcher, ExitHelper) {
   std::exit(0);
 }
 
-// Mutation check: a stop that joins the thread unconditionally (as the watcher's destructor
-// did) waits for the store: the bound is missed, and the exiting helper is killed at 10 s.
+// Mutation checks: a stop that joins the thread unconditionally (as the watcher's destructor
+// did) waits for the store: the bound is missed, and the exiting helper is killed at 10 s; a
+// stop that does not remember an earlier one (no `released` flag) waits its bound again.
 TEST(MoveWatcher, StopsWithinItsBoundAndAtExitWhileTheStoreHangs) {
   const char* argv[] = {"test_generations", "--gtest_filter=MoveWatcher.ExitHelper", nullptr};
   std::vector<char*> env;
@@ -568,7 +569,11 @@ TEST(MoveWatcher, StopsWithinItsBoundAndAtExitWhileTheStoreHangs) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(w->stop(100ms));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  // A second stop (the destructor after gz's stop at exit) does not wait its bound again.
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(w->stop(5s));
   w.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 500ms) << "a stopped watcher waited again";
   EXPECT_FALSE(group->aborted());
   store->release();
   std::this_thread::sleep_for(50ms);  // the thread left alone ends
