@@ -275,6 +275,7 @@ class HookedStore : public Store {
     return v;
   }
   Bytes compare_set(const std::string& k, const Bytes& e, const Bytes& d) override {
+    ++cas_calls;
     std::this_thread::sleep_for(cas_delay);
     return base_->compare_set(k, e, d);
   }
@@ -285,6 +286,7 @@ class HookedStore : public Store {
   int64_t num_keys() override { return base_->num_keys(); }
   std::function<void(const std::string&)> after_add;
   Duration cas_delay{0};
+  std::atomic<int> cas_calls{0};
 
  private:
   std::shared_ptr<Store> base_;
@@ -295,7 +297,8 @@ class HookedStore : public Store {
 // the generation abandoned as it leaves, so that rank 1 waits for its move instead of building
 // generation 1's communicator with a rank that never comes (until the 5 s timeout). Mutation
 // check: await_members leaving on a move without settling the generation's fate, and taking a
-// complete generation as formed (as before), fails rank 1's rejoin at that timeout.
+// complete generation as formed (as before), fails rank 1's rejoin at that timeout; asking the
+// fate again on every poll once it is known abandoned fails the count of rank 1's settles.
 TEST(Generations, ARankThatLeavesACompleteGenerationAbandonsIt) {
   auto base = std::make_shared<MemStore>();
   auto run_store = [&](const std::string& run) {
@@ -328,8 +331,11 @@ TEST(Generations, ARankThatLeavesACompleteGenerationAbandonsIt) {
     comm::CommPtr c = gens.join();
     if (rank == 0) std::this_thread::sleep_for(200ms);  // rank 1 waits in generation 1 first
     const auto t0 = std::chrono::steady_clock::now();
+    const int cas_before = hooked->cas_calls;
     c = gens.rejoin(c, "a peer was lost");
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+    // Rank 1 settles generation 1 once (finding it abandoned), then only awaits its move.
+    if (rank == 1) EXPECT_LE(hooked->cas_calls - cas_before, 1) << "asked the known fate again";
     EXPECT_EQ(gens.generation(), 0) << "not in the new run's group";
     EXPECT_EQ(sum_of_ranks(*c), 3.f);
   });
