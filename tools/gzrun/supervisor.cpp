@@ -306,8 +306,18 @@ bool Supervisor::claim_moves(const RoundInfo& round, const std::vector<int>& ran
 }
 
 bool Supervisor::commit_moves(const RoundInfo& round, const std::vector<int>& ranks) {
-  PrefixStore run(run_prefix(round.run_id), c_.store_client());
-  if (commit_round_moves(run, ranks)) return true;
+  // A few tries, each a fresh client, as tell_moves: a commit found done already counts as done.
+  bool all = false;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      PrefixStore run(run_prefix(round.run_id), c_.store_client());
+      all = commit_round_moves(run, ranks);
+      break;
+    } catch (const std::exception&) {
+      if (attempt >= 3) throw;
+    }
+  }
+  if (all) return true;
   say("a local worker withdrew from moves (its training ended) while this node joined the next round: "
       "stopping the local workers instead of moving them");
   return false;

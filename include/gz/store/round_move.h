@@ -55,6 +55,7 @@ void release_round_moves(Store& run, const std::vector<int>& ranks);
 /// "moving" (final: a withdrawing worker then throws gz::MovedError). False when one of them
 /// withdrew at its deadline meanwhile ("0"): gzrun must not write notices then and stops the
 /// node's workers; the others are committed all the same (they fail if they withdraw).
+/// Repeating it changes nothing (a key found "moving" counts as committed).
 bool commit_round_moves(Store& run, const std::vector<int>& ranks);
 /// @brief One line; decode_round_move() reads it back.
 std::string encode_round_move(const RoundMove& m);
