@@ -37,14 +37,33 @@ void bind_recovery(py::module& m) {
       (*lost)(e.what());
     }
   });
+  // A rank that gzrun committed to a move while it withdrew from moves (gz::MovedError): never a
+  // lost peer to recover from, and never the end of the job (hvd.elastic.run lets it through).
+  static auto* moved = new py::exception<MovedError>(m, "MovedError", PyExc_RuntimeError);
+  moved->doc() =
+      "gzrun moved this rank to a new round (an elastic job's node lost or admitted) as it withdrew "
+      "from moves (hvd_accept_moves(False)): it cannot follow the move and must fail, not exit 0.";
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const MovedError& e) {
+      (*moved)(e.what());
+    }
+  });
   m.def("hvd_can_regroup", &can_regroup,
         "Whether hvd_regroup() can replace the default group (hvd.init() under gzrun --recovery "
         "in-place).");
   m.def(
-      "hvd_accept_moves", [](bool on) { return accept_moves(on); }, py::arg("on"),
+      "hvd_accept_moves",
+      [](bool on) {
+        py::gil_scoped_release release;  // a withdrawal waits for gzrun's claim (the group's timeout)
+        return accept_moves(on);
+      },
+      py::arg("on"),
       "Whether this process adopts a new rank and size when gzrun moves an elastic in-place job to "
       "a new round (gz::accept_moves): hvd.elastic.run says yes while it runs. False when the "
-      "default group does not follow moves.");
+      "default group does not follow moves. hvd_accept_moves(False) may wait up to the group's "
+      "timeout for gzrun's claim on this rank; raises MovedError when gzrun moved it meanwhile.");
   m.def(
       "hvd_regroup",
       [](const std::string& why) {

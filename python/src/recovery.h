@@ -6,7 +6,7 @@
 namespace gz::python {
 
 /// @brief Add HorovodInternalError (gz::PeerError, TimeoutError and Aborted raised from _C),
-/// hvd_can_regroup and hvd_regroup to the module.
+/// MovedError (gz::MovedError), hvd_can_regroup, hvd_accept_moves and hvd_regroup to the module.
 void bind_recovery(pybind11::module& m);
 
 }  // namespace gz::python

@@ -70,3 +70,26 @@ def test_without_init_in_place_recovery_names_what_is_missing():
     p = subprocess.run([PYTHON, "-c", code], env=env(GZ_RECOVERY="in_place"), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=120)
     assert p.returncode != 0 and "needs hvd.init() before hvd.elastic.run" in p.stdout, p.stdout
+
+
+def test_a_rank_moved_as_it_withdraws_fails_and_other_withdrawal_failures_warn():
+    # Mutation checks (by hand): matching the message text again, or catching MovedError with the
+    # other RuntimeErrors, lets the moved rank end as if the job had ended (exit 0).
+    code = ("import guozhuang.torch as hvd\n"
+            "from guozhuang import _C\n"
+            "from guozhuang.torch import _in_place, elastic\n"
+            "assert issubclass(_C.MovedError, RuntimeError) and _in_place.MovedError is _C.MovedError\n"
+            "assert not issubclass(_C.MovedError, _C.HorovodInternalError)\n"
+            "def closed(on):\n"
+            "    raise RuntimeError('gz::TcpStore: the server closed the connection')\n"
+            "_in_place.accept_moves = closed\n"
+            "elastic._withdraw_from_moves()\n"
+            "def moved(on):\n"
+            "    raise _C.MovedError('rank 0 of run r-0: gzrun moved this worker')\n"
+            "_in_place.accept_moves = moved\n"
+            "elastic._withdraw_from_moves()\n")
+    p = subprocess.run([PYTHON, "-c", code], env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=120)
+    assert p.returncode != 0, p.stdout
+    assert "cannot withdraw from gzrun's moves: gz::TcpStore" in p.stdout, p.stdout
+    assert "MovedError: rank 0 of run r-0: gzrun moved this worker" in p.stdout, p.stdout

@@ -103,11 +103,12 @@ bool Generations::await_members(int g) {
     // holds a slot here (it may have completed the generation): it leaves unless its peers
     // formed the generation already (then it joins, and its group's next op or the move
     // watcher brings it back here, to the move), and the abandoned generation is not formed.
-    if (mover_.pending && mover_.pending() && settle(g, kAbandoned) == kAbandoned) {
+    // Once the fate is known to be "abandoned" it is not asked again: only the move is awaited.
+    if (mover_.pending && mover_.pending() && (abandoned || settle(g, kAbandoned) == kAbandoned)) {
       adopt(mover_.follow());
       return false;
     }
-    if (base_.store->check({complete})) {
+    if (!abandoned && base_.store->check({complete})) {
       if (!mover_.pending || settle(g, kFormed) == kFormed) return true;
       abandoned = true;  // a member left for the new round: this rank's own move will come
     }

@@ -16,6 +16,7 @@ struct MoveWatcher::State {
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false, ended = false;
+  bool released = false;  // an earlier stop() joined or detached the thread
   std::thread thread;
 
   bool stopping() {
@@ -68,11 +69,15 @@ MoveWatcher::~MoveWatcher() { stop(Duration(2000)); }
 
 bool MoveWatcher::stop(Duration bound) {
   std::unique_lock<std::mutex> lock(state_->mu);
+  // Once joined or detached, at once: the destructor after a stop at exit that timed out must
+  // not wait its whole bound again for a thread still in a hung store request.
+  if (state_->released) return state_->ended;
   state_->stop = true;
   state_->cv.notify_all();
   const bool ended = state_->cv.wait_for(lock, bound, [this] { return state_->ended; });
+  if (state_->released) return ended;  // a concurrent stop() took the thread meanwhile
+  state_->released = true;
   lock.unlock();
-  if (!state_->thread.joinable()) return ended;
   // Past the bound the thread is in a store request: it ends alone when that returns, holding
   // its State, and the process may exit before that.
   if (ended)

@@ -15,7 +15,7 @@ namespace gz {
 namespace {
 const std::string kAcceptsPrefix = "accepts-moves/";
 // The accepts key's values (round_accepts_key); every change is a compare-and-set.
-const std::string kAccepted = "1", kWithdrawn = "0", kClaimed = "claimed";
+const std::string kAccepted = "1", kWithdrawn = "0", kClaimed = "claimed", kMoving = "moving";
 
 std::string cas(Store& run, const std::string& key, const std::string& from, const std::string& to) {
   return to_string(run.compare_set(key, to_bytes(from), to_bytes(to)));
@@ -49,6 +49,14 @@ bool round_accepts(Store& run, int rank) {
 
 void release_round_moves(Store& run, const std::vector<int>& ranks) {
   for (int r : ranks) cas(run, round_accepts_key(r), kClaimed, kAccepted);
+}
+
+bool commit_round_moves(Store& run, const std::vector<int>& ranks) {
+  bool all = true;
+  // Each one even after a failure: a worker still claimed is committed too (and stopped by gzrun
+  // with the others), so that none of them is left waiting for a release that never comes.
+  for (int r : ranks) all = cas(run, round_accepts_key(r), kClaimed, kMoving) == kMoving && all;
+  return all;
 }
 
 std::string round_move_key(int rank) { return "moved/" + std::to_string(rank); }
@@ -144,20 +152,42 @@ void RoundFollower::accept(bool on, Deadline deadline) {
   if (on) return announce(*run, rank);
   const std::string key = round_accepts_key(rank);
   auto pause = std::chrono::milliseconds(5);
-  // Claimed: gzrun is joining the next round with this worker in it. Its notice or its release
-  // decides; a worker that left silently would leave the new round waiting for it.
-  while (cas(*run, key, kAccepted, kWithdrawn) == kClaimed) {
-    if (std::optional<RoundMove> m = poll())
-      GZ_THROW(Error, "rank ", rank, " of run ", run_id(), ": gzrun moved this worker to round ", m->round,
-               " as rank ", m->rank, " of ", m->world_size, " (", m->why,
-               ") while it withdrew from moves; it cannot follow the move now and stops here");
-    if (deadline.expired())
-      GZ_THROW(TimeoutError, "rank ", rank, " of run ", run_id(),
-               ": gzrun claimed this worker for a move and ",
-               "neither moved nor released it (cannot withdraw from moves)");
+  // Claimed: gzrun is joining the next round with this worker in it. Its release, its commit
+  // ("moving": the notice follows) or this worker's deadline decides; at the deadline the
+  // withdrawal takes the key back from gzrun by compare-and-set, so exactly one side wins.
+  for (;;) {
+    // Withdrawn now or before; or never accepted (a missing key returns the expectation, "1").
+    const std::string now = cas(*run, key, kAccepted, kWithdrawn);
+    if (now == kMoving) throw moved_while_withdrawing(rank);
+    if (now != kClaimed) return;
+    if (deadline.expired()) {
+      const std::string taken = cas(*run, key, kClaimed, kWithdrawn);  // gzrun then finds "0"
+      if (taken == kMoving) throw moved_while_withdrawing(rank);
+      if (taken == kWithdrawn) return;
+      continue;  // released at this moment: withdraw as usual
+    }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
+}
+
+MovedError RoundFollower::moved_while_withdrawing(int rank) {
+  // gzrun writes the notice right after committing: a short wait shows where it moved this worker.
+  // The error stays a MovedError whatever the store answers meanwhile.
+  std::optional<RoundMove> m;
+  try {
+    for (Deadline d = Deadline::after(std::chrono::seconds(2)); !(m = poll()) && !d.expired();)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  } catch (const std::exception&) {
+    m.reset();
+  }
+  const std::string where = m ? " to round " + std::to_string(m->round) + " as rank " +
+                                    std::to_string(m->rank) + " of " + std::to_string(m->world_size) + " (" +
+                                    m->why + ")"
+                              : " to its next round";
+  return MovedError(
+      detail::concat("rank ", rank, " of run ", run_id(), ": gzrun moved this worker", where,
+                     " while it withdrew from moves; it cannot follow the move now and stops here"));
 }
 
 std::string round_accepts_key(int rank) { return kAcceptsPrefix + std::to_string(rank); }

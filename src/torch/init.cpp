@@ -22,8 +22,11 @@ namespace {
 
 constexpr const char* kGroupPrefix = "gz_default_group";  // the default group's keys in a run
 
-// The watcher's thread at exit without gz::shutdown(): stopped here, before the statics it could
-// reach are destroyed, and within a bound (a store that does not answer is left to the exit).
+// The watcher's thread at exit without gz::shutdown(): stopped here, within a bound (a store
+// that does not answer is left to the exit). std::atexit orders this handler only against the
+// statics built before it was registered (the first watch_moves(), in gz::init()): those, such
+// as pg_state(), are destroyed after it; a static first built later is destroyed before it, so
+// a thread left running past the bound must touch none of those (it touches its own state).
 void stop_watcher_at_exit() {
   std::shared_ptr<void> watcher;
   {

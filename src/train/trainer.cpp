@@ -583,6 +583,17 @@ void Trainer::train_epoch() {
   }
 }
 
+void withdraw_from_moves(const std::function<void()>& withdraw, int rank, bool rethrow) {
+  try {
+    withdraw();
+  } catch (const MovedError& e) {
+    if (rethrow) throw;
+    GZ_LOG(error, e.what());
+  } catch (const std::exception& e) {
+    GZ_LOG(warn, "rank ", rank, ": cannot withdraw from gzrun's moves: ", e.what());
+  }
+}
+
 std::map<std::string, double> Trainer::train() {
   setup();
   const FlagScope in_train(impl_->in_train);  // a save outside train() is on disk when it returns
@@ -590,21 +601,11 @@ std::map<std::string, double> Trainer::train() {
   // while train() can recover from it; before and after, it stops and restarts the workers.
   if (impl_->follows_moves) gz::accept_moves(true);
   bool accepting = impl_->follows_moves;
-  // A move that gzrun claimed this worker for as it withdrew fails train() on the normal path:
-  // exiting 0 would leave the new round waiting for it.
+  // Withdrawn however train() ends; a move committed meanwhile fails it on the normal path.
   auto withdraw = [this, &accepting](bool rethrow) {
     if (!accepting) return;
     accepting = false;
-    try {
-      gz::accept_moves(false);
-    } catch (const PeerError& e) {  // the store is gone: gzrun's moves fail the same way
-      GZ_LOG(warn, "rank ", rank_, ": cannot withdraw from gzrun's moves: ", e.what());
-    } catch (const TimeoutError& e) {
-      GZ_LOG(warn, "rank ", rank_, ": cannot withdraw from gzrun's moves: ", e.what());
-    } catch (const std::exception& e) {
-      if (rethrow) throw;
-      GZ_LOG(error, e.what());
-    }
+    withdraw_from_moves([] { gz::accept_moves(false); }, rank_, rethrow);
   };
   const AtExit moves_off([&withdraw] { withdraw(false); });
   // However train() ends, no copy reads the live state after it: the caller may change it.

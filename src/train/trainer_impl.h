@@ -22,6 +22,12 @@
 
 namespace gz::train {
 
+/// @brief train()'s withdrawal from gzrun's moves: calls `withdraw` (gz::accept_moves(false)).
+/// A gz::MovedError (gzrun committed this worker to a move: exiting 0 would leave the new round
+/// waiting for it) is rethrown when `rethrow`, else logged; any other failure (the store gone or
+/// closed after training, a timeout) is a warning: the end of a finished training still runs.
+void withdraw_from_moves(const std::function<void()>& withdraw, int rank, bool rethrow);
+
 // Sets a flag for a scope, however it ends (train()'s in_train, a recovery's recovering).
 struct FlagScope {
   explicit FlagScope(bool& f) : flag(f) { flag = true; }

@@ -275,6 +275,7 @@ class HookedStore : public Store {
     return v;
   }
   Bytes compare_set(const std::string& k, const Bytes& e, const Bytes& d) override {
+    ++cas_calls;
     std::this_thread::sleep_for(cas_delay);
     return base_->compare_set(k, e, d);
   }
@@ -285,6 +286,7 @@ class HookedStore : public Store {
   int64_t num_keys() override { return base_->num_keys(); }
   std::function<void(const std::string&)> after_add;
   Duration cas_delay{0};
+  std::atomic<int> cas_calls{0};
 
  private:
   std::shared_ptr<Store> base_;
@@ -295,7 +297,8 @@ class HookedStore : public Store {
 // the generation abandoned as it leaves, so that rank 1 waits for its move instead of building
 // generation 1's communicator with a rank that never comes (until the 5 s timeout). Mutation
 // check: await_members leaving on a move without settling the generation's fate, and taking a
-// complete generation as formed (as before), fails rank 1's rejoin at that timeout.
+// complete generation as formed (as before), fails rank 1's rejoin at that timeout; asking the
+// fate again on every poll once it is known abandoned fails the count of rank 1's settles.
 TEST(Generations, ARankThatLeavesACompleteGenerationAbandonsIt) {
   auto base = std::make_shared<MemStore>();
   auto run_store = [&](const std::string& run) {
@@ -328,8 +331,11 @@ TEST(Generations, ARankThatLeavesACompleteGenerationAbandonsIt) {
     comm::CommPtr c = gens.join();
     if (rank == 0) std::this_thread::sleep_for(200ms);  // rank 1 waits in generation 1 first
     const auto t0 = std::chrono::steady_clock::now();
+    const int cas_before = hooked->cas_calls;
     c = gens.rejoin(c, "a peer was lost");
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+    // Rank 1 settles generation 1 once (finding it abandoned), then only awaits its move.
+    if (rank == 1) EXPECT_LE(hooked->cas_calls - cas_before, 1) << "asked the known fate again";
     EXPECT_EQ(gens.generation(), 0) << "not in the new run's group";
     EXPECT_EQ(sum_of_ranks(*c), 3.f);
   });
@@ -361,8 +367,9 @@ TEST(Generations, BadOptionsAreRefused) {
 
 // gzrun's claim on a worker's accepts key against the worker's withdrawal, over a real TcpStore:
 // claims are all or none; a claimed worker's withdrawal waits, goes through once gzrun releases
-// it and fails naming the move once gzrun writes it. Mutation check: a withdrawal that ignores
-// the claim (a plain delete or set, as before) returns at once: "withdrew while claimed".
+// it and fails (gz::MovedError) naming the move once gzrun commits and writes it. Mutation check: a
+// withdrawal that ignores the claim (a plain delete or set, as before) returns at once: "withdrew while
+// claimed".
 TEST(RoundMove, AWorkerClaimedForAMoveDoesNotWithdrawSilently) {
   TcpStoreServer server(TcpStoreServerOptions{});
   auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", server.port()); };
@@ -402,9 +409,44 @@ TEST(RoundMove, AWorkerClaimedForAMoveDoesNotWithdrawSilently) {
   t1.join();
   EXPECT_EQ(error1, "");
   EXPECT_FALSE(claim_round_moves(run, {1})) << "rank 1 withdrew: no claim";
+  ASSERT_TRUE(commit_round_moves(run, {0}));
   run.set(round_move_key(0), to_bytes(encode_round_move({1, "job-1", 2, 4, 1, 2, "node 2 admitted"})));
   t0.join();
   EXPECT_NE(error0.find("moved this worker to round 1 as rank 2 of 4"), std::string::npos) << error0;
+  EXPECT_THROW(f0.accept(false, Deadline::after(10s)), MovedError) << "a committed worker withdrew";
+}
+
+// gzrun holds its claim longer than the worker's deadline (its next-round rendezvous): at the
+// deadline the worker takes the key back and returns withdrawn, and gzrun's commit then fails
+// (it stops the node's workers instead of writing notices). Had gzrun committed first, the
+// worker's withdrawal fails with gz::MovedError at once, whatever its deadline. Mutation checks:
+// the deadline throwing gz::TimeoutError (as before) fails "withdrew at its deadline"; a commit
+// that sets "moving" without compare-and-set succeeds over the withdrawal.
+TEST(RoundMove, AtItsDeadlineAClaimedWorkerWithdrawsUnlessGzrunCommittedFirst) {
+  TcpStoreServer server(TcpStoreServerOptions{});
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", server.port()); };
+  PrefixStore run(run_prefix("job-0"), client());  // gzrun's
+  WorldInfo w0, w1;
+  w1.rank = 1;
+  w0.world_size = w1.world_size = 2;
+  RoundFollower f0(client(), "job-0", w0), f1(client(), "job-0", w1);
+  f0.accept(true, Deadline::after(10s));
+  f1.accept(true, Deadline::after(10s));
+  ASSERT_TRUE(claim_round_moves(run, {0, 1}));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW(f0.accept(false, Deadline::after(300ms))) << "withdrew at its deadline";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_FALSE(commit_round_moves(run, {0, 1})) << "committed a worker that withdrew";
+  EXPECT_FALSE(claim_round_moves(run, {0})) << "rank 0 withdrew: no claim";
+  const auto t1 = std::chrono::steady_clock::now();
+  try {
+    f1.accept(false, Deadline::after(100ms));  // committed above with rank 0: no notice comes
+    ADD_FAILURE() << "rank 1 withdrew although gzrun committed it to a move";
+  } catch (const MovedError& e) {
+    EXPECT_NE(std::string(e.what()).find("moved this worker to its next round"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 5s);
 }
 
 // After a move the flight recorder's dumps and ready file go where gzrun looks for the new
@@ -503,8 +545,9 @@ TEST(MoveWatcher, ExitHelper) {
   std::exit(0);
 }
 
-// Mutation check: a stop that joins the thread unconditionally (as the watcher's destructor
-// did) waits for the store: the bound is missed, and the exiting helper is killed at 10 s.
+// Mutation checks: a stop that joins the thread unconditionally (as the watcher's destructor
+// did) waits for the store: the bound is missed, and the exiting helper is killed at 10 s; a
+// stop that does not remember an earlier one (no `released` flag) waits its bound again.
 TEST(MoveWatcher, StopsWithinItsBoundAndAtExitWhileTheStoreHangs) {
   const char* argv[] = {"test_generations", "--gtest_filter=MoveWatcher.ExitHelper", nullptr};
   std::vector<char*> env;
@@ -532,7 +575,11 @@ TEST(MoveWatcher, StopsWithinItsBoundAndAtExitWhileTheStoreHangs) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(w->stop(100ms));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  // A second stop (the destructor after gz's stop at exit) does not wait its bound again.
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(w->stop(5s));
   w.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 500ms) << "a stopped watcher waited again";
   EXPECT_FALSE(group->aborted());
   store->release();
   std::this_thread::sleep_for(50ms);  // the thread left alone ends

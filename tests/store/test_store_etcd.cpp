@@ -231,8 +231,6 @@ TEST(EtcdStore, CompareSetOverOrphanChangeRecordsEnds) {
   EXPECT_EQ(text_of(s.get("key", Deadline::after(2s))), "mine");
 }
 
-// delete_key says whether the key was there, whatever made it (set, add, append, changes
-// folded in or not), as the other stores do.
 // What gzrun's in-place moves need of the store, over etcd: meet() (one append per rank) and the
 // claim on a worker's accepts key (compare-and-set, a missing key returning the expectation).
 TEST(EtcdStore, MeetingsAndMoveClaimsWork) {
@@ -261,8 +259,14 @@ TEST(EtcdStore, MeetingsAndMoveClaimsWork) {
   release_round_moves(run, {0});
   f.accept(false, Deadline::after(10s));  // released: withdraws at once
   EXPECT_FALSE(claim_round_moves(run, {0})) << "claimed a worker that withdrew";
+  f.accept(true, Deadline::after(10s));
+  ASSERT_TRUE(claim_round_moves(run, {0}));
+  f.accept(false, Deadline::after(200ms));  // claimed past its deadline: takes the key back
+  EXPECT_FALSE(commit_round_moves(run, {0})) << "committed a worker that withdrew at its deadline";
 }
 
+// delete_key says whether the key was there, whatever made it (set, add, append, changes
+// folded in or not), as the other stores do.
 TEST(EtcdStore, DeleteKeyTellsWhetherTheKeyWasThere) {
   auto o = test::shared_etcd().client_options();
   EtcdStore a(o), b(o);

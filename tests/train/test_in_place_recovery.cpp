@@ -26,6 +26,7 @@
 #include "gz/train/trainer.h"
 #include "support/run_ranks.h"
 #include "support/tiny_net.h"
+#include "train/trainer_impl.h"
 
 namespace test_in_place_recovery {
 
@@ -647,6 +648,21 @@ TEST(InPlaceRecovery, AConfigWithoutSnapshotsIsRefusedClearly) {
   TrainConfig c = config(tmp.path);
   c.snapshot_every = 0;
   expect_refused(c, "snapshot_every");
+}
+
+// train()'s withdrawal from gzrun's moves once training is done: only gz::MovedError (the worker
+// was moved and must fail) goes through; a store closed after training or a timeout is a warning,
+// so the end's callbacks and last writes still run. Mutation check: rethrowing every gz::Error
+// that is not a PeerError or TimeoutError (as before) throws the store's gz::Error here.
+TEST(InPlaceRecovery, OnlyAMoveFailsTheWithdrawalFromMovesAfterTraining) {
+  auto throwing = [](auto e) { return [e] { throw e; }; };
+  EXPECT_NO_THROW(
+      withdraw_from_moves(throwing(gz::Error("tcp store: the server closed the connection")), 0, true));
+  EXPECT_NO_THROW(withdraw_from_moves(throwing(gz::InvalidArgument("bad")), 0, true));
+  EXPECT_NO_THROW(withdraw_from_moves(throwing(gz::TimeoutError("slow")), 0, true));
+  EXPECT_NO_THROW(withdraw_from_moves(throwing(gz::PeerError("gone")), 0, true));
+  EXPECT_THROW(withdraw_from_moves(throwing(gz::MovedError("moved")), 0, true), gz::MovedError);
+  EXPECT_NO_THROW(withdraw_from_moves(throwing(gz::MovedError("moved")), 0, false));  // unwinding
 }
 
 }  // namespace test_in_place_recovery

@@ -305,6 +305,36 @@ bool Supervisor::claim_moves(const RoundInfo& round, const std::vector<int>& ran
   return false;
 }
 
+bool Supervisor::commit_moves(const RoundInfo& round, const std::vector<int>& ranks) {
+  // A few tries, each a fresh client, as tell_moves: a commit found done already counts as done.
+  bool all = false;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      PrefixStore run(run_prefix(round.run_id), c_.store_client());
+      all = commit_round_moves(run, ranks);
+      break;
+    } catch (const std::exception&) {
+      if (attempt >= 3) throw;
+    }
+  }
+  if (all) return true;
+  say("a local worker withdrew from moves (its training ended) while this node joined the next round: "
+      "stopping the local workers instead of moving them");
+  return false;
+}
+
+void Supervisor::stop_in_joined_round() {
+  // This node is in the new round but brings no worker: the job's failure in that round sends
+  // every node on to the next one (the other nodes' moved workers are moved again or stopped),
+  // and this node's workers restart there, as after a failed claim.
+  const std::string what =
+      "its workers withdrew from moves while it joined round " + std::to_string(round_.round);
+  publish_local(static_cast<int>(JobFailure::Kind::worker), what);
+  if (failure_.empty()) failure_ = "node " + std::to_string(round_.node_rank) + ": " + what;
+  collect_for_verdict();
+  if (!stopping_ && !all_reaped()) begin_stop(SIGTERM);
+}
+
 void Supervisor::release_moves(const RoundInfo& round, const std::vector<int>& ranks) {
   try {
     PrefixStore run(run_prefix(round.run_id), c_.store_client());
@@ -335,11 +365,15 @@ void Supervisor::move_in_place() {
     if (w.alive) live.push_back(w.rank);
   if (!claim_moves(old, live)) return stop_for(jf);
   RoundInfo next;
+  bool committed = false;
   try {
     c_.monitor->end_round();
     next = c_.begin_round(c_.next_round(old, jf), [this] { return poll_interrupt(); });
     if (next.job_done) GZ_THROW(Error, "the job ended while this node joined round ", old.round + 1);
-    tell_moves(old, next, jf.text);
+    // The claims become final ("moving") only now: a worker that withdrew at its deadline while
+    // this node joined the round makes this fail, and no notice is written for anyone.
+    committed = commit_moves(old, live);
+    if (committed) tell_moves(old, next, jf.text);
   } catch (const std::exception& e) {
     release_moves(old, live);
     fatal_ = std::string("cannot move the workers to the next round in place: ") + e.what();
@@ -351,6 +385,7 @@ void Supervisor::move_in_place() {
   job_failure_seen_ = false;
   c_.monitor->start_round(next.round, next.node_rank, next.nnodes);
   enter_round();
+  if (!committed) return stop_in_joined_round();
   std::map<int, int> moved;
   for (Worker& w : workers_) {
     const int rank = rank_of(next.node_rank, w.local_rank);

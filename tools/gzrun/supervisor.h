@@ -151,6 +151,12 @@ class Supervisor {
   bool claim_moves(const RoundInfo& round, const std::vector<int>& ranks);
   /// @brief Give the claims back (the move failed); best effort.
   void release_moves(const RoundInfo& round, const std::vector<int>& ranks);
+  /// @brief Make the claims of `ranks` final right before the notices (commit_round_moves): false
+  /// when a worker withdrew at its deadline meanwhile. Store failures throw.
+  bool commit_moves(const RoundInfo& round, const std::vector<int>& ranks);
+  /// @brief After a failed commit, in the round this node joined: report the failure job-wide
+  /// and stop the local workers (the restart path).
+  void stop_in_joined_round();
   /// @brief Write each live worker its place in `next` among `old`'s run keys (RoundMove).
   void tell_moves(const RoundInfo& old, const RoundInfo& next, const std::string& why);
   /// @brief Whether a worker of this round exited 0 (the job is ending).

@@ -25,6 +25,7 @@ class MoveWatcher {
   MoveWatcher& operator=(const MoveWatcher&) = delete;
   /// @brief Ends the polling: waits at most `bound` for a poll in flight (a store that does not
   /// answer), then leaves the thread to end alone. True when the thread ended within the bound.
+  /// A later stop() returns at once (what the first one found).
   bool stop(Duration bound);
 
   struct State;

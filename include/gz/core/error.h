@@ -53,6 +53,14 @@ class Aborted : public Error {
   using Error::Error;
 };
 
+/// @brief gzrun moved this worker to a new round (an elastic job's node lost or admitted) when it
+/// could not follow the move: it withdrew from moves (RoundFollower::accept(false)) after gzrun
+/// had committed to the move. Never an end of the job: the new round waits for this worker.
+class MovedError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// @brief Operating-system failure (socket, file, shared memory) with errno text.
 class SystemError : public Error {
  public:

@@ -44,7 +44,12 @@ bool can_regroup();
 /// and world size now, when gzrun moves the job to a new round (a node lost or admitted) and
 /// regroup() returns a group of another shape. gzrun moves a node's workers only while each of
 /// them said yes, and stops and restarts them otherwise. The Trainer says yes while it trains.
-/// Returns false (and does nothing) when the default group does not follow moves.
+/// accept_moves(false) blocks while gzrun holds a claim on this worker (it is joining the next
+/// round with it), at most ProcessGroupOptions::timeout (GZ_TIMEOUT_S): it returns once gzrun
+/// released the claim, or at that deadline, having taken it back (gzrun then restarts the
+/// workers instead); it throws gz::MovedError when gzrun committed the move first (this worker
+/// must fail, not exit as if the job had ended), and the store's errors (gz::Error) when the
+/// store fails. Returns false (and does nothing) when the default group does not follow moves.
 bool accept_moves(bool on);
 /// @brief Drop the default group and the rendezvous store. Safe to call when not initialized.
 void shutdown();

@@ -15,6 +15,8 @@ from .optimizer import _rebuild_cores
 ATTEMPTS = 5
 
 HorovodInternalError = _C.HorovodInternalError
+# gzrun moved this rank as it withdrew from moves (accept_moves(False)): it must fail, not end.
+MovedError = _C.MovedError
 
 
 def enabled():
@@ -50,5 +52,7 @@ def regroup(why):
 def accept_moves(on):
     """Tell gzrun whether this rank adopts a new rank and size now (an elastic job's node lost or
     admitted): gzrun moves a node's workers in place only while each of them said yes, and stops
-    and restarts them otherwise. hvd.elastic.run says yes while it runs."""
+    and restarts them otherwise. hvd.elastic.run says yes while it runs. accept_moves(False) may
+    wait up to the group's timeout for gzrun's claim on this rank, and raises MovedError when
+    gzrun moved the rank meanwhile."""
     return _C.hvd_accept_moves(on)

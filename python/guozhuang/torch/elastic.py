@@ -31,6 +31,7 @@ import copy
 import io
 import os
 import stat
+import sys
 import time
 
 import torch
@@ -340,6 +341,18 @@ def _round():
         return 0
 
 
+def _withdraw_from_moves():
+    """Say no to gzrun's moves as elastic.run ends. A MovedError (gzrun moved this rank meanwhile:
+    exiting as if the job had ended would leave the new round waiting for it) goes through; any
+    other failure (the store gone after training, a timeout) is a warning."""
+    try:
+        _in_place.accept_moves(False)
+    except _in_place.MovedError:
+        raise
+    except RuntimeError as e:
+        print(f"guozhuang elastic: cannot withdraw from gzrun's moves: {e}", file=sys.stderr, flush=True)
+
+
 def run(func):
     """Decorator: ``func(state, ...)`` runs after the newest committed state (if any) was restored
     and synced to every rank; when it returns, this rank's committed files are removed. Under
@@ -366,13 +379,7 @@ def run(func):
                     why = str(e)
         finally:
             if _in_place.enabled():
-                try:
-                    _in_place.accept_moves(False)
-                except RuntimeError as e:
-                    # gzrun claimed this rank for a move as it withdrew: exiting as if the job had
-                    # ended would leave the new round waiting for it. Otherwise the store is gone.
-                    if "while it withdrew from moves" in str(e):
-                        raise
+                _withdraw_from_moves()
         state._finish()
         return result
 
