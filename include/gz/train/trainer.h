@@ -160,6 +160,9 @@ class Trainer {
   /// first launch's global batch (0 = this is it). Called by setup() and after a resume.
   void plan_steps(int64_t reference);
   void maybe_resume();
+  // resume_from_checkpoint: auto: the checkpoint rank 0 chose, opened on every rank (collective;
+  // every rank throws when one cannot); none (on every rank) when there is none.
+  std::optional<CheckpointInfo> open_auto_checkpoint(torch::serialize::InputArchive& archive);
   // The rest of the current epoch (or up to total_steps), on the current world.
   void train_epoch();
   // In-place recovery (src/train/recovery/in_place_recovery.cpp): false when `error` is not a
