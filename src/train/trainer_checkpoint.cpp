@@ -298,13 +298,53 @@ void Trainer::apply_state(torch::serialize::InputArchive& root, const Checkpoint
              state_.total_steps, " steps");
 }
 
+// resume_from_checkpoint: auto without a snapshot: the checkpoint rank 0 chooses, opened on every
+// rank; none when the folder holds none.
+std::optional<CheckpointInfo> Trainer::open_auto_checkpoint(torch::serialize::InputArchive& archive) {
+  // Every rank must end up at the same step, or they issue different collectives and hang. So
+  // rank 0 alone lists the folder (other nodes may see a stale or different one) and decides.
+  constexpr int64_t kNone = -1, kRankZeroFailed = -2;
+  std::optional<CheckpointInfo> info;
+  std::exception_ptr error;
+  int64_t step = kNone;
+  if (is_main()) {
+    try {
+      impl_->checkpoints->remove_temp_dirs();
+      info = impl_->checkpoints->open_latest(archive);
+      if (info) step = info->step;
+    } catch (...) {
+      step = kRankZeroFailed;
+      error = std::current_exception();
+    }
+  }
+  step = broadcast_value(step);
+  if (step == kRankZeroFailed)
+    agree(error, "resume_from_checkpoint: auto (choosing a checkpoint)");  // throws
+  if (step == kNone) {
+    if (is_main())
+      GZ_LOG(info, "resume_from_checkpoint: auto found no checkpoint in ", impl_->checkpoints->root(),
+             "; starting fresh");
+    return std::nullopt;
+  }
+  if (!is_main()) {
+    try {
+      info = impl_->checkpoints->find(step);
+      if (!info)
+        GZ_THROW(Error, "rank ", rank_, ": checkpoint of step ", step, " (chosen by rank 0) is not in ",
+                 impl_->checkpoints->root(), " on this rank; every node must see the same checkpoint folder");
+      info = CheckpointManager::open(info->dir, archive);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  agree(error, detail::concat("loading the checkpoint of step ", step));
+  return info;
+}
+
 void Trainer::maybe_resume() {
   const std::string& r = config_.resume_from_checkpoint;
   impl_->resumed_nothing = r.empty();
   if (r.empty()) return;
-  // Every rank must end up at the same step, or they issue different collectives and hang. So
-  // rank 0 alone lists the folder (other nodes may see a stale or different one) and decides.
-  constexpr int64_t kNone = -1, kRankZeroFailed = -2;
   torch::serialize::InputArchive archive;
   std::optional<CheckpointInfo> info;
   std::exception_ptr error;
@@ -314,40 +354,11 @@ void Trainer::maybe_resume() {
     return;
   }
   if (r == "auto") {
-    int64_t step = kNone;
-    if (is_main()) {
-      try {
-        impl_->checkpoints->remove_temp_dirs();
-        info = impl_->checkpoints->open_latest(archive);
-        if (info) step = info->step;
-      } catch (...) {
-        step = kRankZeroFailed;
-        error = std::current_exception();
-      }
-    }
-    step = broadcast_value(step);
-    if (step == kRankZeroFailed)
-      agree(error, "resume_from_checkpoint: auto (choosing a checkpoint)");  // throws
-    if (step == kNone) {
-      if (is_main())
-        GZ_LOG(info, "resume_from_checkpoint: auto found no checkpoint in ", impl_->checkpoints->root(),
-               "; starting fresh");
+    info = open_auto_checkpoint(archive);
+    if (!info) {
       impl_->resumed_nothing = true;
       return;
     }
-    if (!is_main()) {
-      try {
-        info = impl_->checkpoints->find(step);
-        if (!info)
-          GZ_THROW(Error, "rank ", rank_, ": checkpoint of step ", step, " (chosen by rank 0) is not in ",
-                   impl_->checkpoints->root(),
-                   " on this rank; every node must see the same checkpoint folder");
-        info = CheckpointManager::open(info->dir, archive);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    agree(error, detail::concat("loading the checkpoint of step ", step));
     path = info->dir;
   } else {
     try {

@@ -68,9 +68,10 @@ class Trainer {
   /// replacements of the lost processes; or another rank and size, which this rank adopts),
   /// rebuilds the mode's strategy, restores the newest in-memory snapshot every rank can reach,
   /// as a replacement's train() does, and goes on. At zero_stage > 0 the shard snapshots' buddies
-  /// and exchange group are rebuilt from the new group; on another world size the old world's
-  /// shards are restored resharded. A survivor that finds nothing to restore stops (gz::Error: the
-  /// job must restart) rather than go on from its live state.
+  /// and exchange group are rebuilt from the new group, and the newest snapshot whose every shard
+  /// some rank's folder holds is restored, whatever world size wrote it (another's resharded; the
+  /// files of other world sizes are removed after the restore). A survivor that finds nothing to
+  /// restore stops (gz::Error: the job must restart) rather than go on from its live state.
   /// Needs snapshot_every > 0, resume_from_checkpoint: auto and a launcher's run id
   /// (gz::InvalidArgument from train() otherwise). Under gzrun --recovery in-place (GZ_RECOVERY=
   /// in_place) a Trainer on gz's default group uses gz::regroup() unless this was called, and
@@ -160,6 +161,9 @@ class Trainer {
   /// first launch's global batch (0 = this is it). Called by setup() and after a resume.
   void plan_steps(int64_t reference);
   void maybe_resume();
+  // resume_from_checkpoint: auto: the checkpoint rank 0 chose, opened on every rank (collective;
+  // every rank throws when one cannot); none (on every rank) when there is none.
+  std::optional<CheckpointInfo> open_auto_checkpoint(torch::serialize::InputArchive& archive);
   // The rest of the current epoch (or up to total_steps), on the current world.
   void train_epoch();
   // In-place recovery (src/train/recovery/in_place_recovery.cpp): false when `error` is not a
@@ -217,26 +221,34 @@ class Trainer {
   // The exchange itself (on the exchange group's progress thread): `payload` to this rank's
   // writer and to the buddy, the buddy's shard back to the other writer.
   static void exchange_shard_snapshot(Impl& im, const SnapshotHeader& h, int rank, std::string payload);
+  // Collective: chooses (choose_shard_snapshot), restores and then removes the files of other
+  // world sizes (remove_other_worlds_shards); false: the disk checkpoint.
   bool restore_shard_snapshot();
+  // Collective: the snapshot of `step` written by holder.size() ranks, holder[q] sending old rank
+  // q's shard when it is not this world's; false when the disk checkpoint is newer or a read failed.
+  bool restore_shard_snapshot(int64_t step, const std::vector<int>& holder);
   // Reads (or receives from its buddy) this rank's shard snapshot of `step`; nullopt on every
   // rank when any rank could not read its part.
   std::optional<std::string> fetch_shard_snapshot(int64_t step, const std::vector<int64_t>& own_ranks);
   void apply_shard_snapshot(const std::string& payload, int64_t step);
-  // A world of another size (after a node's loss, or a restart on fewer or more ranks): the
-  // newest step whose every old rank's shard some rank's folder holds, each old shard sent by one
-  // of its holders to every rank, and loaded resharded; false (the disk checkpoint) otherwise.
-  bool restore_resharded_snapshot();
-  // Collective: `step`, then holder[q] (world_: none) of each old rank q's shard of it, for the
-  // newest step of world `old_world` that every old shard has a holder of; -1: none.
-  int64_t choose_resharded_step(int old_world, std::vector<int>& holder);
+  // Collective: the newest step, of any world size W, whose every shard (of the W ranks that
+  // wrote it) some rank's folder holds, and holder[q] (size W) the lowest such rank of old rank
+  // q's shard; -1 (a warning when snapshots were found) otherwise. A snapshot of another world
+  // (after a node's loss, or a restart on fewer or more ranks) is restored resharded: each old
+  // shard sent by its holder to every rank (gather_old_shards).
+  int64_t choose_shard_snapshot(std::vector<int>& holder);
+  // Collective: the same-world path for `step`; nullopt (on every rank) when some shard is on no
+  // node its rank or its buddy reads (then the resharding path restores it), false when a read
+  // failed; `from_own`: the shards read on their rank's node.
+  std::optional<bool> restore_same_world_snapshot(int64_t step, int& from_own);
   // Every old rank's payload (the rest, its shard) from its holder; nullopt on every rank when a
   // holder could not read one.
   std::optional<std::vector<std::string>> gather_old_shards(int64_t step, const std::vector<int>& holder);
   void apply_resharded_snapshot(std::vector<std::string>& payloads, int64_t step);
   // Shard snapshots of old rank q at shards[q] (any world size) loaded into this world's shards.
   void load_shard_snapshots(const std::vector<std::string>& shards, const std::string& where, int64_t step);
-  // Local rank 0: removes its folder's shard files of ranks this world no longer has.
-  void remove_lost_ranks_shards();
+  // Local rank 0: removes its folder's shard files of this run written by a world of another size.
+  void remove_other_worlds_shards();
   // Wait for the background copies of the live state (StateCapture::capture_deferred) still
   // running: before anything changes parameters or optimizer state. Adds the wait to the
   // checkpoints' or snapshots' time on the training thread.

@@ -192,15 +192,19 @@ void Trainer::start_shard_snapshots(const std::string& dir, uint64_t run) {
     GZ_LOG(warn, "rank ", rank_, ": removed ", n, " snapshot file(s) of another run from ", dir);
 }
 
-// After the restore (which may reshard them): a smaller world (an elastic round, a node lost in
-// place) never restores the shards of the ranks it no longer has again; the node's memory is
-// freed now rather than when the run ends.
-void Trainer::remove_lost_ranks_shards() {
+// After the restore (which may reshard them): this world never restores another world's shards
+// again (its own snapshots are newer from its first one on; a later world of another size finds
+// this world's), neither the ranks it no longer has (an elastic round, a node lost in place) nor
+// those whose rank numbers it reuses (a middle node lost: the survivors renumbered), which no
+// store of this world would prune; the node's memory is freed now rather than when the run ends.
+// (A crash before this world's first snapshot then finds none: the disk checkpoint.)
+void Trainer::remove_other_worlds_shards() {
   auto& im = *impl_;
   if (!im.snapshots || rank_ % std::max(1, im.shard_per_node) != 0) return;
-  if (const int n = im.snapshots->remove_ranks_from(world_); n > 0)
-    GZ_LOG(info, "rank ", rank_, ": removed ", n, " shard snapshot file(s) of ranks ", world_,
-           " and above (this run has ", world_, ") from ", im.snapshots->dir());
+  if (const int n = im.snapshots->remove_other_worlds(world_); n > 0)
+    GZ_LOG(info, "rank ", rank_, ": removed ", n,
+           " shard snapshot file(s) of other world sizes (this run has ", world_, " ranks) from ",
+           im.snapshots->dir());
 }
 
 // Before an in-place recovery's regroup: the exchange group is aborted (an exchange with a lost
@@ -304,52 +308,6 @@ void Trainer::wait_shard_exchange() {
   work->wait();           // its failure: a peer lost while sending
 }
 
-bool Trainer::restore_shard_snapshot() {
-  Stopwatch clock;
-  auto& im = *impl_;
-  ShardTable table(world_);
-  table.list(im.snapshots.get(), rank_, ShardTable::kOwn, world_);
-  table.list(im.held_snapshots.get(), im.buddy_from, ShardTable::kBuddy, world_);
-  table.merge(group_);
-  const std::vector<int64_t> steps = table.steps();
-  if (steps.empty()) return restore_resharded_snapshot();  // none of this world size
-  // The newest step every rank's shard of which some node holds (its own, or its buddy's).
-  auto complete =
-      std::find_if(steps.begin(), steps.end(), [&](int64_t s) { return table.missing(s).empty(); });
-  if (complete != steps.begin() && is_main()) {
-    std::string ranks;
-    for (int q : table.missing(steps.front())) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-    GZ_LOG(warn, "the zero_stage ", config_.zero_stage, " snapshot of step ", steps.front(),
-           " lacks the shard of rank(s) ", ranks, " (neither its node nor its buddy's holds it)",
-           complete == steps.end() ? std::string(": using the disk checkpoint")
-                                   : detail::concat(": restoring step ", *complete));
-  }
-  if (complete == steps.end()) return false;
-  const int64_t step = *complete;
-  int64_t disk = -1;
-  if (is_main())
-    if (auto latest = im.checkpoints->latest()) disk = latest->step;
-  disk = broadcast_value(disk);
-  if (disk > step) {
-    if (is_main())
-      GZ_LOG(info, "the disk checkpoint of step ", disk, " is newer than the snapshot of step ", step);
-    return false;
-  }
-  std::vector<int64_t> own(static_cast<size_t>(world_));
-  for (int q = 0; q < world_; ++q)
-    own[static_cast<size_t>(q)] = table.holds(q, ShardTable::kOwn, step) ? 1 : 0;
-  auto payload = fetch_shard_snapshot(step, own);
-  if (!payload) return false;
-  apply_shard_snapshot(*payload, step);
-  if (is_main()) {
-    const auto sent = world_ - std::accumulate(own.begin(), own.end(), int64_t{0});
-    GZ_LOG(info, "restored the zero_stage ", config_.zero_stage, " snapshot of step ", step, " in ",
-           clock.seconds(), " s: ", world_ - sent, " of ", world_, " shard(s) from their rank's node, ", sent,
-           " sent by their buddy; disk checkpoint: ", disk < 0 ? std::string("none") : std::to_string(disk));
-  }
-  return true;
-}
-
 std::optional<std::string> Trainer::fetch_shard_snapshot(int64_t step,
                                                          const std::vector<int64_t>& own_ranks) {
   auto& im = *impl_;
@@ -410,15 +368,17 @@ void Trainer::apply_shard_snapshot(const std::string& payload, int64_t step) {
   load_shard_bytes(parts.second, name, step);  // collective: every rank installs or none does
 }
 
-// Resharding: the snapshots were written by a world of another size W (a node lost in place, a
-// restart on fewer or more ranks). Every old rank q's shard (its payload: the rest, its blocks) is
-// read by one rank whose folder holds it (q's own node's or its buddy's) and broadcast in chunks
-// to every rank; each rank then loads the blocks of its new layout from the old blocks that
-// overlap them (the sharded checkpoint's resharding loader, zero::load_shard_snapshots_collective)
-// and the rest from old rank 0's payload (re-planned for this world as a disk checkpoint is).
-// Memory: transiently every rank holds every old shard's bytes, i.e. the whole parameter and
-// optimizer state once per rank (ranks per node times per node), plus the parsed old shards its
-// blocks overlap; freed once loaded.
+// The restore: one choice over every shard file of this run (of any world size), then the
+// same-world path (each shard to its own rank, point-to-point, from its node or its buddy) or the
+// resharding one. Resharding: the snapshots were written by a world of another size W (a node
+// lost in place, a restart on fewer or more ranks). Every old rank q's shard (its payload: the
+// rest, its blocks) is read by one rank whose folder holds it (q's own node's or its buddy's) and
+// broadcast in chunks to every rank; each rank then loads the blocks of its new layout from the
+// old blocks that overlap them (the sharded checkpoint's resharding loader,
+// zero::load_shard_snapshots_collective) and the rest from old rank 0's payload (re-planned for
+// this world as a disk checkpoint is). Memory: transiently every rank holds every old shard's
+// bytes, i.e. the whole parameter and optimizer state once per rank (ranks per node times per
+// node), plus the parsed old shards its blocks overlap; freed once loaded.
 
 namespace {
 
@@ -429,67 +389,83 @@ void allreduce_max(std::vector<double>& v, const comm::CommPtr& group, int world
   gz::allreduce(t, comm::ReduceOp::max, group);
 }
 
-// Steps tried, newest first, before the disk checkpoint is used (two generations per store).
-constexpr int kReshardTries = 2 * kShardGenerations;
+// Snapshots (a step and the world that wrote it) tried, newest first, before the disk checkpoint
+// is used: two generations per store, of up to two world sizes (the last one's and this one's).
+constexpr int kRestoreTries = 4 * kShardGenerations;
+// A snapshot's key, all-reduced as one double: (step + 1) * kWorldKey + world (exact below 2^53).
+constexpr int64_t kWorldKey = int64_t{1} << 20;
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int q : ranks) out += (out.empty() ? "" : ", ") + std::to_string(q);
+  return out;
+}
 
 }  // namespace
 
-int64_t Trainer::choose_resharded_step(int old_world, std::vector<int>& holder) {
+int64_t Trainer::choose_shard_snapshot(std::vector<int>& holder) {
   auto& im = *impl_;
   const auto files = im.snapshots ? im.snapshots->shard_headers() : std::vector<SnapshotHeader>{};
   const uint64_t fingerprint = snapshot_fingerprint();
-  auto of_world = [&](const SnapshotHeader& h) {
-    return h.world == old_world && h.rank < old_world && h.fingerprint == fingerprint;
+  auto usable = [&](const SnapshotHeader& h) {
+    return h.world > 0 && h.world < kWorldKey && h.rank < h.world && h.fingerprint == fingerprint;
   };
-  int64_t bound = std::numeric_limits<int64_t>::max(), newest = -1;
+  auto key = [](const SnapshotHeader& h) { return static_cast<double>((h.step + 1) * kWorldKey + h.world); };
+  double bound = std::numeric_limits<double>::infinity();
+  int64_t newest = -1;
+  int newest_world = 0;
   std::vector<int> lacking;
-  for (int tries = 0; tries < kReshardTries; ++tries) {
-    std::vector<double> v{0.0};  // the newest step below `bound` any rank holds a shard of (+1)
+  for (int tries = 0; tries < kRestoreTries; ++tries) {
+    std::vector<double> v{0.0};  // the newest snapshot below `bound` any rank holds a shard of
     for (const auto& h : files)
-      if (of_world(h) && h.step < bound) v[0] = std::max(v[0], static_cast<double>(h.step + 1));
+      if (usable(h) && key(h) < bound) v[0] = std::max(v[0], key(h));
     allreduce_max(v, group_, world_);
-    const int64_t step = static_cast<int64_t>(v[0]) - 1;
-    if (step < 0) break;
-    // Each old shard's holder: the lowest rank whose folder holds it (-rank, maxed).
-    std::vector<double> who(static_cast<size_t>(old_world), -static_cast<double>(world_));
+    if (v[0] <= 0) break;
+    const auto k = static_cast<int64_t>(v[0]);
+    const int64_t step = k / kWorldKey - 1;
+    const int world = static_cast<int>(k % kWorldKey);
+    // Each of its shards' holder: the lowest rank whose folder holds it (-rank, maxed).
+    std::vector<double> who(static_cast<size_t>(world), -static_cast<double>(world_));
     for (const auto& h : files)
-      if (of_world(h) && h.step == step) who[static_cast<size_t>(h.rank)] = -static_cast<double>(rank_);
+      if (usable(h) && h.step == step && h.world == world)
+        who[static_cast<size_t>(h.rank)] = -static_cast<double>(rank_);
     allreduce_max(who, group_, world_);
-    holder.assign(static_cast<size_t>(old_world), world_);
+    holder.assign(static_cast<size_t>(world), world_);
     std::vector<int> missing;
-    for (int q = 0; q < old_world; ++q)
+    for (int q = 0; q < world; ++q)
       if ((holder[static_cast<size_t>(q)] = -static_cast<int>(who[static_cast<size_t>(q)])) == world_)
         missing.push_back(q);
-    if (newest < 0) newest = step, lacking = missing;
+    if (missing.empty() && newest >= 0 && is_main())
+      GZ_LOG(warn, "the zero_stage ", config_.zero_stage, " snapshot of step ", newest, " (written by ",
+             newest_world, " ranks) lacks the shard of rank(s) ", rank_list(lacking),
+             " (no rank's folder holds it): restoring step ", step, " (written by ", world, " ranks)");
     if (missing.empty()) return step;
-    bound = step;
+    if (newest < 0) newest = step, newest_world = world, lacking = missing;
+    bound = v[0];
   }
-  if (is_main()) {
-    std::string ranks;
-    for (int q : lacking) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-    GZ_LOG(warn, "the zero_stage ", config_.zero_stage, " snapshots here were written by ", old_world,
-           " ranks, this run has ", world_,
-           newest < 0 ? std::string(": none of this config")
-                      : detail::concat(": the newest, of step ", newest, ", lacks the shard of old rank(s) ",
-                                       ranks, " (no rank's folder holds it), and no older one is whole"),
-           "; using the disk checkpoint");
-  }
+  holder.clear();
+  if (newest >= 0 && is_main())
+    GZ_LOG(
+        warn, "the zero_stage ", config_.zero_stage,
+        newest_world == world_
+            ? detail::concat(" snapshot of step ", newest, " lacks the shard of rank(s) ", rank_list(lacking))
+            : detail::concat(" snapshots here were written by ", newest_world, " ranks, this run has ",
+                             world_, ": the newest, of step ", newest, ", lacks the shard of old rank(s) ",
+                             rank_list(lacking)),
+        " (no rank's folder holds it), and no older one is whole; using the disk checkpoint");
   return -1;
 }
 
-bool Trainer::restore_resharded_snapshot() {
+bool Trainer::restore_shard_snapshot() {
+  std::vector<int> holder;  // its size: the world that wrote the chosen snapshot
+  const int64_t step = choose_shard_snapshot(holder);
+  const bool restored = step >= 0 && restore_shard_snapshot(step, holder);
+  remove_other_worlds_shards();  // after every rank's reads (the restore's last collective)
+  return restored;
+}
+
+bool Trainer::restore_shard_snapshot(int64_t step, const std::vector<int>& holder) {
   Stopwatch clock;
-  std::vector<double> w{0.0};  // the old world: the largest other world a folder holds shards of
-  if (impl_->snapshots)
-    for (const auto& h : impl_->snapshots->shard_headers())
-      if (h.world != world_ && h.fingerprint == snapshot_fingerprint())
-        w[0] = std::max(w[0], static_cast<double>(h.world));
-  allreduce_max(w, group_, world_);
-  const int old_world = static_cast<int>(w[0]);
-  if (old_world <= 0) return false;
-  std::vector<int> holder;
-  const int64_t step = choose_resharded_step(old_world, holder);
-  if (step < 0) return false;
   int64_t disk = -1;
   if (is_main())
     if (auto latest = impl_->checkpoints->latest()) disk = latest->step;
@@ -499,13 +475,42 @@ bool Trainer::restore_resharded_snapshot() {
       GZ_LOG(info, "the disk checkpoint of step ", disk, " is newer than the snapshot of step ", step);
     return false;
   }
+  const std::string on_disk = disk < 0 ? std::string("none") : std::to_string(disk);
+  if (static_cast<int>(holder.size()) == world_) {
+    int from_own = 0;
+    if (const auto restored = restore_same_world_snapshot(step, from_own)) {
+      if (*restored && is_main())
+        GZ_LOG(info, "restored the zero_stage ", config_.zero_stage, " snapshot of step ", step, " in ",
+               clock.seconds(), " s: ", from_own, " of ", world_, " shard(s) from their rank's node, ",
+               world_ - from_own, " sent by their buddy; disk checkpoint: ", on_disk);
+      return *restored;
+    }
+  }
+  // Another world's, or this world's with shards where the buddies' ring does not put them.
   auto payloads = gather_old_shards(step, holder);
   if (!payloads) return false;
   apply_resharded_snapshot(*payloads, step);
   if (is_main())
     GZ_LOG(warn, "restored the zero_stage ", config_.zero_stage, " snapshot of step ", step, " written by ",
-           old_world, " ranks, resharded to ", world_, ", in ", clock.seconds(),
-           " s; disk checkpoint: ", disk < 0 ? std::string("none") : std::to_string(disk));
+           holder.size(), " ranks, resharded to ", world_, ", in ", clock.seconds(),
+           " s; disk checkpoint: ", on_disk);
+  return true;
+}
+
+std::optional<bool> Trainer::restore_same_world_snapshot(int64_t step, int& from_own) {
+  auto& im = *impl_;
+  ShardTable table(world_);
+  table.list(im.snapshots.get(), rank_, ShardTable::kOwn, world_);
+  table.list(im.held_snapshots.get(), im.buddy_from, ShardTable::kBuddy, world_);
+  table.merge(group_);
+  if (!table.missing(step).empty()) return std::nullopt;  // the same on every rank (merged)
+  std::vector<int64_t> own(static_cast<size_t>(world_));
+  for (int q = 0; q < world_; ++q)
+    own[static_cast<size_t>(q)] = table.holds(q, ShardTable::kOwn, step) ? 1 : 0;
+  auto payload = fetch_shard_snapshot(step, own);
+  if (!payload) return false;
+  apply_shard_snapshot(*payload, step);
+  from_own = static_cast<int>(std::accumulate(own.begin(), own.end(), int64_t{0}));
   return true;
 }
 
@@ -519,21 +524,23 @@ std::optional<std::vector<std::string>> Trainer::gather_old_shards(int64_t step,
   for (int q = 0; q < old_world; ++q) {
     std::string& bytes = payloads[static_cast<size_t>(q)];
     if (holder[static_cast<size_t>(q)] == rank_ && ok) {
-      try {  // a store of q's shard to read with (it writes nothing)
+      const SnapshotStore store(im.snapshots->dir(), 1, im.snapshots->run(), q);  // to read q's shard
+      try {
         SnapshotHeader h;
-        bytes = SnapshotStore(im.snapshots->dir(), 1, im.snapshots->run(), q)
-                    .read(step, snapshot_fingerprint(), &h);
+        bytes = store.read(step, snapshot_fingerprint(), &h);
         if (h.world != old_world)
-          GZ_THROW(InvalidArgument, "snapshot ", im.snapshots->path(step), " of rank ", q, " is of world ",
-                   h.world, ", not ", old_world);
+          GZ_THROW(InvalidArgument, "snapshot ", store.path(step), " of rank ", q, " is of world ", h.world,
+                   ", not ", old_world);
       } catch (const std::exception& e) {
         ok = false;
         message = e.what();
         bytes.clear();
       }
     }
-    // Sent even when empty (the holder could not read it): every rank runs the same broadcasts.
+    // Sent even when empty (the holder could not read it): every rank runs the same broadcasts,
+    // and every rank sees the empty one (a payload is never empty) and stops after it.
     if (group_ && world_ > 1) broadcast_bytes(*group_, bytes, holder[static_cast<size_t>(q)]);
+    if (bytes.empty()) break;
   }
   if (!every_rank_read(ok, message,
                        detail::concat("the zero_stage ", config_.zero_stage, " snapshot of step ", step,

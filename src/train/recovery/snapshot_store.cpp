@@ -391,13 +391,14 @@ std::vector<SnapshotHeader> SnapshotStore::shard_headers() const {
   return out;
 }
 
-int SnapshotStore::remove_ranks_from(int first_rank) const {
+int SnapshotStore::remove_other_worlds(int world) const {
   std::error_code ec;
   int removed = 0;
   for (auto& entry : fs::directory_iterator(dir_, ec)) {
     if (entry.path().filename().string().rfind("snap-", 0) != 0) continue;
     const auto h = read_header(entry.path().string());
-    if (h && h->run == run_ && h->rank >= first_rank && fs::remove(entry.path(), ec)) ++removed;
+    if (!h || h->run != run_ || h->rank < 0 || h->world == world) continue;
+    if (fs::remove(entry.path(), ec)) ++removed;
   }
   return removed;
 }

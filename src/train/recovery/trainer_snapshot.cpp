@@ -236,9 +236,7 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
 
 bool Trainer::restore_snapshot() {
   if (impl_->shard_snapshots) {
-    const bool restored = restore_shard_snapshot();
-    remove_lost_ranks_shards();
-    return restored;
+    return restore_shard_snapshot();  // removes the files of other world sizes
   }
   Stopwatch clock;
   const auto held = impl_->snapshots->steps();

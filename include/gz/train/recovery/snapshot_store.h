@@ -72,9 +72,10 @@ class SnapshotStore {
   /// Between two restarts of a run no process holds its lock: a new run started in that window
   /// removes the restarting run's snapshots (that run then resumes from its disk checkpoint).
   int remove_other_runs() const;
-  /// @brief Delete this run's shard files here of ranks `first_rank` and above, whoever's copy
-  /// (a world that shrank never restores them); returns how many.
-  int remove_ranks_from(int first_rank) const;
+  /// @brief Delete this run's shard files here written by a world of another size than `world`,
+  /// whoever's copy (a world restores them once, resharded, and never again); returns how many.
+  /// Temp files of writes in flight are left alone.
+  int remove_other_worlds(int world) const;
   /// @brief Headers of this run's shard files here, whoever's (rank) and of whatever world
   /// (headers checked, payloads not): what a world of another size may restore.
   std::vector<SnapshotHeader> shard_headers() const;
