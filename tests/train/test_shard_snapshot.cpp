@@ -375,6 +375,35 @@ TEST(ShardSnapshot, AShardLostWithItsBuddyFallsBackToTheDiskCheckpoint) {
   EXPECT_NE(log.find("using the disk checkpoint"), std::string::npos) << log;
 }
 
+// Three nodes of one rank: rank 0's shard of every step is only in node 2's folder (neither rank
+// 0's node nor its buddy's, node 1, holds it; a copy there could be of another history of the
+// same step). The restart must not take it: the disk checkpoint of step 13, with a warning.
+// Mutation check: restoring this world's snapshot from any folder (the broadcast path, as
+// reshard-fixes did) restores step 16.
+TEST(ShardSnapshot, ThisWorldsShardOutsideItsNodeAndBuddyIsNotRestored) {
+  TmpDir tmp("elsewhere");
+  Probe crashed(16), resumed(16);
+  TrainConfig c = config(tmp.path, 1);
+  const Shape three{3, 1};
+  {
+    LauncherEnv job("5300", 0);
+    launch(c, tmp.path / "nodes", 16, crashed, three);  // 13 steps an epoch: a disk checkpoint at 13
+  }
+  for (int node = 0; node < 2; ++node)
+    for (auto& f : shard_files(node_dir(tmp.path / "nodes", node), 0)) {
+      fs::copy_file(f, node_dir(tmp.path / "nodes", 2) / f.filename(), fs::copy_options::overwrite_existing);
+      fs::remove(f);
+    }
+  testing::internal::CaptureStderr();
+  {
+    LauncherEnv job("5300", 1);
+    launch(c, tmp.path / "nodes", -1, resumed, three);
+  }
+  const std::string log = testing::internal::GetCapturedStderr();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(resumed.at_begin[r].step, 13) << "rank " << r << "\n" << log;
+  EXPECT_NE(log.find("is not whole on its ranks' and their buddies' nodes"), std::string::npos) << log;
+}
+
 // A restart on fewer ranks (4 nodes of one rank -> 3, node 3 lost): every old rank's shard of
 // step 12 is on a surviving node (rank 3's as node 0's copy), so the 3 ranks restore it,
 // resharded from 4 blocks to 3 (block edges that do not line up), with one line naming both

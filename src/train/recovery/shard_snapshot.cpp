@@ -477,16 +477,21 @@ bool Trainer::restore_shard_snapshot(int64_t step, const std::vector<int>& holde
   }
   const std::string on_disk = disk < 0 ? std::string("none") : std::to_string(disk);
   if (static_cast<int>(holder.size()) == world_) {
+    // This world's: only from each shard's own node or its buddy's. A copy elsewhere may be of
+    // another history of the same step (files are named by step and rank: a step redone after an
+    // older restore, ranks renumbered at the same size), which nothing could tell apart.
     int from_own = 0;
-    if (const auto restored = restore_same_world_snapshot(step, from_own)) {
-      if (*restored && is_main())
-        GZ_LOG(info, "restored the zero_stage ", config_.zero_stage, " snapshot of step ", step, " in ",
-               clock.seconds(), " s: ", from_own, " of ", world_, " shard(s) from their rank's node, ",
-               world_ - from_own, " sent by their buddy; disk checkpoint: ", on_disk);
-      return *restored;
-    }
+    const auto restored = restore_same_world_snapshot(step, from_own);
+    if (!restored && is_main())
+      GZ_LOG(warn, "the zero_stage ", config_.zero_stage, " snapshot of step ", step,
+             " is not whole on its ranks' and their buddies' nodes; using the disk checkpoint");
+    if (restored && *restored && is_main())
+      GZ_LOG(info, "restored the zero_stage ", config_.zero_stage, " snapshot of step ", step, " in ",
+             clock.seconds(), " s: ", from_own, " of ", world_, " shard(s) from their rank's node, ",
+             world_ - from_own, " sent by their buddy; disk checkpoint: ", on_disk);
+    return restored.value_or(false);
   }
-  // Another world's, or this world's with shards where the buddies' ring does not put them.
+  // Another world's: each old shard from the lowest rank whose folder holds it.
   auto payloads = gather_old_shards(step, holder);
   if (!payloads) return false;
   apply_resharded_snapshot(*payloads, step);
