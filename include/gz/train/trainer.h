@@ -207,6 +207,9 @@ class Trainer {
   // Collective: whether every rank read `what` (`ok`); else each failed rank warns its `error`,
   // rank 0 that the disk checkpoint is used, and false.
   bool every_rank_read(bool ok, const std::string& error, const std::string& what);
+  // Collective: the newest disk checkpoint's step (rank 0's listing; -1: none); rank 0 says so
+  // when it is newer than the snapshot of `snapshot_step` (which the restore then skips).
+  int64_t disk_checkpoint_step(int64_t snapshot_step);
   void finish_snapshots(bool completed);
   // zero_stage > 0 (src/train/recovery/shard_snapshot.cpp): every rank's shard, a copy on the
   // same local rank of the next node. Both collective (the copy is sent point-to-point).
@@ -231,6 +234,9 @@ class Trainer {
   // rank when any rank could not read its part.
   std::optional<std::string> fetch_shard_snapshot(int64_t step, const std::vector<int64_t>& own_ranks);
   void apply_shard_snapshot(const std::string& payload, int64_t step);
+  // A shard snapshot's rest (buffers, counters, RNG, scaler, data position; `rest`, its archive)
+  // applied as a sharded checkpoint's state.pt is, the steps re-planned for this world.
+  void apply_shard_rest(const std::string& rest, int64_t step, const std::string& name);
   // Collective: the newest step, of any world size W, whose every shard (of the W ranks that
   // wrote it) some rank's folder holds, and holder[q] (size W) the lowest such rank of old rank
   // q's shard; -1 (a warning when snapshots were found) otherwise. A snapshot of another world
@@ -238,8 +244,8 @@ class Trainer {
   // shard sent by its holder to every rank (gather_old_shards).
   int64_t choose_shard_snapshot(std::vector<int>& holder);
   // Collective: the same-world path for `step`; nullopt (on every rank) when some shard is on no
-  // node its rank or its buddy reads (then the resharding path restores it), false when a read
-  // failed; `from_own`: the shards read on their rank's node.
+  // node its rank or its buddy reads (then the disk checkpoint), false when a read failed;
+  // `from_own`: the shards read on their rank's node.
   std::optional<bool> restore_same_world_snapshot(int64_t step, int& from_own);
   // Every old rank's payload (the rest, its shard) from its holder; nullopt on every rank when a
   // holder could not read one.

@@ -343,21 +343,25 @@ std::optional<std::string> Trainer::fetch_shard_snapshot(int64_t step,
   return payload;
 }
 
+void Trainer::apply_shard_rest(const std::string& rest, int64_t step, const std::string& name) {
+  torch::serialize::InputArchive root;
+  root.load_from(rest.data(), rest.size());
+  c10::IValue names;
+  if (!root.try_read("gz_sharded_params", names)) GZ_THROW(Error, name, " lists no sharded parameters");
+  const auto held = split_lines(names.toStringRef());
+  CheckpointInfo info;
+  info.dir = impl_->snapshots->dir();
+  info.step = step;
+  apply_state(root, info, name, &held);  // re-plans the steps for this world (elastic_batch)
+}
+
 void Trainer::apply_shard_snapshot(const std::string& payload, int64_t step) {
   const std::string name = detail::concat("rank ", rank_, "'s shard snapshot of step ", step);
   std::exception_ptr error;
   std::pair<std::string, std::string> parts;
   try {
     parts = unframe_shard_payload(payload, name);
-    torch::serialize::InputArchive root;
-    root.load_from(parts.first.data(), parts.first.size());
-    c10::IValue names;
-    if (!root.try_read("gz_sharded_params", names)) GZ_THROW(Error, name, " lists no sharded parameters");
-    const auto held = split_lines(names.toStringRef());
-    CheckpointInfo info;
-    info.dir = impl_->snapshots->dir();
-    info.step = step;
-    apply_state(root, info, name, &held);
+    apply_shard_rest(parts.first, step, name);
   } catch (const c10::Error& e) {
     error =
         std::make_exception_ptr(Error(detail::concat(name, " cannot be read: ", e.what_without_backtrace())));
@@ -466,15 +470,8 @@ bool Trainer::restore_shard_snapshot() {
 
 bool Trainer::restore_shard_snapshot(int64_t step, const std::vector<int>& holder) {
   Stopwatch clock;
-  int64_t disk = -1;
-  if (is_main())
-    if (auto latest = impl_->checkpoints->latest()) disk = latest->step;
-  disk = broadcast_value(disk);
-  if (disk > step) {
-    if (is_main())
-      GZ_LOG(info, "the disk checkpoint of step ", disk, " is newer than the snapshot of step ", step);
-    return false;
-  }
+  const int64_t disk = disk_checkpoint_step(step);
+  if (disk > step) return false;
   const std::string on_disk = disk < 0 ? std::string("none") : std::to_string(disk);
   if (static_cast<int>(holder.size()) == world_) {
     // This world's: only from each shard's own node or its buddy's. A copy elsewhere may be of
@@ -566,15 +563,7 @@ void Trainer::apply_resharded_snapshot(std::vector<std::string>& payloads, int64
       shards[q] = std::move(parts.second);
       if (q != 0) continue;
       // The rest (buffers, counters, RNG, scaler, data position): old rank 0's, as state.pt is.
-      torch::serialize::InputArchive root;
-      root.load_from(parts.first.data(), parts.first.size());
-      c10::IValue names;
-      if (!root.try_read("gz_sharded_params", names)) GZ_THROW(Error, name, " lists no sharded parameters");
-      const auto held = split_lines(names.toStringRef());
-      CheckpointInfo info;
-      info.dir = impl_->snapshots->dir();
-      info.step = step;
-      apply_state(root, info, name, &held);  // re-plans the steps for this world (elastic_batch)
+      apply_shard_rest(parts.first, step, name);
     }
   } catch (const c10::Error& e) {
     error =

@@ -234,6 +234,16 @@ std::optional<std::string> Trainer::read_snapshot(int64_t step, int source, bool
   return payload;
 }
 
+int64_t Trainer::disk_checkpoint_step(int64_t snapshot_step) {
+  int64_t disk = -1;
+  if (is_main())
+    if (auto latest = impl_->checkpoints->latest()) disk = latest->step;
+  disk = broadcast_value(disk);
+  if (disk > snapshot_step && is_main())
+    GZ_LOG(info, "the disk checkpoint of step ", disk, " is newer than the snapshot of step ", snapshot_step);
+  return disk;
+}
+
 bool Trainer::restore_snapshot() {
   if (impl_->shard_snapshots) {
     return restore_shard_snapshot();  // removes the files of other world sizes
@@ -254,15 +264,8 @@ bool Trainer::restore_snapshot() {
       if (source < 0) source = r;
       ++holders;
     }
-  int64_t disk = -1;
-  if (is_main())
-    if (auto latest = impl_->checkpoints->latest()) disk = latest->step;
-  disk = broadcast_value(disk);
-  if (disk > step) {
-    if (is_main())
-      GZ_LOG(info, "the disk checkpoint of step ", disk, " is newer than the snapshot of step ", step);
-    return false;
-  }
+  const int64_t disk = disk_checkpoint_step(step);
+  if (disk > step) return false;
   // `step` is the newest any rank holds, so a rank holds it exactly when it is its own newest.
   auto payload = read_snapshot(step, source, holders == world_, mine != step);
   if (!payload) return false;
